@@ -1,0 +1,51 @@
+"""The `punctual` command: operators' and scripts' entry point.
+
+Subcommands live in small modules (app.cli.ops, app.cli.jobs, app.cli.dev) and
+are attached here; each imports its heavy dependencies only when it runs, so
+`punctual --help` stays quick.
+"""
+from __future__ import annotations
+
+import importlib
+
+import click
+
+from app.settings import VARIABLES
+
+_SUBCOMMAND_MODULES = ("app.cli.ops", "app.cli.jobs", "app.cli.dev")
+
+
+def _variables_epilog() -> str:
+    width = max(len(v.name) for v in VARIABLES)
+    lines = ["Configuration (environment variables, read once at start-up):", ""]
+    for v in VARIABLES:
+        default = v.default if v.default else "-"
+        lines.append(f"  {v.name.ljust(width)}  {v.help} [default: {default}]")
+    lines += [
+        "",
+        "Client commands (jobs, preview) read PUNCTUAL_URL and PUNCTUAL_API_KEY.",
+    ]
+    return "\n".join(lines)
+
+
+class _Group(click.Group):
+    def format_epilog(self, ctx, formatter):
+        # Keep the table's own line breaks; click would re-wrap the epilog.
+        formatter.write("\n" + _variables_epilog() + "\n")
+
+
+@click.group(cls=_Group)
+@click.version_option(package_name="punctual")
+def main() -> None:
+    """Punctual: a distributed job scheduler."""
+
+
+for _module_name in _SUBCOMMAND_MODULES:
+    try:
+        _module = importlib.import_module(_module_name)
+    except ModuleNotFoundError as exc:  # a subcommand module not written yet
+        if exc.name != _module_name:
+            raise
+        continue
+    for _command in getattr(_module, "COMMANDS", ()):
+        main.add_command(_command)

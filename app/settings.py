@@ -1,0 +1,185 @@
+"""Configuration: PUNCTUAL_* environment variables, read once into one frozen object.
+
+`VARIABLES` is the single list of what can be set; `punctual --help` prints it, and
+`Settings.from_env` validates every value so that a bad one stops start-up with a
+one-line error naming the variable.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping
+from urllib.parse import urlsplit
+
+from app.errors import SettingsError
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    default: str
+    help: str
+
+
+# The contract of API.md ("Running it"), then the operator's tuning knobs.
+VARIABLES: tuple[Variable, ...] = (
+    Variable("PUNCTUAL_DATABASE_URLS", "", "comma-separated Postgres DSNs, the physical shards (default: embedded SQLite file under PUNCTUAL_DATA_DIR)"),
+    Variable("PUNCTUAL_SHARDS", "16", "logical shards, a power of two"),
+    Variable("PUNCTUAL_BROKER_URL", "", "Celery broker (default: embedded filesystem transport under PUNCTUAL_DATA_DIR)"),
+    Variable("PUNCTUAL_REDIS_URL", "", "Redis for rate limits and concurrency caps (default: in-process)"),
+    Variable("PUNCTUAL_POLL_INTERVAL_S", "1", "how often beat asks each shard's poller to claim"),
+    Variable("PUNCTUAL_LEASE_S", "60", "claim lease"),
+    Variable("PUNCTUAL_HEARTBEAT_S", "20", "lease extension interval while a call is in flight"),
+    Variable("PUNCTUAL_MISFIRE_GRACE_S", "60", "lateness after which an occurrence counts as missed"),
+    Variable("PUNCTUAL_ALLOW_PRIVATE_TARGETS", "0", "allow loopback/private target addresses"),
+    Variable("PUNCTUAL_TARGET_RATE_PER_S", "0", "default per-target rate limit (0 = none)"),
+    Variable("PUNCTUAL_TARGET_MAX_CONCURRENCY", "200", "default per-target concurrency cap (0 = none)"),
+    Variable("PUNCTUAL_DATA_DIR", ".punctual", "where the embedded defaults keep their files (dev)"),
+    Variable("PUNCTUAL_CLAIM_BATCH", "500", "rows claimed per transaction"),
+    Variable("PUNCTUAL_POLL_BUDGET_S", "5", "how long one poll task keeps claiming while batches come back full"),
+    Variable("PUNCTUAL_DISPATCH_THREADS", "256", "concurrent target calls per worker process"),
+    Variable("PUNCTUAL_DB_POOL_SIZE", "10", "connections per physical shard per process"),
+    Variable("PUNCTUAL_REDIS_PREFIX", "punctual", "prefix of every Redis key Punctual writes"),
+    Variable("PUNCTUAL_METRICS_PORT", "0", "port where a worker serves Prometheus metrics (0 = off)"),
+)
+
+_NAMES = {v.name for v in VARIABLES}
+
+
+def _number(name: str, raw: str, cast: Callable, *, minimum: float | None = None) -> float:
+    try:
+        value = cast(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r}: not a number") from None
+    if minimum is not None and value < minimum:
+        raise SettingsError(f"{name}={raw!r}: must be at least {minimum}")
+    return value
+
+
+def _flag(name: str, raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise SettingsError(f"{name}={raw!r}: must be 0 or 1")
+
+
+def _dsns(raw: str) -> tuple[str, ...]:
+    dsns = tuple(part.strip() for part in raw.split(",") if part.strip())
+    if raw.strip() and not dsns:
+        raise SettingsError("PUNCTUAL_DATABASE_URLS: no DSN given")
+    for dsn in dsns:
+        parts = urlsplit(dsn)
+        if parts.scheme not in ("postgresql", "postgres", "sqlite") or (parts.scheme != "sqlite" and not parts.path.strip("/")):
+            raise SettingsError(
+                f"PUNCTUAL_DATABASE_URLS: {dsn!r} is not a postgresql://user@host:port/dbname URL"
+            )
+    return dsns
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_urls: tuple[str, ...]
+    shards: int = 16
+    broker_url: str = ""
+    redis_url: str = ""
+    poll_interval_s: float = 1.0
+    lease_s: float = 60.0
+    heartbeat_s: float = 20.0
+    misfire_grace_s: float = 60.0
+    allow_private_targets: bool = False
+    target_rate_per_s: float = 0.0
+    target_max_concurrency: int = 200
+    data_dir: Path = Path(".punctual")
+    claim_batch: int = 500
+    poll_budget_s: float = 5.0
+    dispatch_threads: int = 256
+    db_pool_size: int = 10
+    redis_prefix: str = "punctual"
+    metrics_port: int = 0
+    # Set only by `punctual dev`: serves /dev/echo and allows the embedded defaults.
+    dev_mode: bool = False
+
+    @property
+    def embedded(self) -> bool:
+        """True when the registry is the embedded SQLite file (one poller, no SKIP LOCKED)."""
+        return all(url.startswith("sqlite") for url in self.database_urls)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> "Settings":
+        env = dict(os.environ if environ is None else environ)
+        unknown = sorted(k for k in env if k.startswith("PUNCTUAL_") and k not in _NAMES
+                         and k not in ("PUNCTUAL_URL", "PUNCTUAL_API_KEY"))
+        if unknown:
+            raise SettingsError(f"{unknown[0]}: unknown variable (see `punctual --help`)")
+
+        def get(name: str) -> str:
+            raw = env.get(name)
+            if raw is None or raw == "":
+                return next(v.default for v in VARIABLES if v.name == name)
+            return raw
+
+        data_dir = Path(get("PUNCTUAL_DATA_DIR"))
+        dsns = _dsns(get("PUNCTUAL_DATABASE_URLS")) or (f"sqlite:///{(data_dir / 'registry.sqlite3').resolve()}",)
+        shards = int(_number("PUNCTUAL_SHARDS", get("PUNCTUAL_SHARDS"), int, minimum=1))
+        if shards & (shards - 1):
+            raise SettingsError(f"PUNCTUAL_SHARDS={shards}: must be a power of two (1, 2, 4, 8, 16, ...)")
+        if shards > 1024:
+            raise SettingsError(f"PUNCTUAL_SHARDS={shards}: at most 1024")
+        if len(dsns) > shards:
+            raise SettingsError(f"PUNCTUAL_DATABASE_URLS: {len(dsns)} DSNs for {shards} shards; at most one DSN per shard")
+        lease_s = _number("PUNCTUAL_LEASE_S", get("PUNCTUAL_LEASE_S"), float, minimum=1)
+        heartbeat_s = _number("PUNCTUAL_HEARTBEAT_S", get("PUNCTUAL_HEARTBEAT_S"), float, minimum=0.1)
+        if heartbeat_s >= lease_s:
+            raise SettingsError(f"PUNCTUAL_HEARTBEAT_S={heartbeat_s:g}: must be shorter than PUNCTUAL_LEASE_S={lease_s:g}")
+        broker_url = get("PUNCTUAL_BROKER_URL")
+        if broker_url and "://" not in broker_url:
+            raise SettingsError(f"PUNCTUAL_BROKER_URL={broker_url!r}: not a broker URL such as amqp://guest@localhost//")
+        redis_url = get("PUNCTUAL_REDIS_URL")
+        if redis_url and not redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise SettingsError(f"PUNCTUAL_REDIS_URL={redis_url!r}: not a redis:// URL")
+        values = dict(
+            database_urls=dsns,
+            shards=shards,
+            broker_url=broker_url,
+            redis_url=redis_url,
+            poll_interval_s=_number("PUNCTUAL_POLL_INTERVAL_S", get("PUNCTUAL_POLL_INTERVAL_S"), float, minimum=0.05),
+            lease_s=lease_s,
+            heartbeat_s=heartbeat_s,
+            misfire_grace_s=_number("PUNCTUAL_MISFIRE_GRACE_S", get("PUNCTUAL_MISFIRE_GRACE_S"), float, minimum=0),
+            allow_private_targets=_flag("PUNCTUAL_ALLOW_PRIVATE_TARGETS", get("PUNCTUAL_ALLOW_PRIVATE_TARGETS")),
+            target_rate_per_s=_number("PUNCTUAL_TARGET_RATE_PER_S", get("PUNCTUAL_TARGET_RATE_PER_S"), float, minimum=0),
+            target_max_concurrency=int(_number("PUNCTUAL_TARGET_MAX_CONCURRENCY", get("PUNCTUAL_TARGET_MAX_CONCURRENCY"), int, minimum=0)),
+            data_dir=data_dir,
+            claim_batch=int(_number("PUNCTUAL_CLAIM_BATCH", get("PUNCTUAL_CLAIM_BATCH"), int, minimum=1)),
+            poll_budget_s=_number("PUNCTUAL_POLL_BUDGET_S", get("PUNCTUAL_POLL_BUDGET_S"), float, minimum=0),
+            dispatch_threads=int(_number("PUNCTUAL_DISPATCH_THREADS", get("PUNCTUAL_DISPATCH_THREADS"), int, minimum=1)),
+            db_pool_size=int(_number("PUNCTUAL_DB_POOL_SIZE", get("PUNCTUAL_DB_POOL_SIZE"), int, minimum=1)),
+            redis_prefix=get("PUNCTUAL_REDIS_PREFIX"),
+            metrics_port=int(_number("PUNCTUAL_METRICS_PORT", get("PUNCTUAL_METRICS_PORT"), int, minimum=0)),
+        )
+        values.update(overrides)
+        return cls(**values)
+
+    def broker(self) -> str:
+        """The broker URL, or the embedded filesystem transport under the data dir."""
+        return self.broker_url or "filesystem://"
+
+
+_current: Settings | None = None
+
+
+def get_settings() -> Settings:
+    """The process's settings, read from the environment on first use."""
+    global _current
+    if _current is None:
+        _current = Settings.from_env()
+    return _current
+
+
+def use_settings(settings: Settings | None) -> None:
+    """Install settings for this process (tests, `punctual dev`); None forgets them."""
+    global _current
+    _current = settings

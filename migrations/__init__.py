@@ -1,0 +1,1 @@
+"""Forward-only, reviewed schema migrations (Alembic), applied by `punctual migrate`."""
