@@ -1,0 +1,253 @@
+"""WebhookCaller against a real HTTP server on 127.0.0.1 (a sink in a thread)."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from app.addresses import resolve_target
+from app.sdk.signature import verify_signature
+from app.tasks.webhook import WebhookCall, WebhookCaller
+
+pytestmark = pytest.mark.integration
+
+SECRET = "whsec_test_secret"
+JOB_ID = "7f0c2a1e-0000-4000-8000-000000000001"
+SCHEDULED_FOR = datetime(2026, 12, 1, 0, 0, 0, 123000, tzinfo=timezone.utc)
+
+
+class _Sink(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, so that connection reuse is visible
+
+    def _handle(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        self.server.received.append(
+            {"method": self.command, "path": self.path, "headers": dict(self.headers),
+             "body": body, "client": self.client_address}
+        )
+        status, extra, answer = 200, {}, b"ok"
+        if self.path == "/redirect":
+            status, extra = 302, {"Location": "/elsewhere"}
+        elif self.path == "/fail":
+            status = 500
+        elif self.path == "/busy":
+            status, extra = 429, {"Retry-After": "7"}
+        elif self.path == "/unavailable":
+            status, extra = 503, {"Retry-After": "Wed, 21 Oct 2026 07:28:00 GMT"}
+        elif self.path == "/slow":
+            time.sleep(2)
+        elif self.path == "/big":
+            answer = b"x" * (1024 * 1024)
+        self.send_response(status)
+        for name, value in extra.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        try:
+            self.wfile.write(answer)
+        except OSError:  # the caller stopped reading (the /big case)
+            pass
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _handle
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def sink():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    server.daemon_threads = True
+    server.received = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def received(sink):
+    sink.received.clear()
+    return sink.received
+
+
+@pytest.fixture(scope="module")
+def caller():
+    c = WebhookCaller(allow_private=True)
+    yield c
+    c.close()
+
+
+def url(sink, path: str = "/hook") -> str:
+    return f"http://127.0.0.1:{sink.server_address[1]}{path}"
+
+
+def make_call(target_url: str, method: str = "POST", **target) -> WebhookCall:
+    return WebhookCall(
+        job_id=JOB_ID,
+        scheduled_for=SCHEDULED_FOR,
+        attempt=3,
+        target={"type": "webhook", "url": target_url, "method": method, **target},
+        payload={"invoice": 42, "name": "Zoë"},
+        signing_secret=SECRET,
+    )
+
+
+def test_post_carries_every_header_and_a_valid_signature(sink, received, caller):
+    call = make_call(url(sink), headers={"X-Team": "billing"})
+    outcome = caller.call(call)
+    assert outcome.status_code == 200 and outcome.succeeded and outcome.error is None
+    [request] = received
+    headers = request["headers"]
+    assert request["method"] == "POST"
+    assert headers["Idempotency-Key"] == f"{JOB_ID}:2026-12-01T00:00:00.123Z"
+    assert headers["Punctual-Job-Id"] == JOB_ID
+    assert headers["Punctual-Scheduled-For"] == "2026-12-01T00:00:00.123Z"
+    assert headers["Punctual-Attempt"] == "3"
+    assert headers["Content-Type"] == "application/json"
+    assert headers["X-Team"] == "billing"
+    assert json.loads(request["body"]) == {"invoice": 42, "name": "Zoë"}
+    assert b" " not in request["body"]  # compact JSON
+    assert verify_signature(SECRET, headers["Punctual-Signature"], request["body"])
+
+
+def test_job_headers_cannot_override_punctual_headers(sink, received, caller):
+    forged = {"Idempotency-Key": "forged", "punctual-job-id": "forged", "PUNCTUAL-ATTEMPT": "99",
+              "Punctual-Signature": "t=1,v1=00", "content-type": "text/plain", "X-Ok": "yes"}
+    outcome = caller.call(make_call(url(sink), headers=forged))
+    assert outcome.status_code == 200
+    headers = received[0]["headers"]
+    assert headers["Idempotency-Key"] == f"{JOB_ID}:2026-12-01T00:00:00.123Z"
+    assert headers["Punctual-Job-Id"] == JOB_ID
+    assert headers["Punctual-Attempt"] == "3"
+    assert headers["Content-Type"] == "application/json"
+    assert headers["X-Ok"] == "yes"
+    assert verify_signature(SECRET, headers["Punctual-Signature"], received[0]["body"])
+
+
+@pytest.mark.parametrize("method", ["GET", "DELETE"])
+def test_get_and_delete_send_no_body_and_sign_the_empty_string(sink, received, caller, method):
+    outcome = caller.call(make_call(url(sink), method=method, headers={"Content-Type": "text/plain"}))
+    assert outcome.status_code == 200
+    [request] = received
+    assert request["method"] == method
+    assert request["body"] == b""
+    assert "Content-Type" not in request["headers"]
+    assert request["headers"].get("Content-Length", "0") == "0"
+    assert verify_signature(SECRET, request["headers"]["Punctual-Signature"], b"")
+    assert verify_signature(SECRET, request["headers"]["Punctual-Signature"], "")
+
+
+@pytest.mark.parametrize("method", ["PUT", "PATCH"])
+def test_put_and_patch_send_the_payload(sink, received, caller, method):
+    outcome = caller.call(make_call(url(sink), method=method))
+    assert outcome.status_code == 200
+    assert received[0]["method"] == method
+    assert json.loads(received[0]["body"]) == {"invoice": 42, "name": "Zoë"}
+
+
+def test_a_redirect_is_returned_not_followed(sink, received, caller):
+    outcome = caller.call(make_call(url(sink, "/redirect")))
+    assert outcome.status_code == 302 and not outcome.succeeded
+    assert [r["path"] for r in received] == ["/redirect"]
+
+
+def test_server_error_and_retry_after_are_mapped(sink, received, caller):
+    fail = caller.call(make_call(url(sink, "/fail")))
+    assert fail.status_code == 500 and fail.retry_after is None and fail.error is None
+    busy = caller.call(make_call(url(sink, "/busy")))
+    assert busy.status_code == 429 and busy.retry_after == "7"
+    unavailable = caller.call(make_call(url(sink, "/unavailable")))
+    assert unavailable.status_code == 503 and unavailable.retry_after == "Wed, 21 Oct 2026 07:28:00 GMT"
+
+
+def test_a_large_answer_is_not_read_to_the_end(sink, received, caller):
+    outcome = caller.call(make_call(url(sink, "/big")))
+    assert outcome.status_code == 200
+
+
+def test_connections_are_pooled(sink, received, caller):
+    for _ in range(3):
+        assert caller.call(make_call(url(sink))).status_code == 200
+    assert len({r["client"] for r in received}) == 1
+
+
+def test_timeout(sink, received, caller):
+    started = time.monotonic()
+    outcome = caller.call(make_call(url(sink, "/slow"), timeout_s=0.5))
+    assert outcome.status_code is None
+    assert outcome.error == "timeout after 0.5s"
+    assert outcome.retryable_error and not outcome.succeeded
+    assert time.monotonic() - started < 1.9
+
+
+def test_connection_refused(caller):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    outcome = caller.call(make_call(f"http://127.0.0.1:{port}/hook"))
+    assert outcome.status_code is None and outcome.retryable_error
+    assert outcome.error.startswith("connection failed:")
+    assert "refused" in outcome.error.lower()
+
+
+def test_unresolvable_host_is_a_retryable_connection_error(caller):
+    outcome = caller.call(make_call("http://no-such-host.invalid/hook"))
+    assert outcome.status_code is None and outcome.retryable_error
+    assert outcome.error.startswith("connection failed:")
+
+
+def test_a_bad_url_is_fatal(caller):
+    outcome = caller.call(make_call("ftp://example.com/hook"))
+    assert outcome.error and not outcome.retryable_error
+
+
+def test_private_peer_is_refused_when_not_allowed(sink, received):
+    strict = WebhookCaller(allow_private=False)
+    try:
+        outcome = strict.call(make_call(url(sink)))
+    finally:
+        strict.close()
+    assert outcome.status_code is None
+    assert outcome.retryable_error is False
+    assert "127.0.0.1" in outcome.error and "is not public" in outcome.error
+    assert received == []
+
+
+def test_dns_rebinding_is_refused_at_connect(sink, received, monkeypatch):
+    """The API saw a public address; by call time the name points at loopback."""
+    real_getaddrinfo = socket.getaddrinfo
+    answers = iter(["93.184.216.34"])  # the first answer only, then loopback
+
+    def rebinding(host, port, *args, **kwargs):
+        if host == "rebind.example":
+            return real_getaddrinfo(next(answers, "127.0.0.1"), port, *args, **kwargs)
+        return real_getaddrinfo(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    target = f"http://rebind.example:{sink.server_address[1]}/hook"
+    assert resolve_target(target, allow_private=False) == ["93.184.216.34"]
+    strict = WebhookCaller(allow_private=False)
+    try:
+        outcome = strict.call(make_call(target))
+    finally:
+        strict.close()
+    assert outcome.retryable_error is False
+    assert "127.0.0.1" in outcome.error and "is not public" in outcome.error
+    assert received == []
+
+
+def test_many_threads_share_one_caller(sink, received, caller):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(32) as pool:
+        outcomes = list(pool.map(lambda _: caller.call(make_call(url(sink))), range(200)))
+    assert all(o.status_code == 200 for o in outcomes)
+    assert len(received) == 200
