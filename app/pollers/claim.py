@@ -1,0 +1,207 @@
+"""The claim: due jobs of one shard become runs, one transaction per batch.
+
+THE claim SQL is `due_jobs` below, the shape of DESIGN.md:
+
+    SELECT ... FROM jobs
+    WHERE shard = :s AND state = 'scheduled' AND next_run_at <= :now
+    ORDER BY next_run_at LIMIT :n
+    FOR UPDATE SKIP LOCKED
+
+It is a range scan of the partial index ix_jobs_due (shard, next_run_at) WHERE
+state = 'scheduled' (invariant 5). In the same transaction every row gets its plan
+(app.pollers.plan, misfires included) and the writes are batched: one executemany
+UPDATE for the claimed jobs (state running, a new lease_token each, leased_until =
+now + lease_s), one for jobs whose misfire ran nothing, one multi-row INSERT of
+run rows (the outbox, published = false). Then COMMIT; the relay publishes.
+
+Two pollers (or two beats) on one shard never double-fire: SKIP LOCKED hands each
+row to one transaction, and a row it took is no longer 'scheduled' when the other
+looks again (invariant 4). SQLite (embedded mode) has no FOR UPDATE; it has one
+poller and takes the write lock at BEGIN.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Mapping
+
+import sqlalchemy as sa
+
+from app import metrics
+from app.pollers.plan import ClaimPlan, plan_claim
+from app.records import retry_of
+from app.schema import jobs, runs
+from app.settings import Settings
+from app.tasks.message import DispatchRun
+
+
+def due_jobs(shard: int, now: datetime, limit: int, lock: bool = True) -> sa.Select:
+    """The claim query: the oldest due rows of one shard, locked, skipping locked ones."""
+    stmt = (
+        sa.select(jobs)
+        .where(jobs.c.shard == shard, jobs.c.state == "scheduled", jobs.c.next_run_at <= now)
+        .order_by(jobs.c.next_run_at)
+        .limit(limit)
+    )
+    return stmt.with_for_update(skip_locked=True) if lock else stmt
+
+
+def relay_grace_s(settings: Settings) -> float:
+    """How long a claimed run may wait for the claim's own publish before the relay
+    sweep publishes it: long enough not to race the normal path, well inside the lease
+    so a run lost between commit and publish still starts on its first attempt."""
+    return min(5.0, settings.lease_s / 3)
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    runs: list[DispatchRun]  # to publish
+    taken: int  # due rows this batch took (claimed or moved on)
+    full: bool  # the batch was full: more may be due
+
+    @property
+    def empty(self) -> bool:
+        return self.taken == 0
+
+
+_CLAIM = (
+    sa.update(jobs)
+    .where(jobs.c.job_id == sa.bindparam("b_job_id"))
+    .values(
+        state="running",
+        lease_token=sa.bindparam("b_token"),
+        leased_until=sa.bindparam("b_leased_until"),
+        nominal_at=sa.bindparam("b_nominal_at"),
+        next_run_at=sa.bindparam("b_next_run_at"),
+        attempt=sa.bindparam("b_attempt"),
+        skipped_after=sa.bindparam("b_skipped_after"),
+        skipped_through=sa.bindparam("b_skipped_through"),
+        updated_at=sa.bindparam("b_now"),
+    )
+)
+
+_MOVE_ON = (
+    sa.update(jobs)
+    .where(jobs.c.job_id == sa.bindparam("b_job_id"))
+    .values(
+        state=sa.bindparam("b_state"),
+        nominal_at=sa.bindparam("b_nominal_at"),
+        next_run_at=sa.bindparam("b_next_run_at"),
+        attempt=0,
+        misfire_exempt=False,
+        skipped_after=None,
+        skipped_through=None,
+        updated_at=sa.bindparam("b_now"),
+    )
+)
+
+
+def claim_batch(engine: sa.Engine, shard: int, now: datetime, settings: Settings, limit: int | None = None) -> ClaimResult:
+    """Claim at most `limit` (settings.claim_batch) due jobs of `shard` and commit."""
+    limit = limit or settings.claim_batch
+    lock = engine.dialect.name != "sqlite"
+    leased_until = now + timedelta(seconds=settings.lease_s)
+    due_at = now + timedelta(seconds=relay_grace_s(settings))
+    claimed: list[dict] = []
+    moved: list[dict] = []
+    new_runs: list[dict] = []
+    to_publish: list[DispatchRun] = []
+    skipped_count = 0
+    with engine.begin() as conn:
+        rows = conn.execute(due_jobs(shard, now, limit, lock)).mappings().all()
+        for job in rows:
+            plan = plan_claim(job, now, settings.misfire_grace_s)
+            new_runs.extend(_skipped_rows(job, plan, now))
+            skipped_count += len(plan.skipped) + plan.unrecorded_skips
+            if plan.run is None:
+                moved.append(_move_params(job, plan, now))
+                continue
+            token = uuid.uuid4()
+            params, run_row = _claim_params(job, plan, token, now, leased_until, due_at)
+            claimed.append(params)
+            new_runs.append(run_row)
+            to_publish.append(DispatchRun.from_row(run_row, job["payload"]))
+        if claimed:
+            conn.execute(_CLAIM, claimed)
+        if moved:
+            conn.execute(_MOVE_ON, moved)
+        if new_runs:
+            conn.execute(runs.insert(), new_runs)
+    if rows:
+        metrics.CLAIM_BATCHES.labels(str(shard)).inc()
+        metrics.CLAIMS.labels(str(shard)).inc(len(to_publish))
+    if skipped_count:
+        metrics.RUNS.labels("skipped").inc(skipped_count)
+    return ClaimResult(runs=to_publish, taken=len(rows), full=len(rows) >= limit)
+
+
+def _claim_params(job: Mapping[str, Any], plan: ClaimPlan, token: uuid.UUID, now: datetime,
+                  leased_until: datetime, due_at: datetime) -> tuple[dict, dict]:
+    if plan.skipped_range is not None:
+        skipped_after, skipped_through = plan.skipped_range
+    elif plan.clear_skipped_range:
+        skipped_after = skipped_through = None
+    else:
+        skipped_after, skipped_through = job["skipped_after"], job["skipped_through"]
+    params = {
+        "b_job_id": job["job_id"],
+        "b_token": token,
+        "b_leased_until": leased_until,
+        "b_nominal_at": plan.run.nominal,
+        "b_next_run_at": plan.run.fire_at,
+        "b_attempt": plan.attempt - 1,
+        "b_skipped_after": skipped_after,
+        "b_skipped_through": skipped_through,
+        "b_now": now,
+    }
+    run_row = _run_row(job, plan.run.nominal, plan.attempt, "claimed", now)
+    run_row.update(lease_token=token, due_at=due_at, published=False)
+    return params, run_row
+
+
+def _move_params(job: Mapping[str, Any], plan: ClaimPlan, now: datetime) -> dict:
+    over = plan.moved_to is None
+    return {
+        "b_job_id": job["job_id"],
+        "b_state": "completed" if over else "scheduled",
+        "b_nominal_at": job["nominal_at"] if over else plan.moved_to.nominal,
+        "b_next_run_at": None if over else plan.moved_to.fire_at,
+        "b_now": now,
+    }
+
+
+def _skipped_rows(job: Mapping[str, Any], plan: ClaimPlan, now: datetime) -> list[dict]:
+    rows = []
+    for skipped in plan.skipped:
+        row = _run_row(job, skipped.nominal, 1, "skipped", now)
+        row.update(published=True, finished_at=now, error=f"missed occurrence (misfire policy {job['misfire']})")
+        rows.append(row)
+    return rows
+
+
+def _run_row(job: Mapping[str, Any], scheduled_for: datetime, attempt: int, state: str, now: datetime) -> dict:
+    # Every row carries every column: a multi-row INSERT needs one shape.
+    return {
+        "run_id": uuid.uuid4(),
+        "job_id": job["job_id"],
+        "shard": job["shard"],
+        "owner": job["owner"],
+        "origin": "schedule",
+        "scheduled_for": scheduled_for,
+        "attempt": attempt,
+        "state": state,
+        "lease_token": None,
+        "leased_until": None,
+        "due_at": None,
+        "published": True,
+        "target": job["target"],
+        "retry": retry_of(job).to_json(),
+        "started_at": None,
+        "finished_at": None,
+        "lateness_ms": None,
+        "status_code": None,
+        "error": None,
+        "created_at": now,
+        "updated_at": now,
+    }

@@ -1,0 +1,78 @@
+"""What a claim does with one due job: a value, decided without I/O.
+
+`plan_claim` applies the misfire rules of API.md ("Misfires") through the pure core
+(app.misfire) and returns a ClaimPlan; app.pollers.claim writes it. The cases:
+
+- misfire_exempt (a retry, a run held by a limit, a replay): run the current
+  occurrence, no misfire question.
+- a one-off: it runs, however late (a misfire policy is about a recurring job's
+  missed occurrences; dropping the only occurrence would lose the job).
+- run_all in the middle of a capped catch-up (the current occurrence is at or
+  before skipped_after): run it; the backlog was decided at the first claim.
+- otherwise: find_backlog + decide_misfire. run_once runs the latest due
+  occurrence, run_all the oldest (the completion walks the others one by one),
+  skip the latest only within the grace; the rest are recorded skipped. When
+  run_all's cap leaves occurrences unrun, (last run, latest] becomes the skipped
+  range that the completion steps over. When nothing runs, the cursor moves to
+  the occurrence after the latest due one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Mapping
+
+from app.cursor import advance
+from app.misfire import Occurrence, decide_misfire, find_backlog
+from app.records import dst_of, schedule_of
+
+RUN_ALL_CAP = 1000
+
+
+@dataclass(frozen=True)
+class ClaimPlan:
+    run: Occurrence | None  # the occurrence to start now; None: nothing runs
+    attempt: int  # the run's attempt (1-based)
+    skipped: tuple[Occurrence, ...] = ()  # recorded as `skipped` runs
+    unrecorded_skips: int = 0  # skipped without a row (beyond the cap)
+    moved_to: Occurrence | None = None  # when nothing runs: the new cursor (None: the schedule is over)
+    skipped_range: tuple[datetime, datetime] | None = None  # new (skipped_after, skipped_through)
+    clear_skipped_range: bool = False
+
+
+def plan_claim(job: Mapping[str, Any], now: datetime, grace_s: float) -> ClaimPlan:
+    current = Occurrence(job["nominal_at"], job["next_run_at"])
+    if job["misfire_exempt"] or job["schedule_kind"] == "once":
+        return ClaimPlan(run=current, attempt=job["attempt"] + 1)
+    skipped_after = job.get("skipped_after")
+    if job["misfire"] == "run_all" and skipped_after is not None and current.nominal <= skipped_after:
+        return ClaimPlan(run=current, attempt=job["attempt"] + 1)
+
+    backlog = find_backlog(
+        schedule_of(job), dst_of(job), job["created_at"], job["job_id"], job["jitter_s"], current, now
+    )
+    decision = decide_misfire(job["misfire"], backlog, now, grace_s, cap=RUN_ALL_CAP)
+    latest = backlog.latest or current
+    skipped = decision.skipped
+    clear = job.get("skipped_through") is not None
+    if not decision.run:
+        moved = advance(job, latest.nominal)
+        return ClaimPlan(
+            run=None, attempt=0, skipped=skipped, unrecorded_skips=decision.unrecorded_skips,
+            moved_to=moved.next, clear_skipped_range=clear,
+        )
+    run = decision.run[0]
+    attempt = job["attempt"] + 1 if run.nominal == current.nominal else 1
+    skipped_range = None
+    if job["misfire"] == "run_all":
+        # The occurrences run_all will run later are not skips; only those beyond the
+        # cap are, and they are remembered as a range the completion jumps over.
+        last_run = decision.run[-1].nominal
+        skipped = tuple(o for o in skipped if o.nominal > last_run)
+        if skipped or decision.unrecorded_skips:
+            skipped_range = (last_run, latest.nominal)
+            clear = False
+    return ClaimPlan(
+        run=run, attempt=attempt, skipped=skipped, unrecorded_skips=decision.unrecorded_skips,
+        skipped_range=skipped_range, clear_skipped_range=clear and skipped_range is None,
+    )

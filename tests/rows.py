@@ -1,0 +1,122 @@
+"""Job rows for tests and the bench, written straight into the registry.
+
+Rows are exactly what the API's create writes (app/jobs.py), so the claim sees
+nothing it would not see in production; inserting them in bulk lets a test or the
+bench make thousands of due jobs in a second.
+"""
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from datetime import datetime, timedelta
+from typing import Any, Iterable
+
+import sqlalchemy as sa
+
+from app.jitter import fire_at
+from app.registry import Registry
+from app.schema import jobs, runs
+from app.sharding import shard_for
+from app.timefmt import utcnow
+
+
+def webhook_target(url: str, **extra: Any) -> dict:
+    return {"type": "webhook", "url": url, "method": "POST", "headers": {}, "timeout_s": 30, **extra}
+
+
+def job_row(
+    shards: int,
+    *,
+    owner: str = "tests",
+    target: dict | None = None,
+    run_at: datetime | None = None,
+    cron: str | None = None,
+    interval_s: int | None = None,
+    start_at: datetime | None = None,
+    end_at: datetime | None = None,
+    first: datetime | None = None,
+    payload: Any = None,
+    max_attempts: int = 5,
+    backoff_s: float = 10,
+    max_backoff_s: float = 3600,
+    misfire: str = "run_once",
+    jitter_s: int = 0,
+    job_id: uuid.UUID | None = None,
+    shard: int | None = None,
+    created_at: datetime | None = None,
+    name: str = "test-job",
+) -> dict:
+    """A `scheduled` job row. `first` is the first nominal occurrence (run_at for a one-off)."""
+    job_id = job_id or uuid.uuid4()
+    if shard is not None:  # find an id that lands on this shard
+        while shard_for(job_id, shards) != shard:
+            job_id = uuid.uuid4()
+    now = created_at or utcnow()
+    kind = "once" if run_at is not None else "cron" if cron else "interval"
+    first = first or run_at
+    return {
+        "job_id": job_id,
+        "shard": shard_for(job_id, shards),
+        "owner": owner,
+        "name": name,
+        "target": target or webhook_target("http://127.0.0.1:9/"),
+        "payload": payload if payload is not None else {"job": str(job_id)},
+        "schedule_kind": kind,
+        "run_at": run_at,
+        "cron": cron,
+        "interval_s": interval_s,
+        "timezone": "UTC",
+        "start_at": start_at,
+        "end_at": end_at,
+        "retry_max_attempts": max_attempts,
+        "retry_backoff_s": backoff_s,
+        "retry_max_backoff_s": max_backoff_s,
+        "misfire": misfire,
+        "dst_gap": "shift",
+        "dst_overlap": "once",
+        "jitter_s": jitter_s,
+        "state": "scheduled",
+        "next_run_at": fire_at(job_id, first, jitter_s),
+        "nominal_at": first,
+        "attempt": 0,
+        "misfire_exempt": False,
+        "skipped_after": None,
+        "skipped_through": None,
+        "lease_token": None,
+        "leased_until": None,
+        "idempotency_key": None,
+        "request_hash": None,
+        "created_at": now,
+        "updated_at": now,
+    }
+
+
+def insert_jobs(registry: Registry, rows: Iterable[dict], chunk: int = 1000) -> None:
+    by_engine: dict[int, list[dict]] = defaultdict(list)
+    count = len(registry.engines)
+    for row in rows:
+        by_engine[row["shard"] % count].append(row)
+    for index, group in by_engine.items():
+        with registry.engines[index].begin() as conn:
+            for start in range(0, len(group), chunk):
+                conn.execute(jobs.insert(), group[start:start + chunk])
+
+
+def job(registry: Registry, job_id: uuid.UUID) -> dict:
+    engine = registry.engine_for_shard(shard_for(job_id, registry.settings.shards))
+    with engine.connect() as conn:
+        return dict(conn.execute(sa.select(jobs).where(jobs.c.job_id == job_id)).mappings().one())
+
+
+def runs_of(registry: Registry, job_id: uuid.UUID) -> list[dict]:
+    """A job's runs, oldest first (by scheduled_for, then attempt)."""
+    engine = registry.engine_for_shard(shard_for(job_id, registry.settings.shards))
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(runs).where(runs.c.job_id == job_id).order_by(runs.c.scheduled_for, runs.c.attempt, runs.c.created_at)
+        ).mappings().all()
+    return [dict(row) for row in rows]
+
+
+def ago(seconds: float) -> datetime:
+    return utcnow() - timedelta(seconds=seconds)
