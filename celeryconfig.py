@@ -1,0 +1,89 @@
+"""Celery configuration for Punctual, read by app/celery.py.
+
+Everything comes from the PUNCTUAL_* environment (Settings.from_env), read once.
+The choices below are deliberate; each says why.
+"""
+from kombu import Exchange, Queue
+
+from app.pollers.beat import beat_schedule as _beat_schedule, route_task, shard_queues
+from app.settings import get_settings
+
+_settings = get_settings()
+
+broker_url = _settings.broker()
+if broker_url == "filesystem://":
+    # Embedded mode (`punctual dev`): a folder stands in for the broker.
+    _folder = str((_settings.data_dir / "broker").resolve())
+    broker_transport_options = {"data_folder_in": _folder, "data_folder_out": _folder}
+else:
+    # Publisher confirms: a dispatch message counts as published (and its runs are
+    # marked so) only once RabbitMQ has taken responsibility for it. Without a
+    # confirm a crash could lose it, and the relay sweep would have to wait for it.
+    # (visibility_timeout is not set: it only exists for Redis/SQS brokers; on
+    # RabbitMQ an unacked message comes back when its consumer's channel closes.)
+    broker_transport_options = {"confirm_publish": True}
+broker_connection_retry_on_startup = True
+
+# JSON only: nothing on the broker is code, and every message is readable by hand.
+task_serializer = "json"
+result_serializer = "json"
+event_serializer = "json"
+accept_content = ["json"]
+result_accept_content = ["json"]
+enable_utc = True
+timezone = "UTC"
+
+# No result backend: outcomes go to the registry, which is the only place of record.
+task_ignore_result = True
+task_store_errors_even_if_ignored = False
+
+# Retries happen in exactly one layer, the registry (invariant 3). No task sets
+# autoretry_for, and a task that raises is not retried by Celery.
+task_default_retry_delay = 0
+task_annotations = {"*": {"max_retries": 0}}
+
+# Queues: one per logical shard, shard-00 .. shard-NN. `celery -A app worker -Q
+# shard-07` serves shard 7; poll, sweep and dispatch of a shard share its queue, so
+# a shard's work goes wherever its queue is consumed.
+task_queues = [Queue(name, Exchange(name, type="direct"), routing_key=name, durable=True) for name in shard_queues(_settings)]
+task_default_queue = "shard-00"
+task_routes = (route_task,)
+task_create_missing_queues = False
+
+# Acknowledgement. A dispatch task returns once its runs are *started* (the fenced
+# claimed -> running UPDATE) and handed to the process's call threads; it does not
+# wait for the calls. So acks_late acknowledges exactly when the message has done
+# its job: a crash before that redelivers it, and the redelivery is harmless because
+# starting is fenced (a run already started is skipped). After the start, recovery
+# belongs to the lease and the janitor, not to the broker.
+task_acks_late = True
+# A child killed mid-task (OOM, SIGKILL) puts the message back for the same reason:
+# a fenced start makes redelivery cost only work.
+task_reject_on_worker_lost = True
+task_acks_on_failure_or_timeout = True
+
+# Prefetch 1: a process takes its next message only when it is free, so a burst's
+# dispatch messages spread over every process and every worker instead of queueing
+# behind one busy process (each message already carries up to ~100 runs).
+worker_prefetch_multiplier = 1
+
+# The pool: prefork, one process per core (Celery's default concurrency). Each
+# process runs its own pool of PUNCTUAL_DISPATCH_THREADS call threads (see
+# app/tasks/dispatch.py), so hundreds of calls are in flight per process while the
+# Celery task itself only starts runs and returns; prefork spreads the Python work
+# (HTTP, JSON, HMAC) over the cores, which one threaded process under the GIL cannot.
+worker_pool = "prefork"
+# Keep the processes: their call threads and pooled HTTP connections are the point.
+worker_max_tasks_per_child = None
+worker_hijack_root_logger = False
+worker_send_task_events = False
+task_send_sent_event = False
+
+# Beat: in-memory schedule (no celerybeat-schedule file), so several beats can run
+# side by side and a restarted beat starts fresh; a missed tick is harmless because
+# a poll claims everything due, however late.
+beat_scheduler = "celery.beat:Scheduler"
+beat_schedule = _beat_schedule(_settings)
+beat_max_loop_interval = max(0.05, min(1.0, _settings.poll_interval_s / 2))
+
+imports = ("app.tasks.poll", "app.tasks.dispatch")
