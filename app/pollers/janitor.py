@@ -1,0 +1,106 @@
+"""The janitor: leases that passed leased_until are taken back (internals.md, "expire").
+
+A lease expires when its worker died or stalled: the call may or may not have
+reached the target, so the attempt counts as spent. The janitor settles it like a
+retryable failure ("lease expired") that retries at once: the run becomes `failed`
+and the job is due again now with attempt + 1 and misfire_exempt; with attempts
+exhausted the run is `dead` and the job moves on as after a dead run. A worker that
+comes back later finds its token gone: its completion changes nothing (invariant 1).
+
+Two scans per shard, each an index range scan in batches with FOR UPDATE SKIP
+LOCKED so that two janitors share the work: jobs by ix_jobs_leased (schedule runs
+hold their lease on the job), runs by ix_runs_leased (triggered and replayed runs
+hold their own).
+"""
+from __future__ import annotations
+
+import random
+from datetime import datetime
+from typing import Callable
+
+import sqlalchemy as sa
+
+from app import metrics
+from app.retries import CallOutcome
+from app.schema import jobs, runs
+from app.settings import Settings
+from app.tasks.completion import Finished, apply
+from app.tasks.message import DispatchRun
+from app.tasks.settlement import LEASE_EXPIRED
+
+BATCH = 500
+EXPIRED = CallOutcome(error=LEASE_EXPIRED, retryable_error=True)
+
+
+def expired_jobs(shard: int, now: datetime, limit: int, lock: bool = True) -> sa.Select:
+    stmt = (
+        sa.select(jobs.c.job_id, jobs.c.lease_token)
+        .where(jobs.c.shard == shard, jobs.c.lease_token.isnot(None), jobs.c.leased_until < now)
+        .order_by(jobs.c.leased_until)
+        .limit(limit)
+    )
+    return stmt.with_for_update(skip_locked=True) if lock else stmt
+
+
+def expired_runs(shard: int, now: datetime, limit: int, lock: bool = True) -> sa.Select:
+    stmt = (
+        sa.select(runs)
+        .where(runs.c.shard == shard, runs.c.state.in_(("claimed", "running")), runs.c.leased_until < now,
+               runs.c.origin != "schedule")
+        .order_by(runs.c.leased_until)
+        .limit(limit)
+    )
+    return stmt.with_for_update(skip_locked=True) if lock else stmt
+
+
+def expire(engine: sa.Engine, shard: int, now: datetime, settings: Settings,
+           rand: Callable[[], float] = random.random) -> int:
+    """Take back every expired lease of `shard`; returns how many runs were settled."""
+    lock = engine.dialect.name != "sqlite"
+    total = 0
+    for scan in (_expire_job_leases, _expire_run_leases):
+        while True:
+            with engine.begin() as conn:
+                settled, full = scan(conn, shard, now, settings, rand, lock)
+            total += settled
+            if not full:
+                break
+    if total:
+        metrics.LEASES_EXPIRED.labels(str(shard)).inc(total)
+    return total
+
+
+def _expire_job_leases(conn, shard, now, settings, rand, lock) -> tuple[int, bool]:
+    leases = conn.execute(expired_jobs(shard, now, BATCH, lock)).all()
+    if not leases:
+        return 0, False
+    tokens = {row.job_id: row.lease_token for row in leases}
+    rows = conn.execute(
+        sa.select(runs).where(runs.c.job_id.in_(list(tokens)), runs.c.state.in_(("claimed", "running")),
+                              runs.c.origin == "schedule")
+    ).mappings().all()
+    owned = [row for row in rows if tokens.get(row["job_id"]) == row["lease_token"]]
+    settled = _settle(conn, owned, now, settings, rand)
+    # A lease with no run left behind (nothing to settle) is simply released.
+    orphaned = set(tokens) - {row["job_id"] for row in owned}
+    for job_id in sorted(orphaned):
+        conn.execute(
+            sa.update(jobs)
+            .where(jobs.c.job_id == job_id, jobs.c.lease_token == tokens[job_id])
+            .values(state=sa.case((jobs.c.state == "running", "scheduled"), else_=jobs.c.state),
+                    lease_token=None, leased_until=None, misfire_exempt=True, updated_at=now)
+        )
+    return settled, len(leases) >= BATCH
+
+
+def _expire_run_leases(conn, shard, now, settings, rand, lock) -> tuple[int, bool]:
+    rows = conn.execute(expired_runs(shard, now, BATCH, lock)).mappings().all()
+    return _settle(conn, rows, now, settings, rand), len(rows) >= BATCH
+
+
+def _settle(conn, rows, now, settings, rand) -> int:
+    if not rows:
+        return 0
+    batch = [Finished(DispatchRun.from_row(row, None), EXPIRED, now) for row in rows]
+    report = apply(conn, batch, now, rand, settings.lease_s, run_states=("claimed", "running"), retry_now=True)
+    return report.applied

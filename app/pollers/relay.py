@@ -1,0 +1,83 @@
+"""The relay: runs in the outbox (runs.published = false) become dispatch messages.
+
+Right after a claim commits, `publish_claimed` sends its runs as a few dispatch
+messages (batches of runs, app.tasks.message) and then marks them published in one
+UPDATE. A crash between the claim's COMMIT and that UPDATE leaves runs unpublished;
+`sweep` finds every unpublished `claimed` run whose due_at has passed (the claim's
+runs after the relay grace, triggered and replayed runs at once, off-schedule
+retries when their retry time comes) and publishes it (invariant 8). Publishing
+twice is harmless: starting a run is fenced (invariant 4).
+
+`send(shard, entries)` is injected: in a worker it is the dispatch task's
+apply_async (with publisher confirms); tests pass a recorder.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Callable, Sequence
+
+import sqlalchemy as sa
+
+from app import metrics
+from app.schema import jobs, runs
+from app.tasks.message import DispatchRun, to_messages
+
+Send = Callable[[int, list[dict]], None]
+
+SWEEP_BATCH = 500
+
+
+def publish_claimed(engine: sa.Engine, shard: int, claimed: Sequence[DispatchRun], send: Send) -> int:
+    """Publish a claim's runs, then mark them published. Returns messages sent."""
+    if not claimed:
+        return 0
+    sent = _send_all(shard, claimed, send)
+    with engine.begin() as conn:
+        conn.execute(_mark_published([run.run_id for run in claimed]))
+    return sent
+
+
+def outbox_due(shard: int, now: datetime, limit: int, lock: bool = True) -> sa.Select:
+    """Unpublished claimed runs of a shard whose due_at has passed (ix_runs_outbox),
+    with their job's payload (runs do not copy it)."""
+    stmt = (
+        sa.select(runs, jobs.c.payload)
+        .join(jobs, jobs.c.job_id == runs.c.job_id)
+        .where(runs.c.shard == shard, runs.c.published == sa.false(), runs.c.due_at <= now, runs.c.state == "claimed")
+        .order_by(runs.c.due_at)
+        .limit(limit)
+    )
+    return stmt.with_for_update(of=runs, skip_locked=True) if lock else stmt
+
+
+def sweep(engine: sa.Engine, shard: int, now: datetime, send: Send, limit: int = SWEEP_BATCH) -> int:
+    """Publish what the outbox holds that is due; returns how many runs were published.
+
+    The rows stay locked while they are published so that two sweeps on one shard
+    do not both send them; the UPDATE commits only after the broker confirmed.
+    """
+    lock = engine.dialect.name != "sqlite"
+    total = 0
+    while True:
+        with engine.begin() as conn:
+            rows = conn.execute(outbox_due(shard, now, limit, lock)).mappings().all()
+            if not rows:
+                return total
+            found = [DispatchRun.from_row(row, row["payload"]) for row in rows]
+            _send_all(shard, found, send)
+            conn.execute(_mark_published([run.run_id for run in found]))
+        total += len(found)
+        if len(rows) < limit:
+            return total
+
+
+def _send_all(shard: int, found: Sequence[DispatchRun], send: Send) -> int:
+    messages = to_messages(found)
+    for entries in messages:
+        send(shard, entries)
+    metrics.PUBLISHED.labels(str(shard)).inc(len(messages))
+    return len(messages)
+
+
+def _mark_published(run_ids: list) -> sa.Update:
+    return sa.update(runs).where(runs.c.run_id.in_(run_ids)).values(published=True)

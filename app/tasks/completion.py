@@ -1,0 +1,174 @@
+"""Completion: finished attempts written back, batched, fenced by the lease token.
+
+`complete` takes a batch of finished attempts (as a worker's completion buffer
+flushes them) and writes them in ONE transaction per physical DSN:
+
+1. lock the batch's job rows and run rows (SELECT ... FOR UPDATE, in key order so
+   two batches never deadlock);
+2. fence: an attempt whose run is no longer `running` with its lease_token, or
+   whose job (schedule runs) no longer holds that token, is stale: it changes
+   nothing and is counted in STALE_COMPLETIONS (invariant 1);
+3. settle each attempt (app.tasks.settlement, pure) and write the results with one
+   executemany per statement shape: runs, jobs (`WHERE job_id = ? AND
+   lease_token = ?`), and new run rows for off-schedule retries.
+
+The janitor settles expired leases through `apply` too, with the run states it
+may take back (`claimed` as well as `running`) and retry_now.
+"""
+from __future__ import annotations
+
+import random
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Callable, Iterable, Sequence
+
+import sqlalchemy as sa
+
+from app import metrics
+from app.registry import Registry
+from app.retries import CallOutcome
+from app.schema import jobs, runs
+from app.tasks.message import DispatchRun
+from app.tasks.settlement import Attempt, Settlement, settle
+
+
+@dataclass(frozen=True)
+class Finished:
+    run: DispatchRun
+    outcome: CallOutcome
+    finished_at: datetime
+
+
+@dataclass(frozen=True)
+class CompletionReport:
+    applied: int = 0
+    stale: int = 0
+
+    def __add__(self, other: "CompletionReport") -> "CompletionReport":
+        return CompletionReport(self.applied + other.applied, self.stale + other.stale)
+
+
+def complete(registry: Registry, finished: Sequence[Finished], now: datetime,
+             rand: Callable[[], float] = random.random) -> CompletionReport:
+    """Write a batch of finished attempts: one transaction per physical DSN."""
+    by_engine: dict[int, list[Finished]] = defaultdict(list)
+    engines = registry.engines
+    for item in finished:
+        by_engine[item.run.shard % len(engines)].append(item)
+    report = CompletionReport()
+    for index, batch in by_engine.items():
+        with engines[index].begin() as conn:
+            report += apply(conn, batch, now, rand, registry.settings.lease_s)
+    return report
+
+
+def apply(conn: sa.Connection, batch: Sequence[Finished], now: datetime, rand: Callable[[], float],
+          lease_s: float, run_states: tuple[str, ...] = ("running",), retry_now: bool = False) -> CompletionReport:
+    """Fence, settle and write `batch` inside the caller's transaction."""
+    job_rows = _lock_jobs(conn, {f.run.job_id for f in batch if not f.run.off_schedule})
+    run_rows = _lock_runs(conn, {f.run.run_id for f in batch})
+    run_writes, job_writes, retry_rows = [], [], []
+    stale = 0
+    for item in batch:
+        run = item.run
+        current = run_rows.get(run.run_id)
+        job = job_rows.get(run.job_id)
+        if (current is None or current["lease_token"] != run.lease_token or current["state"] not in run_states
+                or (not run.off_schedule and (job is None or job["lease_token"] != run.lease_token))):
+            stale += 1
+            continue
+        attempt = Attempt(run.job_id, run.origin, run.scheduled_for, run.attempt, run.retry)
+        settled = settle(attempt, item.outcome, job, now, rand, retry_now=retry_now)
+        run_writes.append({
+            "b_run_id": run.run_id, "b_state": settled.run_state, "b_finished_at": item.finished_at,
+            "b_status_code": item.outcome.status_code, "b_error": settled.error, "b_now": now,
+        })
+        if settled.job is not None:
+            job_writes.append({**settled.job, "updated_at": now, "_job_id": run.job_id, "_token": run.lease_token})
+        if settled.retry_at is not None:
+            retry_rows.append(_retry_row(run, settled, now, lease_s))
+        _count(settled)
+    if run_writes:
+        conn.execute(_FINISH_RUN, run_writes)
+    for shape, rows in _by_shape(job_writes):
+        conn.execute(_job_update(shape), [_job_params(row) for row in rows])
+    if retry_rows:
+        conn.execute(runs.insert(), retry_rows)
+    if stale:
+        metrics.STALE_COMPLETIONS.inc(stale)
+    return CompletionReport(applied=len(run_writes), stale=stale)
+
+
+_FINISH_RUN = (
+    sa.update(runs)
+    .where(runs.c.run_id == sa.bindparam("b_run_id"))
+    .values(
+        state=sa.bindparam("b_state"),
+        finished_at=sa.bindparam("b_finished_at"),
+        status_code=sa.bindparam("b_status_code"),
+        error=sa.bindparam("b_error"),
+        leased_until=None,
+        updated_at=sa.bindparam("b_now"),
+    )
+)
+
+
+def _lock_jobs(conn: sa.Connection, job_ids: set) -> dict:
+    if not job_ids:
+        return {}
+    stmt = sa.select(jobs).where(jobs.c.job_id.in_(sorted(job_ids))).order_by(jobs.c.job_id)
+    if conn.dialect.name != "sqlite":
+        stmt = stmt.with_for_update()
+    return {row["job_id"]: row for row in conn.execute(stmt).mappings()}
+
+
+def _lock_runs(conn: sa.Connection, run_ids: set) -> dict:
+    stmt = (
+        sa.select(runs.c.run_id, runs.c.lease_token, runs.c.state)
+        .where(runs.c.run_id.in_(sorted(run_ids)))
+        .order_by(runs.c.run_id)
+    )
+    if conn.dialect.name != "sqlite":
+        stmt = stmt.with_for_update()
+    return {row["run_id"]: row for row in conn.execute(stmt).mappings()}
+
+
+def _by_shape(rows: Iterable[dict]) -> list[tuple[tuple[str, ...], list[dict]]]:
+    """Group job writes by which columns they set: executemany needs one shape."""
+    groups: dict[tuple[str, ...], list[dict]] = defaultdict(list)
+    for row in rows:
+        groups[tuple(sorted(k for k in row if not k.startswith("_")))].append(row)
+    return list(groups.items())
+
+
+def _job_update(columns: tuple[str, ...]) -> sa.Update:
+    return (
+        sa.update(jobs)
+        .where(jobs.c.job_id == sa.bindparam("b__job_id"), jobs.c.lease_token == sa.bindparam("b__token"))
+        .values({column: sa.bindparam(f"b_{column}") for column in columns})
+    )
+
+
+def _job_params(row: dict) -> dict:
+    return {f"b_{key}": value for key, value in row.items()}
+
+
+def _retry_row(run: DispatchRun, settled: Settlement, now: datetime, lease_s: float) -> dict:
+    """An off-schedule run's next attempt: its own lease, published by the relay sweep when due."""
+    return {
+        "run_id": uuid.uuid4(), "job_id": run.job_id, "shard": run.shard, "owner": run.owner,
+        "origin": run.origin, "scheduled_for": run.scheduled_for, "attempt": run.attempt + 1,
+        "state": "claimed", "lease_token": uuid.uuid4(),
+        "leased_until": settled.retry_at + timedelta(seconds=lease_s), "due_at": settled.retry_at,
+        "published": False, "target": run.target, "retry": dict(run.retry), "started_at": None,
+        "finished_at": None, "lateness_ms": None, "status_code": None, "error": None,
+        "created_at": now, "updated_at": now,
+    }
+
+
+def _count(settled: Settlement) -> None:
+    metrics.RUNS.labels(settled.run_state).inc()
+    if settled.dead:
+        metrics.DEAD_LETTERS.inc()

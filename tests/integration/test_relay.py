@@ -1,0 +1,112 @@
+"""The relay on real Postgres and RabbitMQ: batched messages, the outbox sweep."""
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from celery import Celery
+from kombu import Connection
+
+from app.pollers import relay
+from app.pollers.beat import DISPATCH_TASK, route_task, shard_queues
+from app.pollers.claim import claim_batch, relay_grace_s
+from app.registry import registry_for
+from app.tasks.message import DispatchRun
+from app.timefmt import utcnow
+from tests.rows import insert_jobs, job, job_row, runs_of
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def registry(pg_settings, truncate):
+    truncate()
+    return registry_for(pg_settings)
+
+
+@pytest.fixture
+def broker(amqp_url, pg_settings):
+    """A Celery app routed like celeryconfig, and a reader of the shard queues."""
+    from kombu import Exchange, Queue
+
+    app = Celery("relay-test", set_as_current=False)
+    app.conf.update(
+        broker_url=amqp_url, task_serializer="json", accept_content=["json"],
+        task_routes=(route_task,), broker_transport_options={"confirm_publish": True},
+        task_queues=[Queue(q, Exchange(q, type="direct"), routing_key=q) for q in shard_queues(pg_settings)],
+    )
+
+    def send(shard: int, entries: list[dict]) -> None:
+        app.send_task(DISPATCH_TASK, kwargs={"shard": shard, "runs": entries})
+
+    def drain(queue: str) -> list[dict]:
+        bodies = []
+        with Connection(amqp_url) as conn:
+            simple = conn.SimpleQueue(queue, queue_opts={"durable": True}, exchange_opts={"type": "direct"})
+            simple.queue.routing_key = queue
+            while True:
+                try:
+                    message = simple.get(timeout=1)
+                except simple.Empty:
+                    break
+                assert message.content_type == "application/json"
+                assert message.headers["task"] == DISPATCH_TASK
+                bodies.append(json.loads(message.body)[1])  # [args, kwargs, embed]
+                message.ack()
+            simple.close()
+        return bodies
+
+    with app.connection_for_write() as conn:  # declare the queues
+        for queue in app.amqp.queues.values():
+            queue(conn.default_channel).declare()
+    yield send, drain
+    app.close()
+
+
+def test_a_claim_batch_becomes_a_few_messages_on_its_shard_queue(registry, broker):
+    send, drain = broker
+    rows = [job_row(16, run_at=utcnow() - timedelta(seconds=1), shard=6) for _ in range(250)]
+    insert_jobs(registry, rows)
+    engine = registry.engine_for_shard(6)
+    claimed = claim_batch(engine, 6, utcnow(), registry.settings).runs
+    assert relay.publish_claimed(engine, 6, claimed, send) == 3
+    messages = drain("shard-06")
+    assert sorted(len(m["runs"]) for m in messages) == [83, 83, 84] and {m["shard"] for m in messages} == {6}
+    entries = [DispatchRun.from_message(e) for m in messages for e in m["runs"]]
+    assert {e.run_id for e in entries} == {r.run_id for r in claimed}
+    assert entries[0].payload == {"job": str(entries[0].job_id)} and entries[0].target["type"] == "webhook"
+    assert all(runs_of(registry, r["job_id"])[0]["published"] for r in rows[:10])
+    assert drain("shard-07") == []
+
+
+def test_a_crash_between_claim_commit_and_publish_loses_nothing(registry, broker):
+    """Invariant 8: the sweep publishes what a crashed poller committed but never sent."""
+    send, drain = broker
+    row = job_row(16, run_at=utcnow() - timedelta(seconds=1), shard=9)
+    insert_jobs(registry, [row])
+    engine = registry.engine_for_shard(9)
+    now = utcnow()
+    [run] = claim_batch(engine, 9, now, registry.settings).runs  # ... and the poller dies here
+    assert relay.sweep(engine, 9, now, send) == 0  # within the grace, the claim's own publish may still come
+    later = now + timedelta(seconds=relay_grace_s(registry.settings) + 0.1)
+    assert relay.sweep(engine, 9, later, send) == 1
+    [message] = drain("shard-09")
+    assert [e["run_id"] for e in message["runs"]] == [str(run.run_id)]
+    assert runs_of(registry, row["job_id"])[0]["published"] is True
+    assert relay.sweep(engine, 9, later, send) == 0
+    assert job(registry, row["job_id"])["lease_token"] == run.lease_token
+
+
+def test_triggered_runs_are_swept_at_once(registry, broker):
+    from app.jobs import trigger_job
+
+    send, drain = broker
+    row = job_row(16, run_at=utcnow() + timedelta(hours=1), shard=10)
+    insert_jobs(registry, [row])
+    now = utcnow()
+    trigger_job(registry, "tests", str(row["job_id"]), now)
+    assert relay.sweep(registry.engine_for_shard(10), 10, now, send) == 1
+    [message] = drain("shard-10")
+    [entry] = message["runs"]
+    assert entry["origin"] == "trigger" and entry["attempt"] == 1
