@@ -1,0 +1,81 @@
+"""Which limits apply to a run (pure): API.md "Limits".
+
+A run is subject to at most two specs:
+
+- the job's own `limits` (rate_per_s, max_concurrency), under its named `key` or,
+  without one, under the target's origin (`scheme://host:port`, port always
+  written; a queue target's topic); both scoped to the owner, so two owners never
+  share a bucket by choosing the same name;
+- the operator's defaults (PUNCTUAL_TARGET_RATE_PER_S, PUNCTUAL_TARGET_MAX_CONCURRENCY,
+  0 = none) under the target's origin ACROSS ALL OWNERS: they protect a target from
+  Punctual as a whole, on top of whatever the owners chose.
+
+A run is admitted only when every spec admits it (app.limits.limiter).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+from urllib.parse import quote, urlsplit
+
+__all__ = ["LimitSpec", "limit_specs", "target_origin"]
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+@dataclass(frozen=True)
+class LimitSpec:
+    """One token bucket and/or concurrency cap, shared by every run with this key.
+
+    `rate_per_s`: starts per second (the bucket holds that many tokens: one second
+    of burst); `max_concurrency`: runs in flight at once. None = no such limit.
+    """
+
+    key: str
+    rate_per_s: float | None = None
+    max_concurrency: int | None = None
+
+    @property
+    def limited(self) -> bool:
+        return bool(self.rate_per_s) or bool(self.max_concurrency)
+
+
+def target_origin(target: Mapping[str, Any]) -> str:
+    """`scheme://host:port` of a webhook target, `topic:<topic>` of a queue target.
+
+    The host is lowercased and the port always written, so https://API.example/x
+    and https://api.example:443/y share one origin.
+    """
+    if target.get("type") == "queue":
+        return f"topic:{target.get('topic', '')}"
+    url = str(target.get("url", ""))
+    try:
+        parts = urlsplit(url)
+        scheme, host = parts.scheme.lower(), (parts.hostname or "").rstrip(".")
+        port = parts.port or _DEFAULT_PORTS.get(scheme, 0)
+    except ValueError:  # validated at the API; a key is still owed to whatever came through
+        return url
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    return f"{scheme}://{host}:{port}"
+
+
+def limit_specs(owner: str, target: Mapping[str, Any], settings: Any) -> list[LimitSpec]:
+    """The specs a run of `owner`'s job with `target` must pass (possibly none).
+
+    `settings` needs `target_rate_per_s` and `target_max_concurrency` (0 = none).
+    """
+    origin = target_origin(target)
+    scope = f"owner:{quote(str(owner), safe='')}"  # quoted: no owner name can forge another's key
+    specs: list[LimitSpec] = []
+    limits = target.get("limits") or {}
+    rate, concurrency = limits.get("rate_per_s"), limits.get("max_concurrency")
+    if rate or concurrency:
+        name = limits.get("key")
+        key = f"{scope}:key:{name}" if name else f"{scope}:{origin}"
+        specs.append(LimitSpec(key, float(rate) if rate else None, int(concurrency) if concurrency else None))
+    default_rate = float(getattr(settings, "target_rate_per_s", 0) or 0)
+    default_concurrency = int(getattr(settings, "target_max_concurrency", 0) or 0)
+    if default_rate or default_concurrency:
+        specs.append(LimitSpec(f"all:{origin}", default_rate or None, default_concurrency or None))
+    return specs

@@ -1,0 +1,131 @@
+"""Which limits apply to a run (API.md "Limits"): app.limits.policy, pure."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from app.limits.policy import LimitSpec, limit_specs, target_origin
+
+
+@dataclass(frozen=True)
+class Ops:
+    """The two operator defaults the policy reads from Settings (0 = none)."""
+
+    target_rate_per_s: float = 0
+    target_max_concurrency: int = 0
+
+
+NONE = Ops()
+
+
+def webhook(url: str, **limits) -> dict:
+    target = {"type": "webhook", "url": url}
+    if limits:
+        target["limits"] = limits
+    return target
+
+
+@pytest.mark.parametrize(
+    "url, origin",
+    [
+        ("https://api.example/run", "https://api.example:443"),
+        ("http://api.example/run", "http://api.example:80"),
+        ("https://API.Example:443/x?y=1", "https://api.example:443"),
+        ("HTTPS://api.example.:8443/", "https://api.example:8443"),
+        ("http://user:pw@api.example:8080/run", "http://api.example:8080"),
+        ("https://[2001:DB8::1]/run", "https://[2001:db8::1]:443"),
+        ("http://10.0.0.7:9000", "http://10.0.0.7:9000"),
+    ],
+)
+def test_origin_always_writes_the_port(url, origin):
+    assert target_origin(webhook(url)) == origin
+
+
+def test_origin_of_a_queue_target_is_its_topic():
+    assert target_origin({"type": "queue", "topic": "reports.daily"}) == "topic:reports.daily"
+
+
+def test_no_limits_anywhere_means_no_specs():
+    assert limit_specs("alice", webhook("https://api.example/run"), NONE) == []
+
+
+def test_a_named_key_is_scoped_to_the_owner():
+    target = webhook("https://billing.example/run", key="billing-api", rate_per_s=50, max_concurrency=20)
+    assert limit_specs("alice", target, NONE) == [LimitSpec("owner:alice:key:billing-api", 50.0, 20)]
+    bob = limit_specs("bob", target, NONE)
+    assert bob[0].key != "owner:alice:key:billing-api"
+
+
+def test_jobs_with_the_same_named_key_share_it_whatever_their_urls():
+    one = limit_specs("alice", webhook("https://a.example/x", key="k", rate_per_s=5), NONE)
+    two = limit_specs("alice", webhook("https://b.example/y", key="k", rate_per_s=5), NONE)
+    assert one[0].key == two[0].key
+
+
+def test_without_a_key_the_owner_shares_one_bucket_per_origin():
+    one = limit_specs("alice", webhook("https://api.example/a", rate_per_s=5), NONE)
+    two = limit_specs("alice", webhook("https://API.example:443/b", rate_per_s=5), NONE)
+    assert one == two == [LimitSpec("owner:alice:https://api.example:443", 5.0, None)]
+    other_port = limit_specs("alice", webhook("https://api.example:8443/a", rate_per_s=5), NONE)
+    assert other_port[0].key != one[0].key
+
+
+def test_only_the_limits_a_job_sets_apply():
+    [spec] = limit_specs("alice", webhook("https://api.example/a", max_concurrency=3), NONE)
+    assert spec.rate_per_s is None and spec.max_concurrency == 3
+    [spec] = limit_specs("alice", webhook("https://api.example/a", rate_per_s=0.5), NONE)
+    assert spec.rate_per_s == 0.5 and spec.max_concurrency is None
+
+
+def test_a_key_without_numbers_limits_nothing_by_itself():
+    assert limit_specs("alice", webhook("https://api.example/a", key="k"), NONE) == []
+
+
+def test_operator_defaults_apply_per_origin_across_all_owners_on_top():
+    ops = Ops(target_rate_per_s=100, target_max_concurrency=200)
+    alice = limit_specs("alice", webhook("https://api.example/a", key="k", rate_per_s=5), ops)
+    bob = limit_specs("bob", webhook("https://api.example:443/b"), ops)
+    assert alice == [
+        LimitSpec("owner:alice:key:k", 5.0, None),
+        LimitSpec("all:https://api.example:443", 100.0, 200),
+    ]
+    assert bob == [LimitSpec("all:https://api.example:443", 100.0, 200)]
+
+
+def test_each_operator_default_can_be_off():
+    assert limit_specs("o", webhook("https://api.example/"), Ops(target_max_concurrency=200)) == [
+        LimitSpec("all:https://api.example:443", None, 200)
+    ]
+    assert limit_specs("o", webhook("https://api.example/"), Ops(target_rate_per_s=2.5)) == [
+        LimitSpec("all:https://api.example:443", 2.5, None)
+    ]
+
+
+def test_queue_targets_are_keyed_by_topic():
+    ops = Ops(target_max_concurrency=200)
+    target = {"type": "queue", "topic": "reports.daily", "limits": {"rate_per_s": 10}}
+    assert limit_specs("alice", target, ops) == [
+        LimitSpec("owner:alice:topic:reports.daily", 10.0, None),
+        LimitSpec("all:topic:reports.daily", None, 200),
+    ]
+    named = {"type": "queue", "topic": "reports.daily", "limits": {"key": "reports", "max_concurrency": 1}}
+    assert limit_specs("alice", named, NONE) == [LimitSpec("owner:alice:key:reports", None, 1)]
+
+
+def test_an_owner_name_cannot_forge_another_owners_key():
+    forged = limit_specs("alice:key:x", webhook("https://a.example/", key="y", rate_per_s=1), NONE)
+    real = limit_specs("alice", webhook("https://a.example/", key="x:key:y", rate_per_s=1), NONE)
+    assert forged[0].key != real[0].key
+
+
+def test_the_default_settings_cap_concurrency_at_200():
+    from app.settings import Settings
+
+    specs = limit_specs("alice", webhook("https://api.example/"), Settings.from_env({}))
+    assert specs == [LimitSpec("all:https://api.example:443", None, 200)]
+
+
+def test_limited():
+    assert not LimitSpec("k").limited
+    assert LimitSpec("k", rate_per_s=1).limited and LimitSpec("k", max_concurrency=1).limited
