@@ -1,0 +1,67 @@
+"""RedisLimiter: the limiter contract on a real Redis, shared by two instances."""
+from __future__ import annotations
+
+import pytest
+import redis
+
+from app.limits import LimitSpec, RedisLimiter, limiter_for
+from app.settings import Settings
+from tests.conftest import REDIS_URL
+from tests.limiter_contract import LEASE_S, T0, LimiterContract
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def client():
+    c = redis.Redis.from_url(REDIS_URL)
+    yield c
+    c.close()
+
+
+class TestRedisLimiter(LimiterContract):
+    @pytest.fixture
+    def pair(self, redis_prefix):
+        # Two clients, two limiters: two worker processes as far as Redis can tell.
+        limiters = (RedisLimiter.from_url(REDIS_URL, redis_prefix), RedisLimiter.from_url(REDIS_URL, redis_prefix))
+        yield limiters
+
+
+def test_a_batch_is_one_script_call(redis_prefix, monkeypatch):
+    limiter = RedisLimiter.from_url(REDIS_URL, redis_prefix)
+    calls = []
+    script = limiter._admit
+    monkeypatch.setattr(limiter, "_admit", lambda **kw: calls.append(kw) or script(**kw))
+    spec = [LimitSpec("b", rate_per_s=5), LimitSpec("c", max_concurrency=100)]
+    answers = limiter.acquire_many([(spec, f"r{i}") for i in range(500)] + [([], "free")], T0, LEASE_S)
+    assert sum(a.admitted for a in answers) == 6
+    assert len(calls) == 1
+    limiter.acquire_many([([], "a"), ([LimitSpec("none")], "b")], T0, LEASE_S)
+    assert len(calls) == 1  # nothing limited: no round trip at all
+
+
+def test_keys_carry_the_prefix_and_expire(redis_prefix, client):
+    limiter = RedisLimiter.from_url(REDIS_URL, redis_prefix)
+    spec = [LimitSpec("owner:o:key:api", rate_per_s=5, max_concurrency=2)]
+    for i in range(4):
+        limiter.acquire(spec, f"r{i}", T0, LEASE_S)
+    keys = sorted(k.decode() for k in client.scan_iter(match="*owner:o:key:api*"))
+    assert keys == [f"{redis_prefix}:bucket:owner:o:key:api", f"{redis_prefix}:slots:owner:o:key:api"]
+    for key in keys:
+        assert 0 < client.pttl(key) <= (LEASE_S + 120) * 1000
+
+
+def test_the_script_survives_a_script_flush(redis_prefix, client):
+    limiter = RedisLimiter.from_url(REDIS_URL, redis_prefix)
+    spec = [LimitSpec("b", rate_per_s=1)]
+    assert limiter.acquire(spec, "a", T0, LEASE_S).admitted
+    client.script_flush()
+    assert not limiter.acquire(spec, "b", T0, LEASE_S).admitted
+
+
+def test_limiter_for_with_redis(redis_prefix):
+    settings = Settings.from_env({"PUNCTUAL_REDIS_URL": REDIS_URL, "PUNCTUAL_REDIS_PREFIX": redis_prefix})
+    limiter = limiter_for(settings)
+    assert isinstance(limiter, RedisLimiter)
+    assert limiter_for(settings) is limiter
+    assert limiter.bucket_key("k") == f"{redis_prefix}:bucket:k"

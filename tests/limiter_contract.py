@@ -1,0 +1,223 @@
+"""Behaviour every Limiter must have (app.limits.limiter), whatever its storage.
+
+tests/unit/test_local_limiter.py and tests/integration/test_redis_limiter.py run
+these against their implementation by subclassing `LimiterContract` and providing
+the `pair` fixture: two limiters that share state, as two worker processes would.
+Every test injects `now`; none sleeps.
+"""
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from app.limits import LimitSpec
+
+T0 = 1_000_000.0  # an exact float, so that token arithmetic has no rounding surprises
+LEASE_S = 30.0
+
+
+def admitted(admissions) -> list[bool]:
+    return [a.admitted for a in admissions]
+
+
+class LimiterContract:
+    @pytest.fixture
+    def limiter(self, pair):
+        return pair[0]
+
+    # -- token bucket -------------------------------------------------------------
+
+    def test_a_bucket_admits_one_second_of_burst_at_once(self, limiter):
+        spec = [LimitSpec("b", rate_per_s=5)]
+        answers = limiter.acquire_many([(spec, f"r{i}") for i in range(50)], T0, LEASE_S)
+        assert admitted(answers) == [True] * 5 + [False] * 45
+
+    def test_then_it_admits_at_the_rate(self, limiter):
+        spec = [LimitSpec("b", rate_per_s=5)]
+        assert all(admitted(limiter.acquire_many([(spec, f"burst{i}") for i in range(5)], T0, LEASE_S)))
+        # One request every 50 ms for 4 s: a token comes every 200 ms.
+        got = [limiter.acquire(spec, f"r{i}", T0 + 0.05 * i + 0.001, LEASE_S).admitted for i in range(1, 81)]
+        assert sum(got) == 20
+        # And never two in the same 200 ms.
+        times = [i for i, ok in enumerate(got, 1) if ok]
+        assert all(b - a >= 4 for a, b in zip(times, times[1:]))
+
+    def test_never_more_than_the_rate_over_any_window(self, limiter):
+        spec = [LimitSpec("b", rate_per_s=10)]
+        starts = []
+        for step in range(400):  # 20 requests every 100 ms for 4 s
+            now = T0 + step * 0.01
+            answers = limiter.acquire_many([(spec, f"r{step}-{i}") for i in range(2)], now, LEASE_S)
+            starts += [now] * sum(admitted(answers))
+        for begin in starts:
+            in_window = [t for t in starts if begin <= t < begin + 1.0]
+            assert len(in_window) <= 10 + 10  # one second of burst plus one second of rate
+        assert 10 + 10 * 3.9 - 1 <= len(starts) <= 10 + 10 * 4 + 1
+
+    def test_a_rate_below_one_still_admits_one_start(self, limiter):
+        spec = [LimitSpec("slow", rate_per_s=0.5)]
+        first, second = limiter.acquire_many([(spec, "a"), (spec, "b")], T0, LEASE_S)
+        assert first.admitted and not second.admitted
+        assert second.retry_at == pytest.approx(T0 + 2.0)
+        assert limiter.acquire(spec, "b", T0 + 2.0, LEASE_S).admitted
+
+    def test_held_runs_get_spread_retry_times(self, limiter):
+        spec = [LimitSpec("b", rate_per_s=5)]
+        answers = limiter.acquire_many([(spec, f"r{i}") for i in range(50)], T0, LEASE_S)
+        retry_at = [a.retry_at for a in answers if not a.admitted]
+        assert len(retry_at) == 45 and len(set(retry_at)) == 45
+        assert retry_at == sorted(retry_at)
+        assert retry_at[0] == pytest.approx(T0 + 0.2)
+        assert retry_at[-1] == pytest.approx(T0 + 9.0)
+        assert all(b - a == pytest.approx(0.2) for a, b in zip(retry_at, retry_at[1:]))
+
+    def test_held_runs_that_come_back_on_time_are_admitted(self, limiter):
+        spec = [LimitSpec("b", rate_per_s=5)]
+        answers = limiter.acquire_many([(spec, f"r{i}") for i in range(20)], T0, LEASE_S)
+        held = [(f"r{i}", a.retry_at) for i, a in enumerate(answers) if not a.admitted]
+        assert all(limiter.acquire(spec, holder, at, LEASE_S).admitted for holder, at in held)
+
+    def test_a_newcomer_queues_behind_the_held_runs(self, limiter):
+        spec = [LimitSpec("b", rate_per_s=5)]
+        answers = limiter.acquire_many([(spec, f"r{i}") for i in range(10)], T0, LEASE_S)
+        last = max(a.retry_at for a in answers if not a.admitted)
+        late = limiter.acquire(spec, "late", T0 + 0.1, LEASE_S)
+        assert not late.admitted and late.retry_at == pytest.approx(last + 0.2)
+
+    # -- concurrency cap ----------------------------------------------------------
+
+    def test_a_cap_is_shared_by_limiters_and_a_release_frees_a_slot(self, pair):
+        one, two = pair
+        spec = [LimitSpec("c", max_concurrency=2)]
+        assert one.acquire(spec, "a", T0, LEASE_S).admitted
+        assert two.acquire(spec, "b", T0, LEASE_S).admitted
+        held = two.acquire(spec, "c", T0 + 0.5, LEASE_S)
+        assert not held.admitted and T0 + 0.5 < held.retry_at <= T0 + 0.5 + 1.0
+        one.release(spec, "a")
+        assert two.acquire(spec, "c", T0 + 0.6, LEASE_S).admitted
+        assert not one.acquire(spec, "d", T0 + 0.7, LEASE_S).admitted
+
+    def test_a_slot_comes_back_after_its_lease_when_never_released(self, pair):
+        one, two = pair
+        spec = [LimitSpec("c", max_concurrency=1)]
+        assert one.acquire(spec, "dead-worker-run", T0, LEASE_S).admitted
+        assert not two.acquire(spec, "b", T0 + LEASE_S - 1, LEASE_S).admitted
+        assert two.acquire(spec, "b", T0 + LEASE_S + 0.001, LEASE_S).admitted
+
+    def test_the_retry_time_behind_a_cap_is_no_later_than_the_first_lease_end(self, limiter):
+        spec = [LimitSpec("c", max_concurrency=1)]
+        assert limiter.acquire(spec, "a", T0, 0.3).admitted
+        held = limiter.acquire(spec, "b", T0 + 0.1, LEASE_S)
+        assert held.retry_at == pytest.approx(T0 + 0.3)
+
+    def test_runs_held_behind_a_cap_are_spread(self, limiter):
+        spec = [LimitSpec("c", max_concurrency=2)]
+        answers = limiter.acquire_many([(spec, f"r{i}") for i in range(10)], T0, LEASE_S)
+        retry_at = [a.retry_at for a in answers if not a.admitted]
+        assert len(retry_at) == 8 and retry_at == sorted(set(retry_at))
+        assert retry_at[0] == pytest.approx(T0 + limiter.hold_s)
+
+    def test_renew_extends_a_lease(self, pair):
+        one, two = pair
+        spec = [LimitSpec("c", max_concurrency=1)]
+        assert one.acquire(spec, "a", T0, LEASE_S).admitted
+        one.renew(spec, "a", LEASE_S, now=T0 + 20)
+        assert not two.acquire(spec, "b", T0 + LEASE_S + 5, LEASE_S).admitted
+        assert two.acquire(spec, "b", T0 + 20 + LEASE_S + 0.001, LEASE_S).admitted
+
+    def test_renew_after_release_takes_nothing_back(self, pair):
+        one, two = pair
+        spec = [LimitSpec("c", max_concurrency=1)]
+        assert one.acquire(spec, "a", T0, LEASE_S).admitted
+        one.release(spec, "a")
+        one.renew(spec, "a", LEASE_S, now=T0 + 1)
+        assert two.acquire(spec, "b", T0 + 2, LEASE_S).admitted
+
+    def test_release_many_and_renew_many(self, limiter):
+        spec = [LimitSpec("c", max_concurrency=3)]
+        assert all(admitted(limiter.acquire_many([(spec, h) for h in "abc"], T0, LEASE_S)))
+        limiter.renew_many([(spec, h) for h in "abc"], LEASE_S, now=T0 + 10)
+        limiter.release_many([(spec, "a"), (spec, "b")])
+        assert admitted(limiter.acquire_many([(spec, h) for h in "def"], T0 + 11, LEASE_S)) == [True, True, False]
+
+    def test_releasing_what_is_not_held_is_harmless(self, limiter):
+        spec = [LimitSpec("c", max_concurrency=1), LimitSpec("r", rate_per_s=1)]
+        limiter.release(spec, "nobody")
+        limiter.renew(spec, "nobody", LEASE_S, now=T0)
+        assert limiter.acquire(spec, "a", T0, LEASE_S).admitted
+
+    # -- several specs: all or nothing -------------------------------------------
+
+    def test_a_run_blocked_by_its_cap_takes_no_token(self, limiter):
+        bucket, cap = LimitSpec("bucket", rate_per_s=1), LimitSpec("cap", max_concurrency=1)
+        assert limiter.acquire([cap], "holder", T0, LEASE_S).admitted
+        blocked = limiter.acquire([bucket, cap], "run", T0, LEASE_S)
+        assert not blocked.admitted
+        # The bucket's only token is still there.
+        assert limiter.acquire([bucket], "other", T0, LEASE_S).admitted
+
+    def test_a_run_blocked_by_its_bucket_takes_no_slot(self, limiter):
+        bucket, cap = LimitSpec("bucket", rate_per_s=1), LimitSpec("cap", max_concurrency=2)
+        assert limiter.acquire([bucket], "spender", T0, LEASE_S).admitted
+        blocked = limiter.acquire([bucket, cap], "run", T0, LEASE_S)
+        assert not blocked.admitted and blocked.retry_at == pytest.approx(T0 + 1)
+        # Both slots of the cap are still free.
+        assert all(admitted(limiter.acquire_many([([cap], "x"), ([cap], "y")], T0, LEASE_S)))
+
+    def test_the_retry_time_is_when_every_spec_allows(self, limiter):
+        fast, slow = LimitSpec("fast", rate_per_s=10), LimitSpec("slow", rate_per_s=1)
+        assert limiter.acquire([fast, slow], "a", T0, LEASE_S).admitted
+        held = limiter.acquire([fast, slow], "b", T0, LEASE_S)
+        assert held.retry_at == pytest.approx(T0 + 1)
+
+    def test_one_spec_in_one_run_one_in_another_within_a_batch(self, limiter):
+        shared = LimitSpec("shared", rate_per_s=2)
+        own = LimitSpec("own", max_concurrency=1)
+        answers = limiter.acquire_many(
+            [([shared, own], "a"), ([shared], "b"), ([shared, own], "c"), ([own], "d")], T0, LEASE_S
+        )
+        # a takes a token and the slot; b the second token; c has neither; d no slot.
+        assert admitted(answers) == [True, True, False, False]
+
+    # -- the interface ------------------------------------------------------------
+
+    def test_runs_without_limits_are_admitted(self, limiter):
+        answers = limiter.acquire_many(
+            [([], "a"), ([LimitSpec("none")], "b"), ([LimitSpec("x", None, None)], "c")], T0, LEASE_S
+        )
+        assert admitted(answers) == [True, True, True]
+        assert all(a.retry_at is None for a in answers)
+
+    def test_now_may_be_a_datetime_and_retry_at_follows(self, limiter):
+        now = datetime(2026, 12, 1, tzinfo=timezone.utc)
+        spec = [LimitSpec("b", rate_per_s=2)]
+        answers = limiter.acquire_many([(spec, f"r{i}") for i in range(3)], now, LEASE_S)
+        assert admitted(answers) == [True, True, False]
+        assert answers[2].retry_at == now + timedelta(seconds=0.5)
+
+    def test_concurrent_callers_never_exceed_a_cap(self, pair):
+        spec = [LimitSpec("c", max_concurrency=3)]
+        inside, peak, lock = [0], [0], threading.Lock()
+        barrier = threading.Barrier(12)
+
+        def worker(n: int) -> None:
+            limiter = pair[n % 2]
+            barrier.wait()
+            for i in range(20):
+                holder = f"w{n}-{i}"
+                if limiter.acquire(spec, holder, T0, LEASE_S).admitted:
+                    with lock:
+                        inside[0] += 1
+                        peak[0] = max(peak[0], inside[0])
+                    with lock:
+                        inside[0] -= 1
+                    limiter.release(spec, holder)
+
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert 1 <= peak[0] <= 3
