@@ -1,0 +1,1 @@
+"""Worker side: the dispatch task, target calls, fenced lease writes, completion."""

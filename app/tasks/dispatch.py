@@ -1,0 +1,27 @@
+"""The dispatch task: one Celery message, a batch of runs, for one shard's queue.
+
+The task only parses the batch and hands it to this process's Dispatcher
+(app.tasks.dispatcher), which starts the runs (fenced) and calls their targets on
+its own threads; the task returns once the runs are started, and the message is
+acknowledged then (acks_late, see celeryconfig). No autoretry: a task that raises
+is not retried by Celery; its runs come back through the lease and the janitor.
+"""
+from __future__ import annotations
+
+from celery import shared_task
+
+from app.pollers.beat import DISPATCH_TASK
+from app.tasks.context import get_context
+from app.tasks.message import DispatchRun
+
+
+@shared_task(name=DISPATCH_TASK, acks_late=True, ignore_result=True, max_retries=0)
+def dispatch(shard: int, runs: list[dict]) -> dict:
+    batch = [DispatchRun.from_message(entry) for entry in runs]
+    report = get_context().dispatcher.dispatch(batch)
+    return {"shard": shard, "started": report.started, "held": report.held, "stale": report.stale}
+
+
+def send_dispatch(shard: int, entries: list[dict]) -> None:
+    """The relay's `send`: one dispatch message to the shard's queue (confirmed by the broker)."""
+    dispatch.apply_async(kwargs={"shard": shard, "runs": entries})

@@ -1,0 +1,161 @@
+"""The dispatcher: a worker process's engine for starting runs and calling targets.
+
+`dispatch(batch)` (called by the Celery dispatch task) does, for a batch of runs:
+
+1. limits: one `acquire_many` for the batch (token bucket + concurrency cap per
+   key, app.limits); a run held back is put off (app.tasks.lease.hold) without
+   spending an attempt;
+2. start: one fenced UPDATE for the admitted runs; a run it does not return was
+   started already (a duplicated message) or lost its lease: nothing is called
+   and its slot goes back;
+3. call: each started run is handed to the process's pool of
+   PUNCTUAL_DISPATCH_THREADS threads, and dispatch returns. The calls finish in
+   the background; their completions are written in batches by the completion
+   buffer, and their leases extended by the heartbeat while they are in flight.
+
+Back-pressure: a semaphore of PUNCTUAL_DISPATCH_THREADS slots is taken before a run
+is started, so a busy process stops taking messages (prefetch 1) instead of
+queueing calls it cannot make.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+from app import metrics
+from app.retries import CallOutcome
+from app.tasks import lease
+from app.tasks.buffer import CompletionBuffer
+from app.tasks.completion import Finished, complete
+from app.tasks.inflight import InFlight
+from app.tasks.message import DispatchRun, chunks
+from app.timefmt import utcnow
+
+if TYPE_CHECKING:
+    from app.tasks.context import WorkerContext
+
+log = logging.getLogger("punctual.dispatch")
+
+
+@dataclass(frozen=True)
+class DispatchReport:
+    started: int = 0
+    held: int = 0
+    stale: int = 0
+
+
+@dataclass(frozen=True)
+class _Call:
+    run: DispatchRun
+    specs: list
+
+
+class Dispatcher:
+    def __init__(self, context: "WorkerContext"):
+        self.context = context
+        settings = context.settings
+        self.capacity = settings.dispatch_threads
+        self._slots = threading.BoundedSemaphore(self.capacity)
+        self._executor = ThreadPoolExecutor(max_workers=self.capacity, thread_name_prefix="call")
+        self._inflight: InFlight[_Call] = InFlight(self._heartbeat, settings.heartbeat_s)
+        self._buffer: CompletionBuffer[Finished] = CompletionBuffer(self._flush)
+
+    def dispatch(self, batch: Sequence[DispatchRun]) -> DispatchReport:
+        started = held = stale = 0
+        for part in chunks(list(batch), self.capacity):
+            for _ in part:
+                self._slots.acquire()
+            try:
+                calls, held_now, stale_now = self._admit_and_start(part)
+            except BaseException:
+                for _ in part:
+                    self._slots.release()
+                raise
+            for _ in range(len(part) - len(calls)):
+                self._slots.release()
+            for call in calls:
+                self._inflight.add(call.run.run_id, call)
+                self._executor.submit(self._call, call)
+            started, held, stale = started + len(calls), held + held_now, stale + stale_now
+        return DispatchReport(started, held, stale)
+
+    def _admit_and_start(self, part: list[DispatchRun]) -> tuple[list[_Call], int, int]:
+        from app.limits import limit_specs
+
+        context, settings = self.context, self.context.settings
+        now = utcnow()
+        specs = [limit_specs(run.owner, run.target, settings) for run in part]
+        admissions = context.limiter.acquire_many(
+            [(spec, str(run.run_id)) for run, spec in zip(part, specs)], now, settings.lease_s
+        )
+        admitted = [_Call(run, spec) for run, spec, admission in zip(part, specs, admissions) if admission.admitted]
+        held = [(run, admission.retry_at) for run, admission in zip(part, admissions) if not admission.admitted]
+        started_ids = lease.start(context.registry, [call.run for call in admitted], now) if admitted else set()
+        calls, stale = [], 0
+        for call in admitted:
+            if call.run.run_id in started_ids:
+                calls.append(call)
+                metrics.START_LATENESS.observe(max(0.0, (now - call.run.scheduled_for).total_seconds()))
+        unstarted = [(call.specs, str(call.run.run_id)) for call in admitted if call.run.run_id not in started_ids]
+        if unstarted:  # a duplicated message, or a lease lost before the start: nothing is called
+            stale = len(unstarted)
+            context.limiter.release_many(unstarted)
+        if stale:
+            metrics.STALE_COMPLETIONS.inc(stale)
+        if held:
+            metrics.RUNS.labels("held").inc(lease.hold(context.registry, held, now))
+        return calls, len(held), stale
+
+    def _call(self, call: _Call) -> None:
+        run = call.run
+        try:
+            outcome = self._attempt(run)
+        except Exception as exc:  # a bug here must still settle the run, as a retryable failure
+            log.exception("call of run %s failed", run.run_id)
+            outcome = CallOutcome(error=f"internal error: {type(exc).__name__}: {exc}")
+        finally:
+            self._slots.release()
+        self._buffer.add(Finished(run, outcome, utcnow()))
+
+    def _attempt(self, run: DispatchRun) -> CallOutcome:
+        from app.tasks.publish import QueueCall
+        from app.tasks.webhook import WebhookCall
+
+        secret = self.context.owners.signing_secret(run.owner)
+        if secret is None:
+            return CallOutcome(error=f"owner {run.owner!r} has no signing secret", retryable_error=False)
+        if run.target.get("type") == "queue":
+            return self.context.queues.publish(
+                QueueCall(str(run.job_id), run.scheduled_for, run.attempt, run.target["topic"], run.payload, secret)
+            )
+        return self.context.webhooks.call(
+            WebhookCall(str(run.job_id), run.scheduled_for, run.attempt, run.target, run.payload, secret)
+        )
+
+    def _flush(self, items: list[Finished]) -> None:
+        complete(self.context.registry, items, utcnow())
+        calls = self._inflight.pop_many([item.run.run_id for item in items])
+        try:  # concurrency slots go back once the outcome is on record, in one round trip
+            self.context.limiter.release_many([(call.specs, str(call.run.run_id)) for call in calls])
+        except Exception:  # a slot's lease runs out on its own
+            log.exception("releasing %d concurrency slots failed", len(calls))
+
+    def _heartbeat(self, calls: list[_Call]) -> None:
+        lease.heartbeat(self.context.registry, [call.run for call in calls], utcnow())
+        self.context.limiter.renew_many([(call.specs, str(call.run.run_id)) for call in calls],
+                                        self.context.settings.lease_s)
+
+    def in_flight(self) -> int:
+        return len(self._inflight)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Wait (at most `timeout_s`) for calls in flight and their completions."""
+        deadline = time.monotonic() + timeout_s
+        self._inflight.wait_empty(timeout_s)
+        self._buffer.close(max(0.1, deadline - time.monotonic()))
+        self._inflight.stop()
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,145 @@
+"""The dispatcher in-process on real Postgres and Redis, calling a local HTTP sink."""
+from __future__ import annotations
+
+import dataclasses
+import time
+from datetime import timedelta
+
+import pytest
+
+from app.owners import create_key
+from app.pollers.claim import claim_batch
+from app.registry import registry_for
+from app.sdk.signature import verify_signature
+from app.tasks.context import WorkerContext
+from app.timefmt import format_instant, utcnow
+from tests.rows import insert_jobs, job, job_row, runs_of, webhook_target
+from tests.sink import Answer, Sink
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def sink():
+    server = Sink()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def env(pg_settings, truncate, sink):
+    truncate()
+    settings = dataclasses.replace(pg_settings, lease_s=3.0, heartbeat_s=0.5, dispatch_threads=400,
+                                   target_max_concurrency=1000)
+    registry = registry_for(settings)
+    secret = create_key(registry, "tests").signing_secret
+    context = WorkerContext(settings)
+    yield context, registry, secret
+    context.close(5)
+
+
+def claim_all(registry, rows) -> list:
+    insert_jobs(registry, rows)
+    found = []
+    for shard in sorted({r["shard"] for r in rows}):
+        found += claim_batch(registry.engine_for_shard(shard), shard, utcnow(), registry.settings).runs
+    return found
+
+
+def wait_until(predicate, timeout_s: float = 20.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise TimeoutError("condition not met")
+
+
+def test_a_batch_is_called_once_each_with_every_header_and_recorded(env, sink):
+    context, registry, secret = env
+    rows = [job_row(16, run_at=utcnow() - timedelta(seconds=1), target=webhook_target(sink.url(f"/j{i}"),
+            headers={"X-Team": "billing"})) for i in range(50)]
+    runs = claim_all(registry, rows)
+    report = context.dispatcher.dispatch(runs)
+    assert report.started == 50
+    calls = sink.wait_for(50)
+    for row in rows[:5]:
+        [call] = sink.calls(row["target"]["url"].removeprefix(sink.base_url))
+        key = f"{row['job_id']}:{format_instant(row['nominal_at'])}"
+        assert call.header("Idempotency-Key") == key
+        assert call.header("Punctual-Job-Id") == str(row["job_id"])
+        assert call.header("Punctual-Scheduled-For") == format_instant(row["nominal_at"])
+        assert call.header("Punctual-Attempt") == "1" and call.header("X-Team") == "billing"
+        assert call.header("Content-Type") == "application/json"
+        assert verify_signature(secret, call.header("Punctual-Signature"), call.body)
+    assert len(calls) == 50
+    wait_until(lambda: all(job(registry, r["job_id"])["state"] == "completed" for r in rows))
+    [run] = runs_of(registry, rows[0]["job_id"])
+    assert run["state"] == "succeeded" and run["status_code"] == 200 and run["lateness_ms"] >= 1000
+
+
+def test_a_duplicated_message_causes_no_second_call(env, sink):
+    """Invariants 3 and 4: starting is fenced, so a redelivery only costs work."""
+    context, registry, _ = env
+    rows = [job_row(16, run_at=utcnow() - timedelta(seconds=1), target=webhook_target(sink.url("/dup"))) for _ in range(20)]
+    runs = claim_all(registry, rows)
+    assert context.dispatcher.dispatch(runs).started == 20
+    again = context.dispatcher.dispatch(runs)
+    assert again.started == 0 and again.stale == 20
+    wait_until(lambda: all(job(registry, r["job_id"])["state"] == "completed" for r in rows))
+    assert len(sink.calls("/dup")) == 20
+
+
+def test_hundreds_of_calls_are_in_flight_in_one_process(env, sink):
+    context, registry, _ = env
+    sink.script("/slow", [Answer(200, delay_s=1.0)])
+    rows = [job_row(16, run_at=utcnow() - timedelta(seconds=1), target=webhook_target(sink.url("/slow"))) for _ in range(300)]
+    runs = claim_all(registry, rows)
+    began = time.monotonic()
+    context.dispatcher.dispatch(runs)
+    sink.wait_for(300, "/slow", timeout_s=30)
+    wait_until(lambda: context.dispatcher.in_flight() == 0, timeout_s=30)
+    assert time.monotonic() - began < 15  # serially it would take 300 s
+
+
+def test_heartbeats_extend_the_lease_while_a_call_is_in_flight(env, sink):
+    context, registry, _ = env
+    sink.script("/held", [Answer(200, delay_s=-1)])  # answers when released
+    [row] = rows = [job_row(16, run_at=utcnow() - timedelta(seconds=1), target=webhook_target(sink.url("/held")))]
+    runs = claim_all(registry, rows)
+    first_lease = job(registry, row["job_id"])["leased_until"]
+    context.dispatcher.dispatch(runs)
+    sink.wait_for(1, "/held")
+    wait_until(lambda: job(registry, row["job_id"])["leased_until"] > first_lease + timedelta(seconds=1))
+    sink.release.set()
+    wait_until(lambda: job(registry, row["job_id"])["state"] == "completed")
+
+
+def test_a_rate_limit_holds_runs_without_spending_an_attempt(env, sink):
+    context, registry, _ = env
+    target = webhook_target(sink.url("/limited"), limits={"key": "slow-api", "rate_per_s": 5})
+    rows = [job_row(16, run_at=utcnow() - timedelta(seconds=1), target=target) for _ in range(20)]
+    runs = claim_all(registry, rows)
+    report = context.dispatcher.dispatch(runs)
+    assert report.started == 5 and report.held == 15
+    held = [job(registry, r["job_id"]) for r in rows]
+    waiting = [j for j in held if j["state"] == "scheduled"]
+    assert len(waiting) == 15
+    assert all(j["attempt"] == 0 and j["misfire_exempt"] and j["lease_token"] is None for j in waiting)
+    assert all(runs_of(registry, j["job_id"]) == [] for j in waiting)  # no attempt recorded
+    retry_times = sorted(j["next_run_at"] for j in waiting)
+    assert retry_times[-1] - retry_times[0] >= timedelta(seconds=2)  # spread at the rate, not all at once
+    sink.wait_for(5, "/limited")
+
+
+def test_a_failed_call_is_settled_with_its_retry(env, sink):
+    context, registry, _ = env
+    sink.script("/fail", [Answer(503, headers={"Retry-After": "2"})])
+    [row] = rows = [job_row(16, run_at=utcnow() - timedelta(seconds=1), target=webhook_target(sink.url("/fail")))]
+    context.dispatcher.dispatch(claim_all(registry, rows))
+    after = wait_until(lambda: (j := job(registry, row["job_id"]))["state"] == "scheduled" and j)
+    assert after["attempt"] == 1 and after["misfire_exempt"]
+    [run] = runs_of(registry, row["job_id"])
+    assert run["state"] == "failed" and run["status_code"] == 503
+    assert timedelta(seconds=1.5) < after["next_run_at"] - run["finished_at"] <= timedelta(seconds=2.1)
