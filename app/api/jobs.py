@@ -1,0 +1,77 @@
+"""/jobs: create, list, get, patch, cancel, pause, resume, trigger, a job's runs.
+
+Thin views: parse the request, call one service function (app.jobs, app.runs),
+serialize. Errors are exceptions that app.api.problems turns into problem+json.
+"""
+from __future__ import annotations
+
+from flask import Blueprint, current_app, g, request
+
+from app import jobs, runs
+from app.api.auth import protect
+from app.api.serialize import job_json, page_json, run_json
+from app.api.wire import json_body, json_response
+from app.pagination import parse_limit
+from app.timefmt import utcnow
+
+bp = protect(Blueprint("jobs", __name__))
+
+
+def _registry():
+    return current_app.extensions["punctual"].registry
+
+
+@bp.post("/jobs")
+def create_job():
+    result = jobs.create_job(_registry(), g.owner, json_body(), request.headers.get("Idempotency-Key"), utcnow())
+    body = job_json(result.job)
+    headers = {"Location": f"/jobs/{body['id']}"}
+    if not result.created:
+        headers["Idempotent-Replayed"] = "true"
+    return json_response(body, 201 if result.created else 200, headers)
+
+
+@bp.get("/jobs")
+def list_jobs():
+    args = request.args
+    page = jobs.list_jobs(_registry(), g.owner, state=args.get("state"), name=args.get("name"),
+                          limit=parse_limit(args.get("limit")), cursor=args.get("cursor"))
+    return json_response(page_json(page, job_json))
+
+
+@bp.get("/jobs/<job_id>")
+def get_job(job_id: str):
+    return json_response(job_json(jobs.get_job(_registry(), g.owner, job_id)))
+
+
+@bp.patch("/jobs/<job_id>")
+def patch_job(job_id: str):
+    return json_response(job_json(jobs.patch_job(_registry(), g.owner, job_id, json_body(), utcnow())))
+
+
+@bp.delete("/jobs/<job_id>")
+def cancel_job(job_id: str):
+    return json_response(job_json(jobs.cancel_job(_registry(), g.owner, job_id, utcnow())))
+
+
+@bp.post("/jobs/<job_id>/pause")
+def pause_job(job_id: str):
+    return json_response(job_json(jobs.pause_job(_registry(), g.owner, job_id, utcnow())))
+
+
+@bp.post("/jobs/<job_id>/resume")
+def resume_job(job_id: str):
+    return json_response(job_json(jobs.resume_job(_registry(), g.owner, job_id, utcnow())))
+
+
+@bp.post("/jobs/<job_id>/trigger")
+def trigger_job(job_id: str):
+    run = jobs.trigger_job(_registry(), g.owner, job_id, utcnow())
+    return json_response(run_json(run), 202)
+
+
+@bp.get("/jobs/<job_id>/runs")
+def list_runs(job_id: str):
+    args = request.args
+    page = runs.list_runs(_registry(), g.owner, job_id, limit=parse_limit(args.get("limit")), cursor=args.get("cursor"))
+    return json_response(page_json(page, run_json))

@@ -1,0 +1,83 @@
+"""Errors as application/problem+json (RFC 9457), for every error the API answers.
+
+A problem is `{"type", "title", "status", "detail", "errors": [{"field", "message"}]}`;
+`errors` is always present (empty unless fields are at fault). The service errors
+(ValidationError 422, NotFound 404, Conflict 409), authentication (401) and Flask's
+own errors (400, 404, 405, 413, 415 raised by routing or body parsing) all come out
+in this one shape, so a client parses one thing.
+"""
+from __future__ import annotations
+
+import json
+import logging
+
+from flask import Flask, Response
+from werkzeug.exceptions import HTTPException
+
+from app.errors import FieldError, ValidationError
+from app.jobs import Conflict, NotFound
+
+PROBLEM_TYPE = "application/problem+json"
+_TYPE_BASE = "urn:punctual:problem:"
+
+log = logging.getLogger(__name__)
+
+
+class Unauthorized(Exception):
+    """No API key, or one that belongs to nobody."""
+
+
+def problem(status: int, title: str, detail: str, *, kind: str | None = None,
+            errors: list[FieldError] | None = None, headers: dict | None = None) -> Response:
+    body = {
+        "type": _TYPE_BASE + kind if kind else "about:blank",
+        "title": title,
+        "status": status,
+        "detail": detail,
+        "errors": [e.as_dict() for e in errors or ()],
+    }
+    response = Response(json.dumps(body), status=status, mimetype=PROBLEM_TYPE)
+    for name, value in (headers or {}).items():
+        response.headers[name] = value
+    return response
+
+
+def _validation(exc: ValidationError) -> Response:
+    fields = ", ".join(dict.fromkeys(e.field for e in exc.errors))
+    return problem(422, "Invalid fields", f"invalid: {fields}", kind="invalid-fields", errors=exc.errors)
+
+
+def _not_found(exc: NotFound) -> Response:
+    what = str(exc) or "resource"
+    return problem(404, "Not found", f"no such {what}", kind="not-found")
+
+
+def _conflict(exc: Conflict) -> Response:
+    return problem(409, "Conflict", exc.detail, kind=exc.kind)
+
+
+def _unauthorized(_exc: Unauthorized) -> Response:
+    return problem(401, "Unauthorized", "send a valid API key as 'Authorization: Bearer <key>'",
+                   kind="unauthorized", headers={"WWW-Authenticate": 'Bearer realm="punctual"'})
+
+
+def _http(exc: HTTPException) -> Response:
+    headers = {}
+    if exc.code == 405 and getattr(exc, "valid_methods", None):
+        headers["Allow"] = ", ".join(exc.valid_methods)
+    return problem(exc.code or 500, exc.name, exc.description or exc.name, headers=headers)
+
+
+def _unexpected(exc: Exception) -> Response:
+    log.exception("unhandled error", exc_info=exc)
+    return problem(500, "Internal Server Error", "the server failed to answer this request")
+
+
+def install(app: Flask) -> None:
+    """Route every error of `app` through problem+json."""
+    app.register_error_handler(ValidationError, _validation)
+    app.register_error_handler(NotFound, _not_found)
+    app.register_error_handler(Conflict, _conflict)
+    app.register_error_handler(Unauthorized, _unauthorized)
+    app.register_error_handler(HTTPException, _http)
+    app.register_error_handler(Exception, _unexpected)

@@ -1,0 +1,27 @@
+"""/dead-letters and /runs/{id}/replay. Thin views over app.runs."""
+from __future__ import annotations
+
+from flask import Blueprint, current_app, g, request
+
+from app import runs
+from app.api.auth import protect
+from app.api.serialize import page_json, run_json
+from app.api.wire import json_response
+from app.pagination import parse_limit
+from app.timefmt import utcnow
+
+bp = protect(Blueprint("runs", __name__))
+
+
+@bp.get("/dead-letters")
+def list_dead_letters():
+    registry = current_app.extensions["punctual"].registry
+    page = runs.list_dead_letters(registry, g.owner, limit=parse_limit(request.args.get("limit")),
+                                  cursor=request.args.get("cursor"))
+    return json_response(page_json(page, run_json))
+
+
+@bp.post("/runs/<run_id>/replay")
+def replay_run(run_id: str):
+    registry = current_app.extensions["punctual"].registry
+    return json_response(run_json(runs.replay_run(registry, g.owner, run_id, utcnow())), 202)

@@ -1,0 +1,382 @@
+"""Job service: one function per API verb, SQLAlchemy Core on the job's shard.
+
+Every function takes the owner and answers NotFound for another owner's job (the
+API's 404, never a 403 that would confirm it exists). State changes are single
+conditional UPDATEs (`WHERE state IN (...)`) or run under the job row's lock, so a
+concurrent API call, poller claim or worker completion cannot interleave into an
+invalid state; docs/internals.md ("API verbs") is the contract implemented here.
+Lock order, as everywhere in Punctual: the job row, then its run rows.
+
+Idempotent create: with an Idempotency-Key the job id is uuid5(owner, key), so the
+key names the shard and the primary key is the uniqueness check (no global table).
+The first INSERT wins; every other request with that key reads the winner and
+compares request hashes: equal bodies answer the same job, different ones Conflict.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Mapping
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+
+from app.errors import FieldError, ValidationError
+from app.jitter import fire_at
+from app.pagination import Page, decode_cursor, merge_newest, newest_first
+from app.records import dst_columns, dst_of, retry_columns, retry_of, schedule_columns, schedule_of
+from app.registry import Registry
+from app.schedules import DstPolicy, Schedule, first_fire
+from app.schema import JOB_STATES, jobs, runs
+from app.sharding import shard_for
+from app.timefmt import truncate_to_ms
+from app.validation import validate_changes, validate_job
+
+# Fixed forever: changing it would give every existing Idempotency-Key a new job id.
+IDEMPOTENCY_NAMESPACE = uuid.UUID("5b0e4f3c-2f6a-4d7e-9a51-7c1f0d3e8b21")
+IDEMPOTENCY_KEY_MAX = 255
+LIVE_STATES = ("scheduled", "running", "paused")  # the states a job can still change from
+FINAL_STATES = ("completed", "cancelled", "dead")
+
+
+class NotFound(LookupError):
+    """No such job or run for this owner (another owner's counts as none)."""
+
+
+class Conflict(Exception):
+    """The request cannot apply to the resource's current state (409)."""
+
+    def __init__(self, detail: str, kind: str = "state-conflict"):
+        super().__init__(detail)
+        self.detail = detail
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class Created:
+    job: Mapping[str, Any]
+    created: bool  # False: an earlier request with the same Idempotency-Key made it
+
+
+# --- create ------------------------------------------------------------------------
+
+
+def create_job(registry: Registry, owner: str, body: object, idempotency_key: str | None, now: datetime) -> Created:
+    """Validate and insert a job: one INSERT on the job's shard, nothing else.
+
+    With an Idempotency-Key, a repeated request answers the existing job (created
+    False) when its body is equal JSON, and raises Conflict otherwise; so does a
+    repeat whose body no longer validates (the key's first answer stands).
+    """
+    if idempotency_key is None:
+        job_id, request_hash = uuid.uuid4(), None
+    else:
+        if not 1 <= len(idempotency_key) <= IDEMPOTENCY_KEY_MAX:
+            raise ValidationError.single("Idempotency-Key", f"must be 1 to {IDEMPOTENCY_KEY_MAX} characters")
+        job_id = uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{owner}\n{idempotency_key}")
+        request_hash = body_hash(body)
+    engine = registry.engine_for_shard(shard_for(job_id, registry.settings.shards))
+    try:
+        spec = validate_job(body, allow_private=registry.settings.allow_private_targets)
+        first = _first_fire(spec.schedule, spec.dst, now, now)
+        if first is None:
+            raise ValidationError.single("schedule", "has no occurrence left after now (check end_at)")
+    except ValidationError:
+        if request_hash is not None:
+            with engine.connect() as conn:
+                existing = select_job(conn, owner, job_id)
+            if existing is not None:
+                return Created(_same_request(existing, request_hash), created=False)
+        raise
+    row = {
+        "job_id": job_id,
+        "shard": shard_for(job_id, registry.settings.shards),
+        "owner": owner,
+        "name": spec.name,
+        "target": spec.target,
+        "payload": spec.payload,
+        **schedule_columns(spec.schedule),
+        **retry_columns(spec.retry),
+        "misfire": spec.misfire,
+        **dst_columns(spec.dst),
+        "jitter_s": spec.jitter_s,
+        "state": "scheduled",
+        "next_run_at": fire_at(job_id, first, spec.jitter_s),
+        "nominal_at": first,
+        "attempt": 0,
+        "misfire_exempt": False,
+        "skipped_after": None,
+        "skipped_through": None,
+        "lease_token": None,
+        "leased_until": None,
+        "idempotency_key": idempotency_key,
+        "request_hash": request_hash,
+        "created_at": now,
+        "updated_at": now,
+    }
+    # One statement in autocommit: no BEGIN/COMMIT round trips on the hot path.
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        if request_hash is None:
+            conn.execute(jobs.insert().values(row))
+            return Created(row, created=True)
+        inserted = conn.execute(_insert_ignoring_conflict(engine, row)).rowcount
+        if inserted:
+            return Created(row, created=True)
+        existing = select_job(conn, owner, job_id)
+    if existing is None:  # uuid5 includes the owner: only a deleted row could do this
+        raise Conflict("the Idempotency-Key is in use", kind="idempotency-conflict")
+    return Created(_same_request(existing, request_hash), created=False)
+
+
+def body_hash(body: object) -> str:
+    """sha256 of the body as canonical JSON: equal JSON gives equal hashes (1 == 1.0)."""
+    text = json.dumps(_canonical(body), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _canonical(child) for key, child in value.items()}
+    if isinstance(value, list):
+        return [_canonical(child) for child in value]
+    return value
+
+
+def _same_request(existing: Mapping[str, Any], request_hash: str) -> Mapping[str, Any]:
+    if existing["request_hash"] != request_hash:
+        raise Conflict("this Idempotency-Key was used with a different request body", kind="idempotency-conflict")
+    return existing
+
+
+def _insert_ignoring_conflict(engine: sa.Engine, row: dict) -> sa.Insert:
+    dialect = postgresql if engine.dialect.name == "postgresql" else sqlite
+    return dialect.insert(jobs).values(row).on_conflict_do_nothing(index_elements=[jobs.c.job_id])
+
+
+def _first_fire(schedule: Schedule, dst: DstPolicy, now: datetime, anchor: datetime) -> datetime | None:
+    try:
+        return first_fire(schedule, dst, now, anchor)
+    except OverflowError:  # a schedule whose next occurrence is past year 9999
+        return None
+
+
+# --- read --------------------------------------------------------------------------
+
+
+def get_job(registry: Registry, owner: str, job_id: str) -> Mapping[str, Any]:
+    engine, key = locate(registry, job_id)
+    with engine.connect() as conn:
+        row = select_job(conn, owner, key)
+    if row is None:
+        raise NotFound("job")
+    return row
+
+
+def list_jobs(registry: Registry, owner: str, *, state: str | None, name: str | None,
+              limit: int, cursor: str | None) -> Page:
+    """The owner's jobs, newest first by (created_at, job_id), merged over every DSN."""
+    if state is not None and state not in JOB_STATES:
+        raise ValidationError.single("state", f"must be one of {', '.join(JOB_STATES)}")
+    if name is not None and ("\x00" in name or len(name) > 1000):
+        raise ValidationError.single("name", "is not a valid job name")
+    position = decode_cursor("j", cursor)
+    query = sa.select(jobs).where(jobs.c.owner == owner)
+    if state is not None:
+        query = query.where(jobs.c.state == state)
+    if name is not None:
+        query = query.where(jobs.c.name == name)
+    query = newest_first(query, jobs.c.created_at, jobs.c.job_id, position, limit)
+    pages = []
+    for engine in registry.engines:
+        with engine.connect() as conn:
+            pages.append(list(conn.execute(query).mappings()))
+    return merge_newest("j", pages, limit, "created_at", "job_id")
+
+
+def count_by_state(registry: Registry) -> dict[str, int]:
+    """Jobs per state over every DSN (operator metrics; not owner-scoped)."""
+    counts = dict.fromkeys(JOB_STATES, 0)
+    query = sa.select(jobs.c.state, sa.func.count()).group_by(jobs.c.state)
+    for engine in registry.engines:
+        with engine.connect() as conn:
+            for state, count in conn.execute(query):
+                counts[state] = counts.get(state, 0) + count
+    return counts
+
+
+# --- change ------------------------------------------------------------------------
+
+
+def patch_job(registry: Registry, owner: str, job_id: str, body: object, now: datetime) -> Mapping[str, Any]:
+    """Replace the named fields; recompute the schedule cursor when it may move.
+
+    Allowed on scheduled, paused and running jobs. With a lease held (a run in
+    flight) the cursor is left to that run's completion, which reads the new
+    schedule; otherwise a changed schedule, dst or jitter_s restarts the cursor at
+    first_fire(now) (no occurrence left: the job is completed).
+    """
+    changes = validate_changes(body, allow_private=registry.settings.allow_private_targets)
+    engine, key = locate(registry, job_id)
+    with engine.begin() as conn:
+        row = select_job(conn, owner, key, lock=True)
+        if row is None:
+            raise NotFound("job")
+        if row["state"] in FINAL_STATES:
+            raise Conflict(f"the job is {row['state']}; it can no longer be changed")
+        values: dict[str, Any] = {"updated_at": now}
+        for field in ("name", "target", "payload", "misfire", "jitter_s"):
+            if field in changes:
+                values[field] = changes[field]
+        schedule = changes.get("schedule", schedule_of(row))
+        dst = changes.get("dst", dst_of(row))
+        jitter_s = changes.get("jitter_s", row["jitter_s"])
+        values.update(schedule_columns(schedule), **dst_columns(dst))
+        if "retry" in changes:
+            values.update(retry_columns(changes["retry"]))
+        moved = (schedule, dst, jitter_s) != (schedule_of(row), dst_of(row), row["jitter_s"])
+        if moved and row["lease_token"] is None:
+            values.update(_cursor_at(key, schedule, dst, jitter_s, now, row["created_at"], row["state"]))
+        return conn.execute(
+            jobs.update().where(jobs.c.job_id == key).values(values).returning(*jobs.c)
+        ).mappings().one()
+
+
+def _cursor_at(job_id: uuid.UUID, schedule: Schedule, dst: DstPolicy, jitter_s: int,
+               now: datetime, anchor: datetime, state: str) -> dict[str, Any]:
+    first = _first_fire(schedule, dst, now, anchor)
+    cursor = {"attempt": 0, "misfire_exempt": False, "skipped_after": None, "skipped_through": None}
+    if first is None:
+        return {**cursor, "state": "completed", "next_run_at": None, "nominal_at": None}
+    return {**cursor, "state": state, "next_run_at": fire_at(job_id, first, jitter_s), "nominal_at": first}
+
+
+def cancel_job(registry: Registry, owner: str, job_id: str, now: datetime) -> Mapping[str, Any]:
+    """Cancel: no new run starts. Runs not yet started fail ("job cancelled"); a run
+    already running may finish. Repeating it answers the cancelled job again."""
+    engine, key = locate(registry, job_id)
+    with engine.begin() as conn:
+        row = _transition(conn, owner, key, LIVE_STATES, "cancelled", now, idempotent=("cancelled",),
+                          extra={"next_run_at": None})
+        # `published` true takes them out of the outbox: there is nothing left to send.
+        conn.execute(
+            runs.update()
+            .where(runs.c.job_id == key, runs.c.state == "claimed")
+            .values(state="failed", error="job cancelled", finished_at=now, updated_at=now, published=True)
+        )
+    return row
+
+
+def pause_job(registry: Registry, owner: str, job_id: str, now: datetime) -> Mapping[str, Any]:
+    """Pause: no new run starts; a run in flight finishes (its lease is kept)."""
+    engine, key = locate(registry, job_id)
+    with engine.begin() as conn:
+        return _transition(conn, owner, key, ("scheduled", "running"), "paused", now, idempotent=("paused",))
+
+
+def resume_job(registry: Registry, owner: str, job_id: str, now: datetime) -> Mapping[str, Any]:
+    """Resume: `running` while a lease is still held, else `scheduled`. next_run_at is
+    kept, so the next claim applies the misfire policy to what was missed."""
+    engine, key = locate(registry, job_id)
+    state = sa.case((jobs.c.lease_token.is_(None), "scheduled"), else_="running")
+    with engine.begin() as conn:
+        return _transition(conn, owner, key, ("paused",), state, now, idempotent=("scheduled", "running"))
+
+
+def trigger_job(registry: Registry, owner: str, job_id: str, now: datetime) -> Mapping[str, Any]:
+    """One extra run now, off-schedule: a `claimed` run row the relay sweep publishes.
+
+    Neither the job's state nor its next_run_at changes. The job row is read FOR
+    SHARE so a concurrent cancel either sees this run (and fails it) or wins first
+    (and this is a Conflict).
+    """
+    engine, key = locate(registry, job_id)
+    with engine.begin() as conn:
+        row = select_job(conn, owner, key, lock=True, share=True)
+        if row is None:
+            raise NotFound("job")
+        if row["state"] in FINAL_STATES:
+            raise Conflict(f"the job is {row['state']}; it cannot be triggered")
+        return insert_run(conn, row, origin="trigger", scheduled_for=truncate_to_ms(now), now=now,
+                          lease_s=registry.settings.lease_s)
+
+
+def insert_run(conn: sa.Connection, job: Mapping[str, Any], *, origin: str, scheduled_for: datetime,
+               now: datetime, lease_s: float) -> dict[str, Any]:
+    """Insert an off-schedule run (trigger, replay): claimed, due now, with its own lease,
+    the job's current target and retry policy, attempt 1 (a fresh retry budget)."""
+    run = {
+        "run_id": uuid.uuid4(),
+        "job_id": job["job_id"],
+        "shard": job["shard"],
+        "owner": job["owner"],
+        "origin": origin,
+        "scheduled_for": scheduled_for,
+        "attempt": 1,
+        "state": "claimed",
+        "lease_token": uuid.uuid4(),
+        "leased_until": now + timedelta(seconds=lease_s),
+        "due_at": now,
+        "published": False,
+        "target": job["target"],
+        "retry": retry_of(job).to_json(),
+        "started_at": None,
+        "finished_at": None,
+        "lateness_ms": None,
+        "status_code": None,
+        "error": None,
+        "created_at": now,
+        "updated_at": now,
+    }
+    conn.execute(runs.insert().values(run))
+    return run
+
+
+# --- helpers -----------------------------------------------------------------------
+
+
+def locate(registry: Registry, job_id: str | uuid.UUID) -> tuple[sa.Engine, uuid.UUID]:
+    """The engine holding a job, and its id as a UUID; NotFound for a malformed id."""
+    try:
+        key = job_id if isinstance(job_id, uuid.UUID) else uuid.UUID(job_id)
+    except ValueError:
+        raise NotFound("job") from None
+    return registry.engine_for_shard(shard_for(key, registry.settings.shards)), key
+
+
+
+def select_job(conn: sa.Connection, owner: str, job_id: uuid.UUID, *, lock: bool = False,
+               share: bool = False) -> Mapping[str, Any] | None:
+    query = sa.select(jobs).where(jobs.c.job_id == job_id, jobs.c.owner == owner)
+    if lock and conn.dialect.name == "postgresql":
+        query = query.with_for_update(read=share)
+    return conn.execute(query).mappings().first()
+
+
+
+def _transition(conn: sa.Connection, owner: str, job_id: uuid.UUID, from_states: tuple[str, ...],
+                to_state: Any, now: datetime, *, idempotent: tuple[str, ...],
+                extra: dict[str, Any] | None = None) -> Mapping[str, Any]:
+    """Move a job from one of `from_states` to `to_state` in one conditional UPDATE.
+
+    When no row moves: a job already in one of the `idempotent` states is answered
+    as it is; a missing one is NotFound; any other state is a Conflict.
+    """
+    row = conn.execute(
+        jobs.update()
+        .where(jobs.c.job_id == job_id, jobs.c.owner == owner, jobs.c.state.in_(from_states))
+        .values(state=to_state, updated_at=now, **(extra or {}))
+        .returning(*jobs.c)
+    ).mappings().first()
+    if row is not None:
+        return row
+    row = select_job(conn, owner, job_id)
+    if row is None:
+        raise NotFound("job")
+    if row["state"] in idempotent:
+        return row
+    raise Conflict(f"the job is {row['state']}")
