@@ -12,7 +12,7 @@ import click
 
 from app.settings import VARIABLES
 
-_SUBCOMMAND_MODULES = ("app.cli.ops", "app.cli.jobs", "app.cli.dev")
+_SUBCOMMAND_MODULES = ("app.cli.ops", "app.cli.jobs", "app.cli.dev", "app.cli.serve")
 
 
 def _variables_epilog() -> str:

@@ -1,0 +1,276 @@
+"""Client commands: `punctual jobs ...` and `punctual preview`, thin over the SDK.
+
+They talk to a running API at PUNCTUAL_URL with PUNCTUAL_API_KEY (or --url and
+--api-key). Output is a human table by default and the API's JSON with --json, for
+scripts. An API error prints its problem (every invalid field) to stderr, exit 1.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Callable, Iterable
+
+import click
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+_url_option = click.option("--url", envvar="PUNCTUAL_URL", default=DEFAULT_URL, show_default=True,
+                           help="The API's base URL [env PUNCTUAL_URL].")
+_key_option = click.option("--api-key", envvar="PUNCTUAL_API_KEY",
+                           help="An API key from `punctual keys create` [env PUNCTUAL_API_KEY].")
+_json_option = click.option("--json", "as_json", is_flag=True, help="Print the API's JSON instead of a table.")
+
+
+def _client(ctx: click.Context):
+    return _connect(ctx.obj["url"], ctx.obj["api_key"])
+
+
+def _connect(url: str, api_key: str | None):
+    from app.sdk import Client
+
+    if not api_key:
+        click.echo("punctual: no API key: set PUNCTUAL_API_KEY or pass --api-key", err=True)
+        sys.exit(2)
+    return Client(url, api_key)
+
+
+def _call(action: Callable[[], Any]) -> Any:
+    from app.sdk import PunctualError
+
+    try:
+        return action()
+    except PunctualError as exc:
+        click.echo(f"punctual: {exc}", err=True)
+        sys.exit(1)
+
+
+def _table(rows: Iterable[list[str]], header: list[str]) -> str:
+    rows = [header] + [[("" if cell is None else str(cell)) for cell in row] for row in rows]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows)
+
+
+def _schedule_text(schedule: dict) -> str:
+    if "cron" in schedule:
+        return f"cron {schedule['cron']} {schedule.get('timezone', 'UTC')}"
+    if "interval_s" in schedule:
+        return f"every {schedule['interval_s']}s"
+    return f"once {schedule.get('run_at')}"
+
+
+def _target_text(target: dict) -> str:
+    if target.get("type") == "queue":
+        return f"queue {target.get('topic')}"
+    return f"{target.get('method', 'POST')} {target.get('url')}"
+
+
+def _job_rows(jobs) -> str:
+    return _table(([j.id, j.name, j.state, j.raw["next_run_at"] or "-", _schedule_text(j.schedule), _target_text(j.target)]
+                   for j in jobs), ["ID", "NAME", "STATE", "NEXT RUN", "SCHEDULE", "TARGET"])
+
+
+def _run_rows(runs) -> str:
+    return _table(([r.id, r.raw["scheduled_for"], r.attempt, r.state, r.status_code or "-",
+                    "-" if r.lateness_ms is None else f"{r.lateness_ms}ms", r.error or ""]
+                   for r in runs), ["ID", "SCHEDULED FOR", "ATTEMPT", "STATE", "STATUS", "LATENESS", "ERROR"])
+
+
+def _show_job(job, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(job.raw, indent=2))
+    else:
+        click.echo(_job_rows([job]))
+
+
+def _show_page(page, as_json: bool, rows: Callable) -> None:
+    if as_json:
+        click.echo(json.dumps({"items": [item.raw for item in page.items], "next_cursor": page.next_cursor}, indent=2))
+        return
+    click.echo(rows(page.items))
+    if page.next_cursor:
+        click.echo(f"more: --cursor {page.next_cursor}", err=True)
+
+
+@click.group()
+@_url_option
+@_key_option
+@click.pass_context
+def jobs(ctx: click.Context, url: str, api_key: str) -> None:
+    """Create, inspect and control jobs through the API."""
+    ctx.obj = {"url": url, "api_key": api_key}
+
+
+def _json_value(text: str | None, option: str) -> Any:
+    if text is None:
+        return None
+    if text.startswith("@"):
+        text = sys.stdin.read() if text == "@-" else open(text[1:], encoding="utf-8").read()
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint=option) from None
+
+
+@jobs.command("create")
+@click.option("--body", help="The whole job as JSON (or @file, @- for stdin); the options below override it.")
+@click.option("--name")
+@click.option("--cron", help="5 fields, or 6 with seconds first.")
+@click.option("--timezone", help="IANA zone of --cron (default UTC).")
+@click.option("--interval-s", type=int)
+@click.option("--run-at", help="A one-off instant, RFC 3339 with an offset.")
+@click.option("--start-at")
+@click.option("--end-at")
+@click.option("--target-url", "target_url", help="Webhook URL (http or https).")
+@click.option("--method", type=click.Choice(["POST", "PUT", "GET", "DELETE", "PATCH"]))
+@click.option("--header", "headers", multiple=True, help="'Name: value', repeatable.")
+@click.option("--timeout-s", type=float)
+@click.option("--topic", help="Queue target: the routing key on the punctual.jobs exchange.")
+@click.option("--payload", help="JSON (or @file).")
+@click.option("--max-attempts", type=int)
+@click.option("--backoff-s", type=float)
+@click.option("--max-backoff-s", type=float)
+@click.option("--misfire", type=click.Choice(["run_once", "run_all", "skip"]))
+@click.option("--gap", type=click.Choice(["shift", "skip"]))
+@click.option("--overlap", type=click.Choice(["once", "twice"]))
+@click.option("--jitter-s", type=int)
+@click.option("--idempotency-key", help="Repeat the command with the same key to get the same job.")
+@_json_option
+@click.pass_context
+def create(ctx: click.Context, body, name, cron, timezone, interval_s, run_at, start_at, end_at, target_url, method,
+           headers, timeout_s, topic, payload, max_attempts, backoff_s, max_backoff_s, misfire, gap, overlap,
+           jitter_s, idempotency_key, as_json) -> None:
+    """Create a job; prints it."""
+    job = _json_value(body, "--body") or {}
+    if not isinstance(job, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--body")
+    if name is not None:
+        job["name"] = name
+    schedule = {"cron": cron, "timezone": timezone, "interval_s": interval_s, "run_at": run_at,
+                "start_at": start_at, "end_at": end_at}
+    if any(value is not None for value in schedule.values()):
+        job["schedule"] = {k: v for k, v in schedule.items() if v is not None}
+    if target_url is not None or topic is not None:
+        job["target"] = {"type": "queue", "topic": topic} if topic is not None else {"type": "webhook", "url": target_url}
+    target = job.get("target") if isinstance(job.get("target"), dict) else None
+    for key, value in (("method", method), ("timeout_s", timeout_s)):
+        if value is not None and target is not None:
+            target[key] = value
+    if headers and target is not None:
+        target["headers"] = dict(_header(h) for h in headers)
+    if payload is not None:
+        job["payload"] = _json_value(payload, "--payload")
+    retry = {k: v for k, v in (("max_attempts", max_attempts), ("backoff_s", backoff_s), ("max_backoff_s", max_backoff_s)) if v is not None}
+    if retry:
+        job["retry"] = retry
+    dst = {k: v for k, v in (("gap", gap), ("overlap", overlap)) if v is not None}
+    if dst:
+        job["dst"] = dst
+    if misfire is not None:
+        job["misfire"] = misfire
+    if jitter_s is not None:
+        job["jitter_s"] = jitter_s
+    client = _client(ctx)
+    _show_job(_call(lambda: client.create_job_from(job, idempotency_key=idempotency_key)), as_json)
+
+
+def _header(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition(":")
+    if not sep or not name.strip():
+        raise click.BadParameter(f"{text!r} is not 'Name: value'", param_hint="--header")
+    return name.strip(), value.strip()
+
+
+@jobs.command("get")
+@click.argument("job_id")
+@_json_option
+@click.pass_context
+def get(ctx: click.Context, job_id: str, as_json: bool) -> None:
+    """Show one job."""
+    client = _client(ctx)
+    _show_job(_call(lambda: client.get_job(job_id)), as_json)
+
+
+@jobs.command("list")
+@click.option("--state", type=click.Choice(["scheduled", "running", "paused", "completed", "cancelled", "dead"]))
+@click.option("--name", help="Exact name.")
+@click.option("--limit", type=int, help="Page size (1-500, default 100).")
+@click.option("--cursor", help="Continue after a previous page.")
+@click.option("--all", "every", is_flag=True, help="Follow cursors to the last page.")
+@_json_option
+@click.pass_context
+def list_(ctx: click.Context, state, name, limit, cursor, every, as_json) -> None:
+    """List jobs, newest first."""
+    client = _client(ctx)
+    if every:
+        items = _call(lambda: list(client.iter_jobs(state=state, name=name, page_size=limit or 500)))
+        if as_json:
+            click.echo(json.dumps([j.raw for j in items], indent=2))
+        else:
+            click.echo(_job_rows(items))
+        return
+    _show_page(_call(lambda: client.list_jobs(state=state, name=name, limit=limit, cursor=cursor)), as_json, _job_rows)
+
+
+def _verb(command: str, method: str, doc: str):
+    @jobs.command(command, help=doc)
+    @click.argument("job_id")
+    @_json_option
+    @click.pass_context
+    def verb(ctx: click.Context, job_id: str, as_json: bool) -> None:
+        client = _client(ctx)
+        _show_job(_call(lambda: getattr(client, method)(job_id)), as_json)
+
+    return verb
+
+
+cancel = _verb("cancel", "cancel_job", "Cancel a job: no new run starts.")
+pause = _verb("pause", "pause_job", "Pause a job; a run in flight finishes.")
+resume = _verb("resume", "resume_job", "Resume a paused job (missed occurrences follow its misfire policy).")
+
+
+@jobs.command("trigger")
+@click.argument("job_id")
+@_json_option
+@click.pass_context
+def trigger(ctx: click.Context, job_id: str, as_json: bool) -> None:
+    """Run a job once now, off-schedule; prints the new run."""
+    client = _client(ctx)
+    run = _call(lambda: client.trigger_job(job_id))
+    click.echo(json.dumps(run.raw, indent=2) if as_json else _run_rows([run]))
+
+
+@jobs.command("runs")
+@click.argument("job_id")
+@click.option("--limit", type=int)
+@click.option("--cursor")
+@_json_option
+@click.pass_context
+def runs(ctx: click.Context, job_id: str, limit, cursor, as_json: bool) -> None:
+    """A job's run history, newest first."""
+    client = _client(ctx)
+    _show_page(_call(lambda: client.list_runs(job_id, limit=limit, cursor=cursor)), as_json, _run_rows)
+
+
+@click.command()
+@click.argument("cron")
+@click.option("--timezone", default="UTC", show_default=True, help="IANA zone the expression runs in.")
+@click.option("--count", default=10, show_default=True, type=int, help="How many instants (1-100).")
+@click.option("--after", help="Start after this instant (RFC 3339; default now).")
+@click.option("--gap", type=click.Choice(["shift", "skip"]))
+@click.option("--overlap", type=click.Choice(["once", "twice"]))
+@_url_option
+@_key_option
+@_json_option
+def preview(cron, timezone, count, after, gap, overlap, url, api_key, as_json) -> None:
+    """The next fire instants of CRON, in UTC and local time, with DST flags."""
+    client = _connect(url, api_key)
+    items = _call(lambda: client.preview_schedule(cron, timezone=timezone, count=count, after=after, gap=gap, overlap=overlap))
+    if as_json:
+        click.echo(json.dumps({"items": [{"at": i.at.isoformat().replace("+00:00", "Z"), "local": i.local.isoformat(),
+                                          "dst": i.dst} for i in items]}, indent=2))
+        return
+    click.echo(_table(([i.at.isoformat().replace("+00:00", "Z"), i.local.isoformat(), i.dst or ""] for i in items),
+                      ["UTC", "LOCAL", "DST"]))
+
+
+COMMANDS = [jobs, preview]

@@ -1,0 +1,49 @@
+"""The Punctual Python SDK: `Client`, typed models, one exception tree, webhook signatures.
+
+It needs `requests` and the standard library only: importing it never pulls in
+the server (Flask, SQLAlchemy, Celery). See app.sdk.client for the client,
+app.sdk.errors for the exception tree, and `verify_signature` for webhook receivers:
+
+    from app.sdk import verify_signature, SignatureError
+    verify_signature(signing_secret, request.headers["Punctual-Signature"], request.get_data())
+"""
+from app.sdk.client import DEFAULT_TIMEOUT_S, Client
+from app.sdk.errors import (
+    APIError,
+    AuthenticationError,
+    BadRequestError,
+    ConflictError,
+    FieldProblem,
+    NotFoundError,
+    PayloadTooLargeError,
+    PunctualError,
+    ServerError,
+    TransportError,
+    UnsupportedMediaTypeError,
+    ValidationError,
+)
+from app.sdk.models import Job, Page, PreviewItem, Run
+from app.sdk.signature import SignatureError, verify_signature
+
+__all__ = [
+    "Client",
+    "DEFAULT_TIMEOUT_S",
+    "Job",
+    "Run",
+    "Page",
+    "PreviewItem",
+    "PunctualError",
+    "TransportError",
+    "APIError",
+    "FieldProblem",
+    "BadRequestError",
+    "AuthenticationError",
+    "NotFoundError",
+    "ConflictError",
+    "PayloadTooLargeError",
+    "UnsupportedMediaTypeError",
+    "ValidationError",
+    "ServerError",
+    "verify_signature",
+    "SignatureError",
+]

@@ -1,0 +1,182 @@
+"""The Punctual API client: one method per endpoint, typed results, one exception tree.
+
+    from app.sdk import Client
+    with Client("https://punctual.example", api_key="pk_...") as punctual:
+        job = punctual.create_job("nightly", {"type": "webhook", "url": "https://x.example/run"},
+                                  {"cron": "0 0 * * *", "timezone": "Europe/Berlin"},
+                                  idempotency_key="nightly-v1")
+        for run in punctual.iter_runs(job.id):
+            ...
+
+The transport is an injectable `requests.Session` (pass one with your own adapters,
+retries or proxies; the SDK itself never retries). Errors raise app.sdk.errors:
+APIError subclasses for answers, TransportError when no answer came.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any, Callable, Iterator, TypeVar
+from urllib.parse import quote
+
+import requests
+
+from app.sdk.errors import PunctualError, TransportError, error_for
+from app.sdk.models import Job, Page, PreviewItem, Run
+
+__all__ = ["Client", "DEFAULT_TIMEOUT_S"]
+
+DEFAULT_TIMEOUT_S = 30.0
+T = TypeVar("T")
+
+
+def _encode(value: Any) -> Any:
+    """JSON-ready values: datetimes become RFC 3339 (aware ones in UTC with `Z`)."""
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(timezone.utc)
+            return value.isoformat().replace("+00:00", "Z")
+        return value.isoformat()  # naive: the API refuses it, and says which field
+    if isinstance(value, dict):
+        return {key: _encode(child) for key, child in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_encode(child) for child in value]
+    return value
+
+
+class Client:
+    """A client for one API key. Thread-safe as far as the given session is."""
+
+    def __init__(self, base_url: str, api_key: str, session: requests.Session | None = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S):
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._own_session = session is None
+        self.session = session or requests.Session()
+        self._auth = {"Authorization": f"Bearer {api_key}"}
+
+    def close(self) -> None:
+        if self._own_session:
+            self.session.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.close()
+
+    # --- jobs ----------------------------------------------------------------------
+
+    def create_job(self, name: str, target: dict, schedule: dict, payload: Any = None, *, retry: dict | None = None,
+                   misfire: str | None = None, dst: dict | None = None, jitter_s: int | None = None,
+                   idempotency_key: str | None = None) -> Job:
+        """Create a job. With `idempotency_key`, a repeat with the same body returns the same job."""
+        body = {"name": name, "target": target, "schedule": schedule, "payload": payload, "retry": retry,
+                "misfire": misfire, "dst": dst, "jitter_s": jitter_s}
+        return self.create_job_from({k: v for k, v in body.items() if v is not None}, idempotency_key=idempotency_key)
+
+    def create_job_from(self, body: dict, *, idempotency_key: str | None = None) -> Job:
+        """Create a job from a whole API body (as in API.md)."""
+        headers = {} if idempotency_key is None else {"Idempotency-Key": idempotency_key}
+        return Job.from_json(self._request("POST", "/jobs", json_body=body, headers=headers))
+
+    def get_job(self, job_id: str) -> Job:
+        return Job.from_json(self._request("GET", f"/jobs/{quote(job_id, safe='')}"))
+
+    def list_jobs(self, *, state: str | None = None, name: str | None = None, limit: int | None = None,
+                  cursor: str | None = None) -> Page[Job]:
+        """One page of jobs, newest first."""
+        data = self._request("GET", "/jobs", params={"state": state, "name": name, "limit": limit, "cursor": cursor})
+        return Page([Job.from_json(item) for item in data["items"]], data["next_cursor"])
+
+    def iter_jobs(self, *, state: str | None = None, name: str | None = None, page_size: int = 100) -> Iterator[Job]:
+        """Every job, newest first, following cursors page by page."""
+        return self._follow(lambda cursor: self.list_jobs(state=state, name=name, limit=page_size, cursor=cursor))
+
+    def update_job(self, job_id: str, **fields: Any) -> Job:
+        """PATCH: each named field (name, target, payload, schedule, retry, misfire, dst, jitter_s) replaced whole."""
+        return Job.from_json(self._request("PATCH", f"/jobs/{quote(job_id, safe='')}", json_body=fields))
+
+    def cancel_job(self, job_id: str) -> Job:
+        return Job.from_json(self._request("DELETE", f"/jobs/{quote(job_id, safe='')}"))
+
+    def pause_job(self, job_id: str) -> Job:
+        return Job.from_json(self._request("POST", f"/jobs/{quote(job_id, safe='')}/pause"))
+
+    def resume_job(self, job_id: str) -> Job:
+        return Job.from_json(self._request("POST", f"/jobs/{quote(job_id, safe='')}/resume"))
+
+    def trigger_job(self, job_id: str) -> Run:
+        """One extra run now, off-schedule; returns that run (state `claimed`)."""
+        return Run.from_json(self._request("POST", f"/jobs/{quote(job_id, safe='')}/trigger"))
+
+    # --- runs ----------------------------------------------------------------------
+
+    def list_runs(self, job_id: str, *, limit: int | None = None, cursor: str | None = None) -> Page[Run]:
+        data = self._request("GET", f"/jobs/{quote(job_id, safe='')}/runs", params={"limit": limit, "cursor": cursor})
+        return Page([Run.from_json(item) for item in data["items"]], data["next_cursor"])
+
+    def iter_runs(self, job_id: str, *, page_size: int = 100) -> Iterator[Run]:
+        return self._follow(lambda cursor: self.list_runs(job_id, limit=page_size, cursor=cursor))
+
+    def list_dead_letters(self, *, limit: int | None = None, cursor: str | None = None) -> Page[Run]:
+        data = self._request("GET", "/dead-letters", params={"limit": limit, "cursor": cursor})
+        return Page([Run.from_json(item) for item in data["items"]], data["next_cursor"])
+
+    def iter_dead_letters(self, *, page_size: int = 100) -> Iterator[Run]:
+        return self._follow(lambda cursor: self.list_dead_letters(limit=page_size, cursor=cursor))
+
+    def replay_run(self, run_id: str) -> Run:
+        """Fire a dead run again (same idempotency key, fresh retry budget); returns it, now `replayed`."""
+        return Run.from_json(self._request("POST", f"/runs/{quote(run_id, safe='')}/replay"))
+
+    # --- schedules and operations ----------------------------------------------------
+
+    def preview_schedule(self, cron: str | None = None, *, interval_s: int | None = None, timezone: str | None = None,
+                         count: int | None = None, after: datetime | str | None = None, gap: str | None = None,
+                         overlap: str | None = None, start_at: datetime | str | None = None,
+                         end_at: datetime | str | None = None) -> list[PreviewItem]:
+        """The next fire instants of an expression, each flagged when DST moved or doubled it."""
+        params = {"cron": cron, "interval_s": interval_s, "timezone": timezone, "count": count, "after": after,
+                  "gap": gap, "overlap": overlap, "start_at": start_at, "end_at": end_at}
+        data = self._request("GET", "/schedules/preview", params=params)
+        return [PreviewItem.from_json(item) for item in data["items"]]
+
+    def health(self) -> dict:
+        """GET /healthz: {"shards": [{"shard", "ok"}...]}, also when some shard is down (503)."""
+        return self._request("GET", "/healthz", ok_statuses=(503,))
+
+    # --- plumbing ------------------------------------------------------------------
+
+    def _follow(self, fetch: Callable[[str | None], Page[T]]) -> Iterator[T]:
+        cursor = None
+        while True:
+            page = fetch(cursor)
+            yield from page.items
+            cursor = page.next_cursor
+            if cursor is None:
+                return
+
+    def _request(self, method: str, path: str, *, json_body: Any = None, params: dict | None = None,
+                 headers: dict | None = None, ok_statuses: tuple[int, ...] = ()) -> Any:
+        send_headers = dict(self._auth)
+        send_headers.update(headers or {})
+        data = None
+        if json_body is not None:
+            data = json.dumps(_encode(json_body)).encode("utf-8")
+            send_headers["Content-Type"] = "application/json"
+        query = {k: _encode(v) for k, v in (params or {}).items() if v is not None}
+        try:
+            response = self.session.request(method, self.base_url + path, params=query, data=data,
+                                            headers=send_headers, timeout=self.timeout_s)
+        except requests.RequestException as exc:
+            raise TransportError(f"{method} {path}: {exc}") from exc
+        try:
+            body = response.json() if response.content else None
+        except ValueError:
+            body = response.text
+        if response.status_code >= 400 and response.status_code not in ok_statuses:
+            raise error_for(response.status_code, body)
+        if not isinstance(body, dict):
+            raise PunctualError(f"{method} {path}: expected a JSON object, got {response.text[:200]!r}")
+        return body

@@ -1,0 +1,98 @@
+"""Typed results of the SDK: Job, Run, Page, PreviewItem (plain dataclasses).
+
+Instants are aware UTC datetimes. Every model keeps the JSON it came from in `raw`,
+so a field added to the API later is never lost to an older SDK.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Generic, Iterator, TypeVar
+
+__all__ = ["Job", "Run", "Page", "PreviewItem", "parse_time"]
+
+T = TypeVar("T")
+
+
+def parse_time(text: str | None) -> datetime | None:
+    """An RFC 3339 instant from the API (always with an offset) as an aware datetime."""
+    if text is None:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    name: str
+    state: str  # scheduled | running | paused | completed | cancelled | dead
+    next_run_at: datetime | None
+    target: dict
+    payload: Any
+    schedule: dict
+    retry: dict
+    misfire: str
+    dst: dict
+    jitter_s: int
+    attempt: int
+    created_at: datetime
+    updated_at: datetime
+    raw: dict = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Job":
+        return cls(
+            id=data["id"], name=data["name"], state=data["state"], next_run_at=parse_time(data.get("next_run_at")),
+            target=data["target"], payload=data.get("payload"), schedule=data["schedule"], retry=data["retry"],
+            misfire=data["misfire"], dst=data["dst"], jitter_s=data["jitter_s"], attempt=data["attempt"],
+            created_at=parse_time(data["created_at"]), updated_at=parse_time(data["updated_at"]), raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class Run:
+    id: str
+    job_id: str
+    scheduled_for: datetime
+    attempt: int  # 1-based
+    state: str  # claimed | running | succeeded | failed | dead | skipped | replayed
+    started_at: datetime | None
+    finished_at: datetime | None
+    lateness_ms: int | None
+    status_code: int | None
+    error: str | None
+    raw: dict = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Run":
+        return cls(
+            id=data["id"], job_id=data["job_id"], scheduled_for=parse_time(data["scheduled_for"]),
+            attempt=data["attempt"], state=data["state"], started_at=parse_time(data.get("started_at")),
+            finished_at=parse_time(data.get("finished_at")), lateness_ms=data.get("lateness_ms"),
+            status_code=data.get("status_code"), error=data.get("error"), raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class Page(Generic[T]):
+    """One page of a listing; pass `next_cursor` back to get the next (None: the last page)."""
+
+    items: list[T]
+    next_cursor: str | None
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+@dataclass(frozen=True)
+class PreviewItem:
+    at: datetime  # UTC
+    local: datetime  # with the zone's offset
+    dst: str | None  # None | gap_shifted | overlap_first | overlap_second
+
+    @classmethod
+    def from_json(cls, data: dict) -> "PreviewItem":
+        return cls(at=parse_time(data["at"]), local=parse_time(data["local"]), dst=data.get("dst"))
