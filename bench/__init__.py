@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m bench.create` (job creation through the HTTP API)."""

@@ -1,0 +1,237 @@
+"""Job creation through the HTTP API: `python -m bench.create --clients 16 --jobs 20000`.
+
+Without --url it builds what it measures: two fresh Postgres databases (two
+physical shards, 16 logical ones) on PUNCTUAL_BENCH_PG (default the local server),
+an owner and key, and `punctual api` (gunicorn) on a free port; afterwards it stops
+the server (SIGTERM) and drops the databases. With --url and --api-key it measures
+a running API instead.
+
+Clients: --clients keep-alive HTTP connections, spread over --client-procs processes
+so the load generator's own GIL is not what is measured. Each request is a real
+create with its own Idempotency-Key. Prints jobs/s and latency percentiles, and
+writes the result as JSON under bench/results/.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from urllib.parse import urlsplit
+
+RESULTS = Path(__file__).parent / "results"
+ADMIN_DSN = os.environ.get("PUNCTUAL_BENCH_PG", os.environ.get("PUNCTUAL_TEST_PG", "postgresql://root@127.0.0.1:5432/postgres"))
+
+
+def job_body(i: int) -> bytes:
+    return json.dumps({
+        "name": f"bench-{i}",
+        "target": {"type": "webhook", "url": "http://127.0.0.1:9/hook", "headers": {"X-Bench": "1"}},
+        "payload": {"n": i, "note": "created by bench.create"},
+        "schedule": {"cron": "*/5 * * * *", "timezone": "Europe/Berlin"},
+        "jitter_s": 30,
+    }).encode()
+
+
+def _client_thread(url: str, api_key: str, jobs: list[int], latencies: list[float], failures: list[str], start: threading.Event) -> None:
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=30)
+    run = uuid.uuid4().hex[:8]
+    start.wait()
+    for i in jobs:
+        headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json",
+                   "Idempotency-Key": f"bench-{run}-{i}"}
+        began = time.perf_counter()
+        try:
+            conn.request("POST", "/jobs", body=job_body(i), headers=headers)
+            response = conn.getresponse()
+            response.read()
+            if response.status != 201:
+                failures.append(f"HTTP {response.status}")
+        except (OSError, http.client.HTTPException) as exc:
+            failures.append(type(exc).__name__)
+            conn.close()
+            conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=30)
+        latencies.append(time.perf_counter() - began)
+    conn.close()
+
+
+def _client_process(args: tuple) -> tuple[list[float], list[str], float, float]:
+    url, api_key, job_ids, threads, start_at = args
+    latencies: list[float] = []
+    failures: list[str] = []
+    start = threading.Event()
+    chunks = [job_ids[i::threads] for i in range(threads)]
+    workers = [threading.Thread(target=_client_thread, args=(url, api_key, chunk, latencies, failures, start)) for chunk in chunks]
+    for worker in workers:
+        worker.start()
+    time.sleep(max(0.0, start_at - time.time()))  # every process starts at the same wall-clock instant
+    began = time.time()
+    start.set()
+    for worker in workers:
+        worker.join()
+    return latencies, failures, began, time.time()
+
+
+def measure(url: str, api_key: str, clients: int, jobs: int, client_procs: int) -> dict:
+    procs = max(1, min(client_procs, clients))
+    per_proc = [clients // procs + (1 if p < clients % procs else 0) for p in range(procs)]
+    ids = list(range(jobs))
+    start_at = time.time() + 1.0
+    work = [(url, api_key, ids[p::procs], per_proc[p], start_at) for p in range(procs)]
+    with multiprocessing.get_context("fork").Pool(procs) as pool:
+        results = pool.map(_client_process, work)
+    latencies = sorted(l for r in results for l in r[0])
+    failures = [f for r in results for f in r[1]]
+    elapsed = max(r[3] for r in results) - min(r[2] for r in results)
+
+    def pct(p: float) -> float:
+        return round(latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000, 2)
+
+    return {
+        "jobs": jobs, "clients": clients, "client_procs": procs, "elapsed_s": round(elapsed, 3),
+        "jobs_per_s": round((jobs - len(failures)) / elapsed, 1), "failures": len(failures),
+        "failure_kinds": sorted(set(failures))[:10],
+        "latency_ms": {"p50": pct(0.50), "p90": pct(0.90), "p99": pct(0.99), "max": pct(1.0)},
+    }
+
+
+class LocalStack:
+    """Fresh databases + `punctual api` under gunicorn; torn down on exit."""
+
+    def __init__(self, workers: int | None, threads: int | None):
+        self.workers, self.threads = workers, threads
+        self.databases: list[str] = []
+        self.server: subprocess.Popen | None = None
+
+    def __enter__(self) -> "LocalStack":
+        import sqlalchemy as sa
+
+        from app.migrate import migrate_all
+        from app.owners import create_key
+        from app.registry import engine_url, registry_for
+        from app.settings import Settings
+
+        self.admin = sa.create_engine(engine_url(ADMIN_DSN), isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
+        for _ in range(2):
+            name = f"bench_{uuid.uuid4().hex[:10]}"
+            with self.admin.connect() as conn:
+                conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+            self.databases.append(name)
+        base = sa.engine.make_url(ADMIN_DSN)
+        dsns = tuple(base.set(database=n).render_as_string(hide_password=False) for n in self.databases)
+        migrate_all(dsns)
+        self.env = {**os.environ, "PUNCTUAL_DATABASE_URLS": ",".join(dsns), "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1"}
+        settings = Settings.from_env({k: v for k, v in self.env.items() if k.startswith("PUNCTUAL_")})
+        registry = registry_for(settings)
+        self.api_key = create_key(registry, "bench").api_key
+        registry.dispose()
+        self.dsns = dsns
+        port = _free_port()
+        command = [sys.executable, "-m", "app.cli", "api", "--host", "127.0.0.1", "--port", str(port)]
+        if self.workers:
+            command += ["--workers", str(self.workers)]
+        if self.threads:
+            command += ["--threads", str(self.threads)]
+        self.server = subprocess.Popen(command, env=self.env, stderr=subprocess.DEVNULL)
+        self.url = f"http://127.0.0.1:{port}"
+        _wait_healthy(self.url)
+        return self
+
+    def count_jobs(self) -> int:
+        import sqlalchemy as sa
+
+        from app.registry import create_engine_for
+
+        total = 0
+        for dsn in self.dsns:
+            engine = create_engine_for(dsn, pool_size=1)
+            with engine.connect() as conn:
+                total += conn.execute(sa.text("SELECT count(*) FROM jobs")).scalar_one()
+            engine.dispose()
+        return total
+
+    def __exit__(self, *_exc) -> None:
+        if self.server is not None:
+            self.server.send_signal(signal.SIGTERM)  # graceful: gunicorn lets requests finish
+            try:
+                self.server.wait(30)
+            except subprocess.TimeoutExpired:
+                self.server.kill()
+        for name in self.databases:
+            with self.admin.connect() as conn:
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        self.admin.dispose()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, timeout_s: float = 30) -> None:
+    parts = urlsplit(url)
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=2)
+            conn.request("GET", "/healthz")
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"bench: the API at {url} did not become healthy")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m bench.create", description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=16, help="concurrent HTTP clients (keep-alive connections)")
+    parser.add_argument("--jobs", type=int, default=20_000, help="jobs to create")
+    parser.add_argument("--client-procs", type=int, default=2, help="processes the clients are spread over")
+    parser.add_argument("--warmup", type=int, default=500, help="creates before the measurement (not counted)")
+    parser.add_argument("--url", help="measure a running API instead of starting one")
+    parser.add_argument("--api-key", default=os.environ.get("PUNCTUAL_API_KEY"), help="with --url")
+    parser.add_argument("--workers", type=int, help="gunicorn workers of the API started here")
+    parser.add_argument("--threads", type=int, help="threads per gunicorn worker")
+    args = parser.parse_args(argv)
+
+    def run(url: str, api_key: str) -> dict:
+        if args.warmup:
+            measure(url, api_key, args.clients, args.warmup, args.client_procs)
+        return measure(url, api_key, args.clients, args.jobs, args.client_procs)
+
+    if args.url:
+        if not args.api_key:
+            raise SystemExit("bench: --url needs --api-key (or PUNCTUAL_API_KEY)")
+        result = run(args.url, args.api_key)
+        result["server"] = {"url": args.url}
+    else:
+        with LocalStack(args.workers, args.threads) as stack:
+            result = run(stack.url, stack.api_key)
+            result["server"] = {"workers": args.workers or os.cpu_count(), "threads": args.threads or "default",
+                                "stored_jobs": stack.count_jobs()}
+    result.update(bench="create", cpus=os.cpu_count(), at=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                  command="python -m bench.create " + " ".join(argv if argv is not None else sys.argv[1:]))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"create-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"{result['jobs_per_s']:.0f} jobs/s  ({result['jobs']} jobs, {result['clients']} clients, "
+          f"{result['elapsed_s']}s, p50 {result['latency_ms']['p50']} ms, p99 {result['latency_ms']['p99']} ms, "
+          f"{result['failures']} failures)  -> {path}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
