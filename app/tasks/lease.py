@@ -5,7 +5,8 @@ physical DSN, and each is fenced by the lease token, so a duplicated or stale
 dispatch message changes nothing (invariants 1, 3, 4):
 
 - start: claimed -> running, `WHERE (run_id, lease_token) IN (...) AND state =
-  'claimed'`; the runs it returns are the only ones the worker may call.
+  'claimed'`; the runs it returns are the only ones the worker may call. The lease
+  is renewed with it.
 - hold: a limit said "not yet". A schedule run's row is deleted (no attempt spent)
   and its job goes back to `scheduled` at the time the limit allows, misfire_exempt,
   lease cleared; an off-schedule run stays `claimed` under a new token and is due
@@ -36,9 +37,17 @@ def _by_engine(registry: Registry, items: Iterable, run_of=lambda item: item) ->
 
 
 def start(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -> set[uuid.UUID]:
-    """Mark runs running, fenced; returns the run_ids that this call started."""
+    """Mark runs running, fenced; returns the run_ids that this call started.
+
+    The start also renews the lease (leased_until = now + lease_s), in the same
+    transaction: a run that waited in the broker for most of its lease must not be
+    taken back by the janitor before its first heartbeat. Job rows are written
+    before run rows, the janitor's lock order, so the two never deadlock.
+    """
     started: set[uuid.UUID] = set()
+    until = now + timedelta(seconds=registry.settings.lease_s)
     for index, group in _by_engine(registry, batch).items():
+        on_jobs = sorted(((run.job_id, run.lease_token) for run in group if not run.off_schedule))
         lateness = {run.run_id: int((now - run.scheduled_for).total_seconds() * 1000) for run in group}
         stmt = (
             sa.update(runs)
@@ -46,10 +55,19 @@ def start(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -> se
                 sa.tuple_(runs.c.run_id, runs.c.lease_token).in_([(run.run_id, run.lease_token) for run in group]),
                 runs.c.state == "claimed",
             )
-            .values(state="running", started_at=now, updated_at=now, lateness_ms=sa.case(lateness, value=runs.c.run_id))
+            .values(
+                state="running", started_at=now, updated_at=now,
+                lateness_ms=sa.case(lateness, value=runs.c.run_id),
+                # Off-schedule runs hold their own lease; schedule runs' lease is the job's.
+                leased_until=sa.case((runs.c.origin == "schedule", None), else_=until),
+            )
             .returning(runs.c.run_id)
         )
         with registry.engines[index].begin() as conn:
+            if on_jobs:
+                conn.execute(
+                    sa.update(jobs).where(sa.tuple_(jobs.c.job_id, jobs.c.lease_token).in_(on_jobs)).values(leased_until=until)
+                )
             started.update(conn.execute(stmt).scalars())
     return started
 
@@ -63,6 +81,12 @@ def hold(registry: Registry, held: Sequence[tuple[DispatchRun, datetime]], now: 
         off = [(run, at) for run, at in group if run.off_schedule]
         with registry.engines[index].begin() as conn:
             if scheduled:
+                # Jobs are locked before runs, the janitor's and the completion's order.
+                lock = sa.select(jobs.c.job_id).where(
+                    sa.tuple_(jobs.c.job_id, jobs.c.lease_token).in_(sorted((r.job_id, r.lease_token) for r, _ in scheduled))
+                ).order_by(jobs.c.job_id)
+                if conn.dialect.name != "sqlite":
+                    conn.execute(lock.with_for_update()).all()
                 deleted = conn.execute(
                     sa.delete(runs)
                     .where(

@@ -1,0 +1,60 @@
+"""Invariant 1 end to end: a worker SIGKILLed in the middle of a slow call. After
+the lease the run is started again, by another worker, with the same key; the
+killed worker's late completion (its stale token) changes nothing."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from app import metrics
+from app.registry import registry_for
+from app.retries import CallOutcome
+from app.tasks.completion import Finished, complete
+from app.tasks.message import DispatchRun
+from app.timefmt import format_instant, utcnow
+from tests.e2e.processes import start_beat, start_worker, wait_ready
+from tests.rows import runs_of
+from tests.sink import Answer
+
+pytestmark = pytest.mark.e2e
+
+
+def test_a_killed_workers_run_is_started_again_after_the_lease(stack_env, settings, logs, sink, api):
+    sink.script("/slow", [Answer(200, delay_s=-1), Answer(200)])  # the first call hangs
+    first = start_worker(stack_env, logs, name="doomed")
+    beat = start_beat(stack_env, logs)
+    second = None
+    try:
+        wait_ready(first, 1.0)
+        job = api.create(target={"type": "webhook", "url": sink.url("/slow")},
+                         schedule={"run_at": format_instant(utcnow())})
+        [hung] = sink.wait_for(1, "/slow", timeout_s=10)
+        killed_at = utcnow()
+        first.kill()
+        second = start_worker(stack_env, logs, name="survivor")
+        calls = sink.wait_for(2, "/slow", timeout_s=30)
+        again = calls[1]
+        assert again.header("Idempotency-Key") == hung.header("Idempotency-Key")
+        assert (hung.header("Punctual-Attempt"), again.header("Punctual-Attempt")) == ("1", "2")
+        # Not before the lease (3 s from the claim, extended by heartbeats until the kill) ran out.
+        assert again.at >= killed_at.timestamp() + 0.5
+        history = api.wait_runs(job["id"], lambda h: len(h) == 2 and h[-1]["state"] == "succeeded")
+        assert history[0]["state"] == "failed" and history[0]["error"].startswith("lease expired")
+        done = api.job(job["id"])
+        assert done["state"] == "completed"
+
+        # The killed worker comes back from the dead with its old token: nothing changes.
+        registry = registry_for(settings)
+        old = runs_of(registry, uuid.UUID(job["id"]))[0]
+        stale = DispatchRun.from_row(old, None)
+        before = metrics.STALE_COMPLETIONS._value.get()
+        report = complete(registry, [Finished(stale, CallOutcome(status_code=200), utcnow())], utcnow())
+        assert report.stale == 1 and metrics.STALE_COMPLETIONS._value.get() == before + 1
+        assert api.job(job["id"]) == done and api.runs(job["id"]) == history
+    finally:
+        sink.release.set()
+        beat.stop()
+        for proc in (first, second):
+            if proc is not None:
+                proc.stop()
