@@ -124,7 +124,8 @@ def create_job(registry: Registry, owner: str, body: object, idempotency_key: st
         if request_hash is None:
             conn.execute(_INSERT, row)
             return Created(row, created=True)
-        if conn.execute(_insert_ignoring_conflict(engine), row).rowcount:
+        # RETURNING, not rowcount: with psycopg 3, SQLAlchemy reports -1 for this statement.
+        if conn.execute(_insert_ignoring_conflict(engine), row).first() is not None:
             return Created(row, created=True)
         existing = select_job(conn, owner, job_id)
     if existing is None:  # uuid5 includes the owner: only a deleted row could do this
@@ -156,8 +157,8 @@ def _same_request(existing: Mapping[str, Any], request_hash: str) -> Mapping[str
 
 _INSERT = jobs.insert()
 _INSERT_IGNORING_CONFLICT = {
-    "postgresql": postgresql.insert(jobs).on_conflict_do_nothing(index_elements=[jobs.c.job_id]),
-    "sqlite": sqlite.insert(jobs).on_conflict_do_nothing(index_elements=[jobs.c.job_id]),
+    "postgresql": postgresql.insert(jobs).on_conflict_do_nothing(index_elements=[jobs.c.job_id]).returning(jobs.c.job_id),
+    "sqlite": sqlite.insert(jobs).on_conflict_do_nothing(index_elements=[jobs.c.job_id]).returning(jobs.c.job_id),
 }
 
 

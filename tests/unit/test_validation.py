@@ -1,0 +1,171 @@
+"""app.validation: one validator for create and patch, every bad field at once."""
+from __future__ import annotations
+
+import pytest
+
+from app import addresses
+from app.errors import ValidationError
+from app.retries import RetryPolicy
+from app.schedules import DstPolicy
+from app.validation import JOB_FIELDS, validate_changes, validate_job
+
+PUBLIC_URL = "http://93.184.215.14/hook"  # an IP literal: no DNS needed
+
+
+def body(**overrides):
+    data = {"name": "nightly", "target": {"type": "webhook", "url": PUBLIC_URL},
+            "schedule": {"cron": "0 0 * * *", "timezone": "Europe/Berlin"}}
+    data.update(overrides)
+    return data
+
+
+def fields_of(exc: pytest.ExceptionInfo) -> list[str]:
+    return [e.field for e in exc.value.errors]
+
+
+def test_minimal_body_takes_every_default():
+    spec = validate_job(body(), allow_private=False)
+    assert spec.target == {"type": "webhook", "url": PUBLIC_URL, "method": "POST", "headers": {}, "timeout_s": 30}
+    assert spec.retry == RetryPolicy(5, 10, 3600)
+    assert spec.dst == DstPolicy("shift", "once")
+    assert (spec.misfire, spec.jitter_s, spec.payload) == ("run_once", 0, None)
+    assert spec.schedule.cron == "0 0 * * *" and spec.schedule.timezone == "Europe/Berlin"
+
+
+def test_every_bad_field_is_listed_with_dotted_paths():
+    bad = {
+        "name": "",
+        "target": {"type": "webhook", "url": "ftp://x.example/", "method": "FETCH", "timeout_s": 901,
+                   "limits": {"rate_per_s": 0, "max_concurrency": 10_001, "burst": 1}},
+        "schedule": {"cron": "61 * * * *"},
+        "retry": {"max_attempts": 0},
+        "misfire": "sometimes",
+        "dst": {"gap": "jump"},
+        "jitter_s": 3601,
+        "colour": "blue",
+    }
+    with pytest.raises(ValidationError) as exc:
+        validate_job(bad, allow_private=False)
+    assert set(fields_of(exc)) == {
+        "colour", "name", "target.url", "target.method", "target.timeout_s", "target.limits.burst",
+        "target.limits.rate_per_s", "target.limits.max_concurrency", "schedule.cron", "retry.max_attempts",
+        "misfire", "dst.gap", "jitter_s",
+    }
+
+
+def test_required_fields_are_named():
+    with pytest.raises(ValidationError) as exc:
+        validate_job({}, allow_private=False)
+    assert fields_of(exc) == ["name", "target", "schedule"]
+
+
+@pytest.mark.parametrize("schedule", [{}, {"cron": "* * * * *", "interval_s": 30}])
+def test_two_schedule_kinds_or_none_name_schedule(schedule):
+    with pytest.raises(ValidationError) as exc:
+        validate_job(body(schedule=schedule), allow_private=False)
+    assert "schedule" in fields_of(exc)
+
+
+def test_body_must_be_an_object():
+    with pytest.raises(ValidationError) as exc:
+        validate_job([1, 2], allow_private=False)
+    assert fields_of(exc) == ["body"]
+
+
+def test_queue_target_and_limits():
+    spec = validate_job(body(target={"type": "queue", "topic": "reports.daily",
+                                     "limits": {"key": "reports", "rate_per_s": 0.5, "max_concurrency": 3}}),
+                        allow_private=False)
+    assert spec.target == {"type": "queue", "topic": "reports.daily",
+                           "limits": {"key": "reports", "rate_per_s": 0.5, "max_concurrency": 3}}
+
+
+@pytest.mark.parametrize("target, field", [
+    ({"type": "queue", "topic": "reports.#"}, "target.topic"),
+    ({"type": "queue", "topic": "x", "url": PUBLIC_URL}, "target.url"),
+    ({"type": "email"}, "target.type"),
+    ({"type": "webhook"}, "target.url"),
+    ({"type": "webhook", "url": "http://:80/"}, "target.url"),
+    ({"type": "webhook", "url": PUBLIC_URL, "headers": {"Punctual-Signature": "forged"}}, "target.headers.Punctual-Signature"),
+    ({"type": "webhook", "url": PUBLIC_URL, "headers": {"Idempotency-Key": "x"}}, "target.headers.Idempotency-Key"),
+    ({"type": "webhook", "url": PUBLIC_URL, "headers": {"X-Ok": "a\r\nInjected: 1"}}, "target.headers.X-Ok"),
+    ({"type": "webhook", "url": PUBLIC_URL, "headers": {"bad name": "v"}}, "target.headers.bad name"),
+    ({"type": "webhook", "url": PUBLIC_URL, "timeout_s": 0}, "target.timeout_s"),
+    ({"type": "webhook", "url": PUBLIC_URL, "timeout_s": True}, "target.timeout_s"),
+    ({"type": "webhook", "url": PUBLIC_URL, "limits": {"key": ""}}, "target.limits.key"),
+    ({"type": "webhook", "url": PUBLIC_URL, "limits": {"rate_per_s": 100_001}}, "target.limits.rate_per_s"),
+    ({"type": "webhook", "url": PUBLIC_URL, "limits": {"max_concurrency": 1.5}}, "target.limits.max_concurrency"),
+])
+def test_bad_targets(target, field):
+    with pytest.raises(ValidationError) as exc:
+        validate_job(body(target=target), allow_private=False)
+    assert field in fields_of(exc)
+
+
+def test_target_bounds_are_inclusive():
+    target = {"type": "webhook", "url": PUBLIC_URL, "method": "DELETE", "timeout_s": 900,
+              "limits": {"rate_per_s": 0.01, "max_concurrency": 10_000}}
+    assert validate_job(body(target=target), allow_private=False).target["timeout_s"] == 900
+
+
+def test_private_targets_are_refused_unless_allowed():
+    private = {"type": "webhook", "url": "http://10.1.2.3/hook"}
+    with pytest.raises(ValidationError) as exc:
+        validate_job(body(target=private), allow_private=False)
+    assert fields_of(exc) == ["target.url"]
+    assert validate_job(body(target=private), allow_private=True).target["url"] == "http://10.1.2.3/hook"
+
+
+def test_an_unresolvable_host_is_refused_even_when_private_is_allowed(monkeypatch):
+    def unresolvable(url, allow_private):
+        raise addresses.UnresolvableHost("host 'nowhere.invalid' cannot be resolved")
+
+    monkeypatch.setattr(addresses, "resolve_target", unresolvable)
+    with pytest.raises(ValidationError) as exc:
+        validate_job(body(target={"type": "webhook", "url": "https://nowhere.invalid/x"}), allow_private=True)
+    assert exc.value.errors[0].field == "target.url"
+    assert "cannot be resolved" in exc.value.errors[0].message
+
+
+@pytest.mark.parametrize("payload, field", [
+    ({"a": "nul\x00byte"}, "payload.a"),
+    ({"list": [1, "\ud800"]}, "payload.list.1"),
+])
+def test_strings_postgres_cannot_store_are_422_not_500(payload, field):
+    with pytest.raises(ValidationError) as exc:
+        validate_job(body(payload=payload), allow_private=False)
+    assert fields_of(exc) == [field]
+
+
+def test_absurd_nesting_is_refused_without_recursion():
+    deep: object = "leaf"
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(ValidationError) as exc:
+        validate_job(body(payload=deep), allow_private=False)
+    assert fields_of(exc) == ["payload"]
+
+
+def test_any_json_payload_is_kept():
+    payload = {"nested": [1, 2.5, None, True, {"x": "ü"}]}
+    assert validate_job(body(payload=payload), allow_private=False).payload == payload
+
+
+def test_patch_validates_only_named_fields_and_null_means_default():
+    assert validate_changes({}, allow_private=False) == {}
+    changes = validate_changes({"retry": None, "dst": None, "misfire": None, "jitter_s": None, "payload": None},
+                               allow_private=False)
+    assert changes == {"retry": RetryPolicy(), "dst": DstPolicy(), "misfire": "run_once", "jitter_s": 0, "payload": None}
+
+
+def test_patch_refuses_null_for_what_a_job_must_have():
+    with pytest.raises(ValidationError) as exc:
+        validate_changes({"name": None, "target": None, "schedule": None, "id": "x"}, allow_private=False)
+    assert set(fields_of(exc)) == {"name", "target", "schedule", "id"}
+
+
+def test_patch_and_create_share_the_field_list():
+    with pytest.raises(ValidationError) as exc:
+        validate_changes({field: {"bogus": True} for field in JOB_FIELDS if field != "payload"}, allow_private=False)
+    named = {f.split(".")[0] for f in fields_of(exc)}
+    assert named == set(JOB_FIELDS) - {"payload"}
