@@ -1,0 +1,94 @@
+"""docker-compose.yml is for users: hold every service to the CLI and the settings.
+
+There is no Docker engine here, so the file is parsed and checked: images, start
+order, commands against the real `punctual` and Celery command lines, the shard
+queues split across workers, and configuration through PUNCTUAL_* only.
+`docker compose config` also runs where the compose plugin exists.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from app.cli import main
+from app.settings import VARIABLES, Settings
+from app.sharding import queue_name
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+SERVICES = COMPOSE["services"]
+PUNCTUAL_SERVICES = {"migrate", "api", "beat", "worker-a", "worker-b", "flower"}
+
+
+def _command(name: str) -> list[str]:
+    return SERVICES[name]["command"]
+
+
+def test_every_service_has_an_image_and_known_dependencies():
+    assert PUNCTUAL_SERVICES | {"postgres-a", "postgres-b", "rabbitmq", "redis"} <= set(SERVICES)
+    for name, service in SERVICES.items():
+        assert "image" in service or "build" in service, name
+        for dependency in service.get("depends_on", {}) or {}:
+            assert dependency in SERVICES, (name, dependency)
+    for name in ("postgres-a", "postgres-b", "rabbitmq", "redis", "api"):
+        assert "healthcheck" in SERVICES[name], name
+
+
+def test_start_order_migrates_before_anything_reads_the_registry():
+    migrate_deps = SERVICES["migrate"]["depends_on"]
+    assert migrate_deps["postgres-a"]["condition"] == "service_healthy"
+    assert migrate_deps["postgres-b"]["condition"] == "service_healthy"
+    for name in PUNCTUAL_SERVICES - {"migrate"}:
+        assert SERVICES[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully", name
+
+
+def test_configuration_is_punctual_variables_only_and_valid():
+    known = {v.name for v in VARIABLES}
+    for name in PUNCTUAL_SERVICES:
+        env = SERVICES[name]["environment"]
+        assert set(env) <= known, set(env) - known
+        settings = Settings.from_env(env)  # the values themselves must validate
+        assert len(settings.database_urls) == 2 and settings.shards == 16
+        for dsn in settings.database_urls:
+            assert any(f"@{host}:" in dsn for host in ("postgres-a", "postgres-b"))
+
+
+def test_punctual_commands_exist_with_their_options():
+    runner = CliRunner()
+    for name in ("migrate", "api"):
+        argv = _command(name)
+        assert argv[0] == "punctual"
+        # --help of the subcommand must list every option the service passes.
+        result = runner.invoke(main, [argv[1], "--help"])
+        assert result.exit_code == 0, result.output
+        for option in (a for a in argv[2:] if a.startswith("--")):
+            assert option.split("=")[0] in result.output, (name, option)
+
+
+def test_celery_services_point_at_the_app_and_split_every_shard_queue_once():
+    for name in ("beat", "worker-a", "worker-b", "flower"):
+        argv = _command(name)
+        assert argv[:3] == ["celery", "-A", "app"], name
+    assert _command("beat")[3] == "beat" and _command("flower")[3] == "flower"
+    queues: list[str] = []
+    for name in ("worker-a", "worker-b"):
+        argv = _command(name)
+        assert argv[3] == "worker"
+        queues += argv[argv.index("-Q") + 1].split(",")
+    assert sorted(queues) == [queue_name(s) for s in range(16)]
+
+
+@pytest.mark.skipif(
+    shutil.which("docker") is None
+    or subprocess.run(["docker", "compose", "version"], capture_output=True).returncode != 0,
+    reason="the docker compose plugin is not installed here",
+)
+def test_docker_compose_config_accepts_the_file():
+    result = subprocess.run(["docker", "compose", "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
