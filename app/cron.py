@@ -26,7 +26,7 @@ from functools import lru_cache
 from typing import Iterator
 from zoneinfo import ZoneInfo
 
-from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, croniter
+from croniter import CroniterBadDateError, CroniterError, croniter
 
 from app.timefmt import UTC
 
@@ -196,20 +196,16 @@ def occurrences(
     The flag is None, GAP_SHIFTED, OVERLAP_FIRST or OVERLAP_SECOND (the latter two
     under either overlap policy). Ends when no occurrence remains.
     """
-    current: tuple[datetime, str | None] | None = None
+    last: datetime | None = None
     for instant, flag in _raw_occurrences(expr, zone, gap, overlap, after):
-        if instant <= after:
+        if instant <= after or (last is not None and instant <= last):
+            # A duplicate: more gap times shifted onto one instant, or the regular time
+            # that instant already is (03:00 after a 02:00-03:00 gap). One run. The
+            # shifted one always comes first (a gap precedes the time it lands on), so
+            # the instant keeps its gap_shifted flag.
             continue
-        if current is not None and instant == current[0]:
-            # Gap times shifted onto one instant, maybe a regular one: one run. The
-            # shifted one always comes first (the gap precedes the time it lands on),
-            # so the group keeps its gap_shifted flag.
-            continue
-        if current is not None:
-            yield current
-        current = (instant, flag)
-    if current is not None:
-        yield current
+        yield instant, flag
+        last = instant
 
 
 def _raw_occurrences(
