@@ -1,0 +1,95 @@
+"""/healthz, /metrics, /openapi.json: no API key, every shard, every route in the document."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from app.api import create_app
+from app.api.openapi import document
+from app.api.serialize import job_json, run_json
+from app.validation import JOB_FIELDS, LIMITS_FIELDS, QUEUE_FIELDS, REQUIRED_FIELDS, WEBHOOK_FIELDS
+from tests.integration.api_fixtures import alice, api_app, api_settings, insert_run, job_row  # noqa: F401
+
+pytestmark = pytest.mark.integration
+
+
+def test_healthz_lists_every_logical_shard(api_app, api_settings):
+    response = api_app.test_client().get("/healthz")
+    assert response.status_code == 200
+    assert response.get_json() == {"shards": [{"shard": s, "ok": True} for s in range(api_settings.shards)]}
+
+
+def test_healthz_is_503_naming_the_shards_of_a_dead_dsn(api_settings):
+    dead = "postgresql://root@127.0.0.1:5432/pt_does_not_exist"
+    settings = dataclasses.replace(api_settings, database_urls=(api_settings.database_urls[0], dead))
+    response = create_app(settings).test_client().get("/healthz")
+    assert response.status_code == 503
+    shards = response.get_json()["shards"]
+    assert [s["shard"] for s in shards if not s["ok"]] == list(range(1, settings.shards, 2))
+    assert all(s["ok"] for s in shards if s["shard"] % 2 == 0)
+    assert all("pt_does_not_exist" not in s.get("error", "") for s in shards)  # the DSN stays private
+
+
+def test_metrics_are_prometheus_text_with_registry_gauges(alice, api_settings):
+    job = alice.create()
+    insert_run(api_settings, job)
+    response = alice.client.get("/metrics")
+    assert response.status_code == 200 and response.mimetype == "text/plain"
+    text = response.get_data(as_text=True)
+    for name in ("punctual_jobs{state=\"scheduled\"}", "punctual_dead_letter_runs", "punctual_claims_total",
+                 "punctual_runs_total", "punctual_start_lateness_seconds", "punctual_dead_letters_total"):
+        assert name in text or name.split("{")[0] in text, name
+    scheduled = float(next(l for l in text.splitlines() if l.startswith('punctual_jobs{state="scheduled"}')).split()[-1])
+    assert scheduled >= 1
+
+
+def test_metrics_gauges_are_cached(api_settings, alice):
+    app = create_app(api_settings)
+    gauges = app.extensions["punctual"].gauges
+    first = app.test_client().get("/metrics").get_data(as_text=True)
+    alice.create()
+    second = app.test_client().get("/metrics").get_data(as_text=True)
+    pick = lambda text: next(l for l in text.splitlines() if l.startswith('punctual_jobs{state="scheduled"}'))  # noqa: E731
+    assert pick(first) == pick(second)  # within the TTL: no second count over every DSN
+    gauges._expires = 0
+    assert pick(app.test_client().get("/metrics").get_data(as_text=True)) != pick(first)
+
+
+def test_openapi_covers_every_route_and_method(api_app):
+    response = api_app.test_client().get("/openapi.json")
+    assert response.status_code == 200
+    doc = response.get_json()
+    assert doc["openapi"].startswith("3.1")
+    for rule in api_app.url_map.iter_rules():
+        path = rule.rule.replace("<", "{").replace(">", "}")
+        assert path in doc["paths"], path
+        for method in rule.methods - {"HEAD", "OPTIONS"}:
+            assert method.lower() in doc["paths"][path], f"{method} {path}"
+    for path in ("/healthz", "/metrics", "/openapi.json"):
+        assert doc["paths"][path]["get"]["security"] == []
+
+
+def test_openapi_fields_match_validation_and_serialization(alice, api_settings):
+    schemas = document()["components"]["schemas"]
+    assert list(schemas["JobCreate"]["properties"]) == list(JOB_FIELDS)
+    assert schemas["JobCreate"]["required"] == list(REQUIRED_FIELDS)
+    assert set(schemas["JobPatch"]["properties"]) == set(JOB_FIELDS)
+    assert set(schemas["WebhookTarget"]["properties"]) == set(WEBHOOK_FIELDS)
+    assert set(schemas["QueueTarget"]["properties"]) == set(QUEUE_FIELDS)
+    assert set(schemas["Limits"]["properties"]) == set(LIMITS_FIELDS)
+    job = alice.create()
+    assert set(schemas["Job"]["properties"]) == set(job) == set(schemas["Job"]["required"])
+    run = insert_run(api_settings, job)
+    assert set(schemas["Run"]["properties"]) == set(run_json(run)) == set(schemas["Run"]["required"])
+    assert set(job_json(job_row(api_settings, job["id"]))) == set(job)
+
+
+def test_every_documented_error_status_has_a_problem_schema():
+    for path, item in document()["paths"].items():
+        for method, operation in item.items():
+            if method == "parameters":
+                continue
+            for status, answer in operation["responses"].items():
+                if status.startswith("4"):
+                    assert "application/problem+json" in answer["content"], f"{method} {path} {status}"
