@@ -270,6 +270,9 @@ def count_fires(schedule: Schedule, dst: DstPolicy, anchor: datetime, since: dat
 
 
 def _flagged(schedule: Schedule, dst: DstPolicy, after: datetime, anchor: datetime) -> Iterator[tuple[datetime, str | None]]:
+    if after.tzinfo is None or anchor.tzinfo is None:
+        # astimezone() would read a naive time as the HOST's local time: a silent bug.
+        raise ValueError("naive datetime: every instant in Punctual is aware UTC")
     if schedule.kind == "once":
         if schedule.run_at > after:
             yield schedule.run_at, None

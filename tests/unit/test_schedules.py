@@ -386,3 +386,11 @@ def test_property_interval_next_fire_is_on_the_grid(interval_s, start_offset_us,
     assert rest == timedelta(0) and k >= 1
     assert t > after and (t - step <= after or k == 1)
     assert next_fire(schedule, DEFAULT_DST, t, anchor) == t + step
+
+
+def test_naive_instants_are_refused_not_read_as_host_time():
+    schedule = Schedule(kind="cron", cron="0 0 * * *", timezone="Europe/Berlin")
+    with pytest.raises(ValueError):
+        next_fire(schedule, DEFAULT_DST, datetime(2026, 5, 1), Z("2026-05-01T00:00:00Z"))
+    with pytest.raises(ValueError):
+        next_fire(Schedule(kind="interval", interval_s=5), DEFAULT_DST, Z("2026-05-01T00:00:00Z"), datetime(2026, 5, 1))
