@@ -1,0 +1,144 @@
+"""`punctual jobs ...` and `punctual preview` against the real app on a real HTTP server;
+`punctual api` under gunicorn with graceful shutdown."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+from click.testing import CliRunner
+
+from app.cli import main
+from tests.integration.api_fixtures import alice, api_app, api_settings, live_server  # noqa: F401
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def punctual(live_server, alice):
+    runner = CliRunner()
+    env = {"PUNCTUAL_URL": live_server, "PUNCTUAL_API_KEY": alice.api_key}
+
+    def run(*args, ok=True):
+        result = runner.invoke(main, list(args), env=env, catch_exceptions=False)
+        if ok:
+            assert result.exit_code == 0, result.output + (result.stderr if hasattr(result, "stderr") else "")
+        return result
+
+    return run
+
+
+def create(punctual, *extra) -> dict:
+    result = punctual("jobs", "create", "--name", "cli-job", "--cron", "0 0 * * *", "--timezone", "Europe/Berlin",
+                      "--target-url", "http://127.0.0.1:9/hook", "--header", "X-Team: billing", "--payload", '{"a": 1}',
+                      "--json", *extra)
+    return json.loads(result.stdout)
+
+
+def test_create_prints_the_job_as_json(punctual):
+    job = create(punctual, "--max-attempts", "3", "--jitter-s", "5", "--gap", "skip")
+    assert job["name"] == "cli-job" and job["payload"] == {"a": 1}
+    assert job["target"]["headers"] == {"X-Team": "billing"}
+    assert job["retry"]["max_attempts"] == 3 and job["jitter_s"] == 5 and job["dst"]["gap"] == "skip"
+
+
+def test_create_from_a_body_and_a_queue_target(punctual):
+    body = json.dumps({"name": "from-body", "target": {"type": "queue", "topic": "reports.daily"},
+                       "schedule": {"interval_s": 60}})
+    job = json.loads(punctual("jobs", "create", "--body", body, "--json").stdout)
+    assert job["target"] == {"type": "queue", "topic": "reports.daily"}
+
+
+def test_idempotency_key(punctual):
+    first = create(punctual, "--idempotency-key", "cli-key")
+    assert create(punctual, "--idempotency-key", "cli-key")["id"] == first["id"]
+
+
+def test_tables_by_default(punctual):
+    job = create(punctual)
+    table = punctual("jobs", "get", job["id"]).stdout
+    header, row = table.splitlines()
+    assert header.split()[:4] == ["ID", "NAME", "STATE", "NEXT"]
+    assert job["id"] in row and "cron 0 0 * * * Europe/Berlin" in row and "POST http://127.0.0.1:9/hook" in row
+    listing = punctual("jobs", "list").stdout
+    assert job["id"] in listing
+
+
+def test_list_json_pages_and_all(punctual):
+    ids = {create(punctual)["id"] for _ in range(3)}
+    page = json.loads(punctual("jobs", "list", "--limit", "2", "--json").stdout)
+    assert len(page["items"]) == 2 and page["next_cursor"]
+    everything = json.loads(punctual("jobs", "list", "--all", "--limit", "1", "--json").stdout)
+    assert ids <= {j["id"] for j in everything}
+
+
+def test_verbs_and_runs(punctual):
+    job = create(punctual)
+    assert json.loads(punctual("jobs", "pause", job["id"], "--json").stdout)["state"] == "paused"
+    assert json.loads(punctual("jobs", "resume", job["id"], "--json").stdout)["state"] == "scheduled"
+    run = json.loads(punctual("jobs", "trigger", job["id"], "--json").stdout)
+    assert run["state"] == "claimed"
+    runs = json.loads(punctual("jobs", "runs", job["id"], "--json").stdout)
+    assert [r["id"] for r in runs["items"]] == [run["id"]]
+    assert "claimed" in punctual("jobs", "runs", job["id"]).stdout
+    assert json.loads(punctual("jobs", "cancel", job["id"], "--json").stdout)["state"] == "cancelled"
+
+
+def test_api_errors_go_to_stderr_with_every_field(punctual):
+    result = punctual("jobs", "create", "--name", "bad", "--cron", "nope", "--target-url", "ftp://x", ok=False)
+    assert result.exit_code == 1
+    assert "422" in result.stderr and "schedule.cron" in result.stderr and "target.url" in result.stderr
+    missing = punctual("jobs", "get", "00000000-0000-0000-0000-000000000000", ok=False)
+    assert missing.exit_code == 1 and "404" in missing.stderr
+
+
+def test_preview_table_and_json(punctual):
+    table = punctual("preview", "30 2 * * *", "--timezone", "Europe/Berlin", "--count", "2",
+                     "--after", "2026-03-28T12:00:00Z").stdout
+    assert "gap_shifted" in table and "2026-03-29T01:00:00Z" in table
+    data = json.loads(punctual("preview", "*/5 * * * *", "--count", "3", "--json").stdout)
+    assert len(data["items"]) == 3
+
+
+def test_no_api_key_is_a_clear_error(live_server):
+    result = CliRunner().invoke(main, ["jobs", "list"], env={"PUNCTUAL_URL": live_server, "PUNCTUAL_API_KEY": ""})
+    assert result.exit_code == 2 and "PUNCTUAL_API_KEY" in result.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_punctual_api_serves_under_gunicorn_and_shuts_down_gracefully(api_settings, alice):
+    port = _free_port()
+    env = {**os.environ, "PUNCTUAL_DATABASE_URLS": ",".join(api_settings.database_urls),
+           "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1"}
+    server = subprocess.Popen([sys.executable, "-m", "app.cli", "api", "--port", str(port), "--workers", "2"],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                health = requests.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+                break
+            except requests.ConnectionError:
+                assert time.time() < deadline and server.poll() is None, server.stderr.read() if server.poll() is not None else "timeout"
+                time.sleep(0.2)
+        assert health.status_code == 200
+        jobs = requests.get(f"http://127.0.0.1:{port}/jobs", headers={"Authorization": f"Bearer {alice.api_key}"}, timeout=5)
+        assert jobs.status_code == 200
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(30) == 0
+        log = server.stderr.read()
+        assert "gthread" in log and "Shutting down" in log
+    finally:
+        if server.poll() is None:
+            server.kill()
