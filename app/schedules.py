@@ -284,10 +284,14 @@ def _flagged(schedule: Schedule, dst: DstPolicy, after: datetime, anchor: dateti
         stream = cron.occurrences(cron.parse_cron(schedule.cron), schedule.zone, dst.gap, dst.overlap, after)
     else:
         stream = _interval_occurrences(schedule, after, anchor)
-    for at, flag in stream:
-        if schedule.end_at is not None and at > schedule.end_at:
-            return
-        yield at, flag
+    try:
+        for at, flag in stream:
+            if schedule.end_at is not None and at > schedule.end_at:
+                return
+            yield at, flag
+    except OverflowError:
+        # The next occurrence lies past year 9999: none that can be represented remains.
+        return
 
 
 def _grid(schedule: Schedule, anchor: datetime) -> tuple[datetime, int]:

@@ -394,3 +394,10 @@ def test_naive_instants_are_refused_not_read_as_host_time():
         next_fire(schedule, DEFAULT_DST, datetime(2026, 5, 1), Z("2026-05-01T00:00:00Z"))
     with pytest.raises(ValueError):
         next_fire(Schedule(kind="interval", interval_s=5), DEFAULT_DST, Z("2026-05-01T00:00:00Z"), datetime(2026, 5, 1))
+
+
+def test_occurrences_past_year_9999_mean_none_remains():
+    late = Z("9999-12-31T23:00:00Z")
+    assert next_fire(Schedule(kind="interval", interval_s=31_536_000), DEFAULT_DST, late, late) is None
+    assert next_fire(Schedule(kind="cron", cron="0 0 1 1 *", timezone="Pacific/Kiritimati"), DEFAULT_DST, late, late) is None
+    assert next_fire(Schedule(kind="cron", cron="59 23 * * *", timezone="Etc/GMT+12"), DEFAULT_DST, late, late) is None
