@@ -42,6 +42,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("PUNCTUAL_DB_POOL_SIZE", "10", "connections per physical shard per process"),
     Variable("PUNCTUAL_REDIS_PREFIX", "punctual", "prefix of every Redis key Punctual writes"),
     Variable("PUNCTUAL_METRICS_PORT", "0", "port where a worker serves Prometheus metrics (0 = off)"),
+    Variable("PUNCTUAL_DEV_MODE", "0", "set by `punctual dev` for its children: serves the /dev/echo target"),
 )
 
 _NAMES = {v.name for v in VARIABLES}
@@ -159,6 +160,7 @@ class Settings:
             db_pool_size=int(_number("PUNCTUAL_DB_POOL_SIZE", get("PUNCTUAL_DB_POOL_SIZE"), int, minimum=1)),
             redis_prefix=get("PUNCTUAL_REDIS_PREFIX"),
             metrics_port=int(_number("PUNCTUAL_METRICS_PORT", get("PUNCTUAL_METRICS_PORT"), int, minimum=0)),
+            dev_mode=_flag("PUNCTUAL_DEV_MODE", get("PUNCTUAL_DEV_MODE")),
         )
         values.update(overrides)
         return cls(**values)
