@@ -47,7 +47,11 @@ def create_engine_for(dsn: str, pool_size: int = 10) -> Engine:
 
         @sa.event.listens_for(engine, "begin")
         def _sqlite_begin(conn):
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            # An AUTOCOMMIT connection (the API's one-statement insert) commits each
+            # statement itself; a BEGIN here would open a transaction that nobody
+            # commits, and the pool's reset-on-return would roll the write back.
+            if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
     return sa.create_engine(
