@@ -50,6 +50,7 @@ LIMITS_KEY_MAX = 200
 RATE_PER_S = (0.01, 100_000)
 MAX_CONCURRENCY = (1, 10_000)
 PAYLOAD_DEPTH_MAX = 64
+MIN_YEAR = 1000
 
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # an HTTP header name (RFC 9110 token)
 # An AMQP topic routing key: dot-separated words; `*` and `#` are for bindings only.
@@ -115,6 +116,8 @@ def _validate(body: object, *, allow_private: bool, required: tuple[str, ...]) -
             errors.extend(exc.errors)
         except ValueError as exc:
             errors.append(FieldError(key, str(exc)))
+        except OverflowError:  # an instant near year 1 or 9999 whose offset leaves the range
+            errors.append(FieldError(key, "has an instant out of range (years 1000 to 9999)"))
     if errors:
         raise ValidationError(errors)
     return values
@@ -266,11 +269,25 @@ def _is_integer(value: object) -> bool:
     return not isinstance(value, bool) and (isinstance(value, int) or isinstance(value, float) and value.is_integer())
 
 
+def schedule_in_range(schedule: Schedule, field: str = "schedule") -> Schedule:
+    """`schedule` when each of its instants lies in the years 1000-9999, else ValidationError.
+
+    Why: app.timefmt prints years with strftime, which does not zero-pad years below
+    1000, so such an instant would come back as text that is not RFC 3339.
+    """
+    errors = [FieldError(f"{field}.{key}", f"must be in the years {MIN_YEAR} to 9999")
+              for key in ("run_at", "start_at", "end_at")
+              if getattr(schedule, key) is not None and getattr(schedule, key).year < MIN_YEAR]
+    if errors:
+        raise ValidationError(errors)
+    return schedule
+
+
 _PARSERS: dict[str, Callable[[Any, bool], Any]] = {
     "name": _name,
     "target": _target,
     "payload": _payload,
-    "schedule": lambda value, _p: parse_schedule(value, "schedule"),
+    "schedule": lambda value, _p: schedule_in_range(parse_schedule(value, "schedule")),
     "retry": lambda value, _p: parse_retry(value, "retry"),
     "misfire": _misfire,
     "dst": lambda value, _p: parse_dst(value, "dst"),

@@ -18,6 +18,7 @@ from app.api.wire import json_response
 from app.errors import FieldError, ValidationError
 from app.schedules import parse_dst, parse_schedule, parse_timezone, preview
 from app.timefmt import parse_instant, utcnow
+from app.validation import MIN_YEAR, schedule_in_range
 
 bp = protect(Blueprint("schedules", __name__))
 
@@ -46,6 +47,8 @@ def parse_preview_query(args: Mapping[str, str]):
             errors.extend(FieldError(e.field.split(".")[-1], e.message) for e in exc.errors)
         except ValueError as exc:
             errors.append(FieldError(name, str(exc)))
+        except OverflowError:  # an instant whose offset takes it past year 1 or 9999
+            errors.append(FieldError(name, "is out of range (years 1000 to 9999)"))
         return None
 
     cron, interval = args.get("cron"), args.get("interval_s")
@@ -57,12 +60,12 @@ def parse_preview_query(args: Mapping[str, str]):
     else:
         data["interval_s"] = collect("interval_s", lambda: _integer(interval))
     zone = collect("timezone", lambda: parse_timezone(args.get("timezone", "UTC")))
-    after = collect("after", lambda: parse_instant(args["after"]) if "after" in args else utcnow())
+    after = collect("after", lambda: _after(args.get("after")))
     count = collect("count", lambda: _count(args.get("count")))
     dst = collect("dst", lambda: parse_dst({"gap": args.get("gap"), "overlap": args.get("overlap")}, "dst"))
     schedule = None
     if "cron" in data or data.get("interval_s") is not None:
-        schedule = collect("cron", lambda: parse_schedule(data, "schedule"))
+        schedule = collect("cron", lambda: schedule_in_range(parse_schedule(data, "schedule")))
     if errors:
         raise ValidationError(errors)
     # An interval grid ignores the zone, but its local times and overlap flags use it.
@@ -74,6 +77,15 @@ def _integer(raw: str) -> int:
         return int(raw)
     except ValueError:
         raise ValueError("must be an integer number of seconds") from None
+
+
+def _after(raw: str | None):
+    if raw is None:
+        return utcnow()
+    after = parse_instant(raw)
+    if after.year < MIN_YEAR:
+        raise ValueError(f"must be in the years {MIN_YEAR} to 9999")
+    return after
 
 
 def _count(raw: str | None) -> int:

@@ -6,6 +6,7 @@ gets its own owners, so tests never see each other's jobs without truncating.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from dataclasses import dataclass
@@ -92,6 +93,7 @@ def bob(api_app, api_settings) -> Caller:
 @pytest.fixture(scope="module")
 def live_server(api_app):
     """The app on a real threaded HTTP server (werkzeug), for the SDK and concurrency tests."""
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no access log per request
     server = make_server("127.0.0.1", 0, api_app, threaded=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -65,6 +65,8 @@ def test_six_field_cron_has_seconds_first(alice):
     ({"interval_s": "soon"}, {"interval_s"}),
     ({"interval_s": "0"}, {"interval_s"}),
     ({"cron": "bad", "timezone": "X", "count": "x"}, {"cron", "timezone", "count"}),
+    ({"interval_s": "60", "after": "0001-01-01T00:00:00+08:02"}, {"after"}),  # before year 1 in UTC
+    ({"interval_s": "60", "start_at": "0900-01-01T00:00:00Z"}, {"start_at"}),
 ])
 def test_every_invalid_parameter_is_named(alice, query, fields):
     response = alice.get("/schedules/preview", query_string=query)

@@ -169,3 +169,14 @@ def test_patch_and_create_share_the_field_list():
         validate_changes({field: {"bogus": True} for field in JOB_FIELDS if field != "payload"}, allow_private=False)
     named = {f.split(".")[0] for f in fields_of(exc)}
     assert named == set(JOB_FIELDS) - {"payload"}
+
+
+@pytest.mark.parametrize("schedule, field", [
+    ({"run_at": "0001-01-01T00:00:00+08:00"}, "schedule"),  # past year 1 once made UTC
+    ({"run_at": "0665-02-09T23:52:43Z"}, "schedule.run_at"),  # would print as '665-...'
+    ({"interval_s": 60, "start_at": "0999-12-31T23:59:59Z"}, "schedule.start_at"),
+])
+def test_instants_outside_years_1000_to_9999_are_422(schedule, field):
+    with pytest.raises(ValidationError) as exc:
+        validate_job(body(schedule=schedule), allow_private=False)
+    assert fields_of(exc) == [field]
