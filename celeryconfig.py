@@ -12,9 +12,21 @@ _settings = get_settings()
 
 broker_url = _settings.broker()
 if broker_url == "filesystem://":
-    # Embedded mode (`punctual dev`): a folder stands in for the broker.
-    _folder = str((_settings.data_dir / "broker").resolve())
-    broker_transport_options = {"data_folder_in": _folder, "data_folder_out": _folder}
+    # Embedded mode (`punctual dev`): folders under the data dir stand in for the
+    # broker. app.devserver.broker says why this transport, and why kombu's own
+    # filesystem channel is replaced by one that writes and takes files atomically.
+    from app.devserver.broker import TRANSPORT as broker_transport
+
+    _broker_dir = (_settings.data_dir / "broker").resolve()
+    broker_transport_options = {
+        "data_folder_in": str(_broker_dir / "queue"),
+        "data_folder_out": str(_broker_dir / "queue"),
+        # Exchange bindings; kombu's default is ./control in each process's own cwd.
+        "control_folder": str(_broker_dir / "control"),
+        # A consumer sleeps this long when no queue has a message or its prefetch is
+        # full; kombu's 1 s would add a second per hop and fall behind 16 shards' polls.
+        "polling_interval": 0.1,
+    }
 else:
     # Publisher confirms: a dispatch message counts as published (and its runs are
     # marked so) only once RabbitMQ has taken responsibility for it. Without a
