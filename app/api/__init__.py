@@ -38,5 +38,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     flask_app.extensions["punctual"] = Services(settings, registry, OwnerDirectory(registry), RegistryGauges(registry))
     for blueprint in (jobs.bp, runs.bp, schedules.bp, ops.bp):
         flask_app.register_blueprint(blueprint)
+    if settings.dev_mode:  # `punctual dev` only: the /dev/echo target
+        from app.api import dev
+
+        flask_app.register_blueprint(dev.bp)
     problems.install(flask_app)
     return flask_app
