@@ -180,16 +180,6 @@ def _header(text: str) -> tuple[str, str]:
     return name.strip(), value.strip()
 
 
-@jobs.command("get")
-@click.argument("job_id")
-@_json_option
-@click.pass_context
-def get(ctx: click.Context, job_id: str, as_json: bool) -> None:
-    """Show one job."""
-    client = _client(ctx)
-    _show_job(_call(lambda: client.get_job(job_id)), as_json)
-
-
 @jobs.command("list")
 @click.option("--state", type=click.Choice(["scheduled", "running", "paused", "completed", "cancelled", "dead"]))
 @click.option("--name", help="Exact name.")
@@ -223,6 +213,7 @@ def _verb(command: str, method: str, doc: str):
     return verb
 
 
+get = _verb("get", "get_job", "Show one job.")
 cancel = _verb("cancel", "cancel_job", "Cancel a job: no new run starts.")
 pause = _verb("pause", "pause_job", "Pause a job; a run in flight finishes.")
 resume = _verb("resume", "resume_job", "Resume a paused job (missed occurrences follow its misfire policy).")
