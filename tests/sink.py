@@ -52,6 +52,7 @@ class Sink:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # small answers must not wait for the client's delayed ACK
 
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
@@ -62,12 +63,12 @@ class Sink:
                     sink.release.wait(60)
                 elif answer.delay_s:
                     time.sleep(answer.delay_s)
-                self.send_response(answer.status)
+                self.send_response_only(answer.status)
                 for key, value in answer.headers.items():
                     self.send_header(key, value)
                 self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"ok")
+                self._headers_buffer.append(b"\r\nok")  # one write: status, headers and body
+                self.flush_headers()
 
             do_POST = do_PUT = do_GET = do_DELETE = do_PATCH = _handle
 

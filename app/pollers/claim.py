@@ -9,10 +9,11 @@ THE claim SQL is `due_jobs` below, the shape of DESIGN.md:
 
 It is a range scan of the partial index ix_jobs_due (shard, next_run_at) WHERE
 state = 'scheduled' (invariant 5). In the same transaction every row gets its plan
-(app.pollers.plan, misfires included) and the writes are batched: one executemany
-UPDATE for the claimed jobs (state running, a new lease_token each, leased_until =
-now + lease_s), one for jobs whose misfire ran nothing, one multi-row INSERT of
-run rows (the outbox, published = false). Then COMMIT; the relay publishes.
+(app.pollers.plan, misfires included) and the writes are batched (app.bulk: one
+statement each, whatever the batch size): one UPDATE for the claimed jobs (state
+running, a new lease_token each, leased_until = now + lease_s), one for jobs whose
+misfire ran nothing, one INSERT of run rows (the outbox, published = false). Then
+COMMIT; the relay publishes.
 
 Two pollers (or two beats) on one shard never double-fire: SKIP LOCKED hands each
 row to one transaction, and a row it took is no longer 'scheduled' when the other
@@ -29,6 +30,7 @@ from typing import Any, Mapping
 import sqlalchemy as sa
 
 from app import metrics
+from app.bulk import insert_many, update_many
 from app.pollers.plan import ClaimPlan, plan_claim
 from app.records import retry_of
 from app.schema import jobs, runs
@@ -65,36 +67,9 @@ class ClaimResult:
         return self.taken == 0
 
 
-_CLAIM = (
-    sa.update(jobs)
-    .where(jobs.c.job_id == sa.bindparam("b_job_id"))
-    .values(
-        state="running",
-        lease_token=sa.bindparam("b_token"),
-        leased_until=sa.bindparam("b_leased_until"),
-        nominal_at=sa.bindparam("b_nominal_at"),
-        next_run_at=sa.bindparam("b_next_run_at"),
-        attempt=sa.bindparam("b_attempt"),
-        skipped_after=sa.bindparam("b_skipped_after"),
-        skipped_through=sa.bindparam("b_skipped_through"),
-        updated_at=sa.bindparam("b_now"),
-    )
-)
-
-_MOVE_ON = (
-    sa.update(jobs)
-    .where(jobs.c.job_id == sa.bindparam("b_job_id"))
-    .values(
-        state=sa.bindparam("b_state"),
-        nominal_at=sa.bindparam("b_nominal_at"),
-        next_run_at=sa.bindparam("b_next_run_at"),
-        attempt=0,
-        misfire_exempt=False,
-        skipped_after=None,
-        skipped_through=None,
-        updated_at=sa.bindparam("b_now"),
-    )
-)
+# Columns each claimed (or moved-on) job row gets from its plan; the rest are constants.
+_CLAIMED_COLUMNS = ("lease_token", "nominal_at", "next_run_at", "attempt", "skipped_after", "skipped_through")
+_MOVED_COLUMNS = ("state", "nominal_at", "next_run_at")
 
 
 def claim_batch(engine: sa.Engine, shard: int, now: datetime, settings: Settings, limit: int | None = None) -> ClaimResult:
@@ -115,19 +90,19 @@ def claim_batch(engine: sa.Engine, shard: int, now: datetime, settings: Settings
             new_runs.extend(_skipped_rows(job, plan, now))
             skipped_count += len(plan.skipped) + plan.unrecorded_skips
             if plan.run is None:
-                moved.append(_move_params(job, plan, now))
+                moved.append(_move_params(job, plan))
                 continue
             token = uuid.uuid4()
-            params, run_row = _claim_params(job, plan, token, now, leased_until, due_at)
+            params, run_row = _claim_params(job, plan, token, now, due_at)
             claimed.append(params)
             new_runs.append(run_row)
             to_publish.append(DispatchRun.from_row(run_row, job["payload"]))
-        if claimed:
-            conn.execute(_CLAIM, claimed)
-        if moved:
-            conn.execute(_MOVE_ON, moved)
-        if new_runs:
-            conn.execute(runs.insert(), new_runs)
+        update_many(conn, jobs, claimed, match=("job_id",), columns=_CLAIMED_COLUMNS,
+                    constants={"state": "running", "leased_until": leased_until, "updated_at": now})
+        update_many(conn, jobs, moved, match=("job_id",), columns=_MOVED_COLUMNS,
+                    constants={"attempt": 0, "misfire_exempt": False, "skipped_after": None,
+                               "skipped_through": None, "updated_at": now})
+        insert_many(conn, runs, new_runs)
     if rows:
         metrics.CLAIM_BATCHES.labels(str(shard)).inc()
         metrics.CLAIMS.labels(str(shard)).inc(len(to_publish))
@@ -137,7 +112,7 @@ def claim_batch(engine: sa.Engine, shard: int, now: datetime, settings: Settings
 
 
 def _claim_params(job: Mapping[str, Any], plan: ClaimPlan, token: uuid.UUID, now: datetime,
-                  leased_until: datetime, due_at: datetime) -> tuple[dict, dict]:
+                  due_at: datetime) -> tuple[dict, dict]:
     if plan.skipped_range is not None:
         skipped_after, skipped_through = plan.skipped_range
     elif plan.clear_skipped_range:
@@ -145,29 +120,26 @@ def _claim_params(job: Mapping[str, Any], plan: ClaimPlan, token: uuid.UUID, now
     else:
         skipped_after, skipped_through = job["skipped_after"], job["skipped_through"]
     params = {
-        "b_job_id": job["job_id"],
-        "b_token": token,
-        "b_leased_until": leased_until,
-        "b_nominal_at": plan.run.nominal,
-        "b_next_run_at": plan.run.fire_at,
-        "b_attempt": plan.attempt - 1,
-        "b_skipped_after": skipped_after,
-        "b_skipped_through": skipped_through,
-        "b_now": now,
+        "job_id": job["job_id"],
+        "lease_token": token,
+        "nominal_at": plan.run.nominal,
+        "next_run_at": plan.run.fire_at,
+        "attempt": plan.attempt - 1,
+        "skipped_after": skipped_after,
+        "skipped_through": skipped_through,
     }
     run_row = _run_row(job, plan.run.nominal, plan.attempt, "claimed", now)
     run_row.update(lease_token=token, due_at=due_at, published=False)
     return params, run_row
 
 
-def _move_params(job: Mapping[str, Any], plan: ClaimPlan, now: datetime) -> dict:
+def _move_params(job: Mapping[str, Any], plan: ClaimPlan) -> dict:
     over = plan.moved_to is None
     return {
-        "b_job_id": job["job_id"],
-        "b_state": "completed" if over else "scheduled",
-        "b_nominal_at": job["nominal_at"] if over else plan.moved_to.nominal,
-        "b_next_run_at": None if over else plan.moved_to.fire_at,
-        "b_now": now,
+        "job_id": job["job_id"],
+        "state": "completed" if over else "scheduled",
+        "nominal_at": job["nominal_at"] if over else plan.moved_to.nominal,
+        "next_run_at": None if over else plan.moved_to.fire_at,
     }
 
 

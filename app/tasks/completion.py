@@ -9,7 +9,7 @@ flushes them) and writes them in ONE transaction per physical DSN:
    whose job (schedule runs) no longer holds that token, is stale: it changes
    nothing and is counted in STALE_COMPLETIONS (invariant 1);
 3. settle each attempt (app.tasks.settlement, pure) and write the results with one
-   executemany per statement shape: runs, jobs (`WHERE job_id = ? AND
+   statement per shape (app.bulk): runs, jobs (`WHERE job_id = ? AND
    lease_token = ?`), and new run rows for off-schedule retries.
 
 The janitor settles expired leases through `apply` too, with the run states it
@@ -27,6 +27,7 @@ from typing import Callable, Iterable, Sequence
 import sqlalchemy as sa
 
 from app import metrics
+from app.bulk import insert_many, update_many
 from app.registry import Registry
 from app.retries import CallOutcome
 from app.schema import jobs, runs
@@ -82,43 +83,35 @@ def apply(conn: sa.Connection, batch: Sequence[Finished], now: datetime, rand: C
         attempt = Attempt(run.job_id, run.origin, run.scheduled_for, run.attempt, run.retry)
         settled = settle(attempt, item.outcome, job, now, rand, retry_now=retry_now)
         run_writes.append({
-            "b_run_id": run.run_id, "b_state": settled.run_state, "b_finished_at": item.finished_at,
-            "b_status_code": item.outcome.status_code, "b_error": settled.error, "b_now": now,
+            "run_id": run.run_id, "state": settled.run_state, "finished_at": item.finished_at,
+            "status_code": item.outcome.status_code, "error": settled.error,
         })
         if settled.job is not None:
-            job_writes.append({**settled.job, "updated_at": now, "_job_id": run.job_id, "_token": run.lease_token})
+            job_writes.append({**settled.job, "job_id": run.job_id, "_token": run.lease_token})
         if settled.retry_at is not None:
             retry_rows.append(_retry_row(run, settled, now, lease_s))
         _count(settled)
-    if run_writes:
-        conn.execute(_FINISH_RUN, run_writes)
+    update_many(conn, runs, run_writes, match=("run_id",), columns=("state", "finished_at", "status_code", "error"),
+                constants={"leased_until": None, "updated_at": now})
     for shape, rows in _by_shape(job_writes):
-        conn.execute(_job_update(shape), [_job_params(row) for row in rows])
-    if retry_rows:
-        conn.execute(runs.insert(), retry_rows)
+        # The lease fence, written into the statement: WHERE job_id = ? AND lease_token = ?
+        fenced = [{**row, "lease_token": row["_token"]} for row in rows]
+        update_many(conn, jobs, fenced, match=("job_id", "lease_token"), columns=[c for c in shape if c != "lease_token"],
+                    constants={"updated_at": now, **({"lease_token": None} if "lease_token" in shape else {})})
+    insert_many(conn, runs, retry_rows)
     if stale:
         metrics.STALE_COMPLETIONS.inc(stale)
     return CompletionReport(applied=len(run_writes), stale=stale)
 
 
-_FINISH_RUN = (
-    sa.update(runs)
-    .where(runs.c.run_id == sa.bindparam("b_run_id"))
-    .values(
-        state=sa.bindparam("b_state"),
-        finished_at=sa.bindparam("b_finished_at"),
-        status_code=sa.bindparam("b_status_code"),
-        error=sa.bindparam("b_error"),
-        leased_until=None,
-        updated_at=sa.bindparam("b_now"),
-    )
-)
+# What settling needs from a job row: not its target or payload (JSON to decode).
+_SETTLE_COLUMNS = [c for c in jobs.c if c.name not in ("target", "payload", "name", "idempotency_key", "request_hash")]
 
 
 def _lock_jobs(conn: sa.Connection, job_ids: set) -> dict:
     if not job_ids:
         return {}
-    stmt = sa.select(jobs).where(jobs.c.job_id.in_(sorted(job_ids))).order_by(jobs.c.job_id)
+    stmt = sa.select(*_SETTLE_COLUMNS).where(jobs.c.job_id.in_(sorted(job_ids))).order_by(jobs.c.job_id)
     if conn.dialect.name != "sqlite":
         stmt = stmt.with_for_update()
     return {row["job_id"]: row for row in conn.execute(stmt).mappings()}
@@ -139,20 +132,8 @@ def _by_shape(rows: Iterable[dict]) -> list[tuple[tuple[str, ...], list[dict]]]:
     """Group job writes by which columns they set: executemany needs one shape."""
     groups: dict[tuple[str, ...], list[dict]] = defaultdict(list)
     for row in rows:
-        groups[tuple(sorted(k for k in row if not k.startswith("_")))].append(row)
+        groups[tuple(sorted(k for k in row if not k.startswith("_") and k != "job_id"))].append(row)
     return list(groups.items())
-
-
-def _job_update(columns: tuple[str, ...]) -> sa.Update:
-    return (
-        sa.update(jobs)
-        .where(jobs.c.job_id == sa.bindparam("b__job_id"), jobs.c.lease_token == sa.bindparam("b__token"))
-        .values({column: sa.bindparam(f"b_{column}") for column in columns})
-    )
-
-
-def _job_params(row: dict) -> dict:
-    return {f"b_{key}": value for key, value in row.items()}
 
 
 def _retry_row(run: DispatchRun, settled: Settlement, now: datetime, lease_s: float) -> dict:

@@ -27,12 +27,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from app import metrics
+from app.limits import limit_specs
 from app.retries import CallOutcome
 from app.tasks import lease
 from app.tasks.buffer import CompletionBuffer
 from app.tasks.completion import Finished, complete
 from app.tasks.inflight import InFlight
 from app.tasks.message import DispatchRun, chunks
+from app.tasks.publish import QueueCall
+from app.tasks.webhook import WebhookCall
 from app.timefmt import utcnow
 
 if TYPE_CHECKING:
@@ -84,8 +87,6 @@ class Dispatcher:
         return DispatchReport(started, held, stale)
 
     def _admit_and_start(self, part: list[DispatchRun]) -> tuple[list[_Call], int, int]:
-        from app.limits import limit_specs
-
         context, settings = self.context, self.context.settings
         now = utcnow()
         specs = [limit_specs(run.owner, run.target, settings) for run in part]
@@ -122,9 +123,6 @@ class Dispatcher:
         self._buffer.add(Finished(run, outcome, utcnow()))
 
     def _attempt(self, run: DispatchRun) -> CallOutcome:
-        from app.tasks.publish import QueueCall
-        from app.tasks.webhook import WebhookCall
-
         secret = self.context.owners.signing_secret(run.owner)
         if secret is None:
             return CallOutcome(error=f"owner {run.owner!r} has no signing secret", retryable_error=False)

@@ -23,6 +23,7 @@ from typing import Iterable, Sequence
 
 import sqlalchemy as sa
 
+from app.bulk import update_many
 from app.registry import Registry
 from app.schema import jobs, runs
 from app.tasks.message import DispatchRun
@@ -47,28 +48,22 @@ def start(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -> se
     started: set[uuid.UUID] = set()
     until = now + timedelta(seconds=registry.settings.lease_s)
     for index, group in _by_engine(registry, batch).items():
-        on_jobs = sorted(((run.job_id, run.lease_token) for run in group if not run.off_schedule))
-        lateness = {run.run_id: int((now - run.scheduled_for).total_seconds() * 1000) for run in group}
-        stmt = (
-            sa.update(runs)
-            .where(
-                sa.tuple_(runs.c.run_id, runs.c.lease_token).in_([(run.run_id, run.lease_token) for run in group]),
-                runs.c.state == "claimed",
-            )
-            .values(
-                state="running", started_at=now, updated_at=now,
-                lateness_ms=sa.case(lateness, value=runs.c.run_id),
-                # Off-schedule runs hold their own lease; schedule runs' lease is the job's.
-                leased_until=sa.case((runs.c.origin == "schedule", None), else_=until),
-            )
-            .returning(runs.c.run_id)
-        )
+        on_jobs = sorted(({"job_id": run.job_id, "lease_token": run.lease_token} for run in group if not run.off_schedule),
+                         key=lambda row: row["job_id"])
+        rows = [{
+            "run_id": run.run_id,
+            "lease_token": run.lease_token,
+            "lateness_ms": int((now - run.scheduled_for).total_seconds() * 1000),
+            # Off-schedule runs hold their own lease; schedule runs' lease is the job's.
+            "leased_until": until if run.off_schedule else None,
+        } for run in group]
         with registry.engines[index].begin() as conn:
-            if on_jobs:
-                conn.execute(
-                    sa.update(jobs).where(sa.tuple_(jobs.c.job_id, jobs.c.lease_token).in_(on_jobs)).values(leased_until=until)
-                )
-            started.update(conn.execute(stmt).scalars())
+            update_many(conn, jobs, on_jobs, match=("job_id", "lease_token"), constants={"leased_until": until})
+            started.update(update_many(
+                conn, runs, rows, match=("run_id", "lease_token"), columns=("lateness_ms", "leased_until"),
+                constants={"state": "running", "started_at": now, "updated_at": now},
+                where="runs.state = 'claimed'", returning="run_id",
+            ))
     return started
 
 
@@ -130,23 +125,13 @@ _RELEASE_JOB = (
 
 def heartbeat(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -> None:
     """Extend the leases of runs whose calls are in flight (fenced; a lost lease stays lost)."""
-    until = now + timedelta(seconds=registry.settings.lease_s)
+    until = {"leased_until": now + timedelta(seconds=registry.settings.lease_s)}
     for index, group in _by_engine(registry, batch).items():
-        on_jobs = sorted((r for r in group if not r.off_schedule), key=lambda r: r.job_id)
-        on_runs = sorted((r for r in group if r.off_schedule), key=lambda r: r.run_id)
+        on_jobs = sorted(({"job_id": r.job_id, "lease_token": r.lease_token} for r in group if not r.off_schedule),
+                         key=lambda row: row["job_id"])
+        on_runs = sorted(({"run_id": r.run_id, "lease_token": r.lease_token} for r in group if r.off_schedule),
+                         key=lambda row: row["run_id"])
         with registry.engines[index].begin() as conn:
-            if on_jobs:
-                conn.execute(
-                    sa.update(jobs)
-                    .where(jobs.c.job_id == sa.bindparam("b_id"), jobs.c.lease_token == sa.bindparam("b_token"))
-                    .values(leased_until=until),
-                    [{"b_id": r.job_id, "b_token": r.lease_token} for r in on_jobs],
-                )
-            if on_runs:
-                conn.execute(
-                    sa.update(runs)
-                    .where(runs.c.run_id == sa.bindparam("b_id"), runs.c.lease_token == sa.bindparam("b_token"),
-                           runs.c.state == "running")
-                    .values(leased_until=until),
-                    [{"b_id": r.run_id, "b_token": r.lease_token} for r in on_runs],
-                )
+            update_many(conn, jobs, on_jobs, match=("job_id", "lease_token"), constants=until)
+            update_many(conn, runs, on_runs, match=("run_id", "lease_token"), constants=until,
+                        where="runs.state = 'running'")
