@@ -72,7 +72,8 @@ task_acks_late = True
 # A child killed mid-task (OOM, SIGKILL) puts the message back for the same reason:
 # a fenced start makes redelivery cost only work.
 task_reject_on_worker_lost = True
-task_acks_on_failure_or_timeout = True
+# (A task that raised is acknowledged, Celery's default: its runs come back through
+# their leases, and a poison message must not loop.)
 
 # Prefetch 1: a process takes its next message only when it is free, so a burst's
 # dispatch messages spread over every process and every worker instead of queueing

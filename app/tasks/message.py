@@ -93,8 +93,8 @@ class DispatchRun:
 def chunks(items: list, size: int = CHUNK_RUNS) -> Iterator[list]:
     """`items` in consecutive slices of at most `size`, spread evenly.
 
-    501 runs become slices of 101, 100, 100, 100, 100 rather than 5 x 100 + 1, so no
-    message is a straggler.
+    501 runs become six slices of 83-84 rather than 5 x 100 + 1, so no message is a
+    straggler.
     """
     if not items:
         return

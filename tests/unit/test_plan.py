@@ -1,0 +1,79 @@
+"""The claim plan: misfire policies applied to one due job row (pure)."""
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from app.pollers.plan import plan_claim
+
+NOW = datetime(2026, 6, 1, 12, 0, 0, tzinfo=timezone.utc)
+
+
+def row(policy="run_once", behind_s=3, interval_s=1, **overrides) -> dict:
+    """A job on a 1 s grid whose cursor is `behind_s` seconds behind NOW."""
+    first = NOW - timedelta(seconds=behind_s)
+    job = {
+        "job_id": uuid.UUID(int=7), "schedule_kind": "interval", "run_at": None, "cron": None,
+        "interval_s": interval_s, "timezone": "UTC", "start_at": first, "end_at": None,
+        "dst_gap": "shift", "dst_overlap": "once", "misfire": policy, "jitter_s": 0,
+        "nominal_at": first, "next_run_at": first, "attempt": 0, "misfire_exempt": False,
+        "skipped_after": None, "skipped_through": None, "created_at": first,
+    }
+    job.update(overrides)
+    return job
+
+
+def test_on_time_runs_its_occurrence():
+    plan = plan_claim(row(behind_s=0), NOW, grace_s=1)
+    assert plan.run.nominal == NOW and plan.attempt == 1 and plan.skipped == ()
+
+
+@pytest.mark.parametrize("policy", ["run_once", "run_all", "skip"])
+def test_less_than_the_grace_late_runs_late_under_every_policy(policy):
+    plan = plan_claim(row(policy, behind_s=0.5, interval_s=60), NOW, grace_s=1)
+    assert plan.run.nominal == NOW - timedelta(seconds=0.5) and plan.skipped == ()
+
+
+def test_run_once_runs_the_latest_and_skips_the_rest():
+    plan = plan_claim(row("run_once", behind_s=4), NOW, grace_s=1)
+    assert plan.run.nominal == NOW and plan.attempt == 1
+    assert [o.nominal for o in plan.skipped] == [NOW - timedelta(seconds=s) for s in (4, 3, 2, 1)]
+
+
+def test_run_all_runs_the_oldest_and_skips_none():
+    plan = plan_claim(row("run_all", behind_s=4), NOW, grace_s=1)
+    assert plan.run.nominal == NOW - timedelta(seconds=4) and plan.skipped == () and plan.skipped_range is None
+
+
+def test_skip_with_everything_late_runs_nothing_and_moves_on():
+    plan = plan_claim(row("skip", behind_s=30, interval_s=10), NOW + timedelta(seconds=5), grace_s=1)
+    assert plan.run is None and len(plan.skipped) == 4
+    assert plan.moved_to.nominal == NOW + timedelta(seconds=10)
+
+
+def test_run_all_over_the_cap_remembers_a_skipped_range():
+    plan = plan_claim(row("run_all", behind_s=1500), NOW, grace_s=1)
+    first = NOW - timedelta(seconds=1500)
+    assert plan.run.nominal == first
+    assert plan.skipped_range == (first + timedelta(seconds=999), NOW)
+    assert plan.skipped and all(o.nominal > plan.skipped_range[0] for o in plan.skipped)
+
+
+def test_run_all_within_its_catch_up_runs_the_current_occurrence():
+    first = NOW - timedelta(seconds=1500)
+    job = row("run_all", behind_s=1400, skipped_after=first + timedelta(seconds=999), skipped_through=NOW)
+    plan = plan_claim(job, NOW, grace_s=1)
+    assert plan.run.nominal == NOW - timedelta(seconds=1400) and plan.skipped == ()
+
+
+def test_retries_and_held_runs_are_never_misfires():
+    plan = plan_claim(row("skip", behind_s=600, misfire_exempt=True, attempt=2), NOW, grace_s=1)
+    assert plan.run.nominal == NOW - timedelta(seconds=600) and plan.attempt == 3 and plan.skipped == ()
+
+
+def test_a_late_one_off_still_runs():
+    late = NOW - timedelta(hours=2)
+    plan = plan_claim(row("skip", schedule_kind="once", run_at=late, nominal_at=late, next_run_at=late), NOW, 1)
+    assert plan.run.nominal == late

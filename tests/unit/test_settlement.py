@@ -1,0 +1,78 @@
+"""Settling a finished attempt (pure): the completion and the janitor both apply these values."""
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta, timezone
+
+from app.jitter import fire_at
+from app.retries import CallOutcome
+from app.tasks.settlement import Attempt, settle
+
+NOW = datetime(2026, 6, 1, 12, 0, 30, tzinfo=timezone.utc)
+NOMINAL = datetime(2026, 6, 1, 12, 0, 0, tzinfo=timezone.utc)
+RETRY = {"max_attempts": 3, "backoff_s": 10, "max_backoff_s": 100}
+
+
+def job(**overrides) -> dict:
+    values = {
+        "job_id": uuid.UUID(int=5), "schedule_kind": "cron", "run_at": None, "cron": "* * * * *",
+        "interval_s": None, "timezone": "UTC", "start_at": None, "end_at": None, "dst_gap": "shift",
+        "dst_overlap": "once", "jitter_s": 20, "state": "running", "skipped_after": None,
+        "skipped_through": None, "created_at": NOMINAL - timedelta(days=1),
+    }
+    values.update(overrides)
+    return values
+
+
+def attempt(n=1, origin="schedule") -> Attempt:
+    return Attempt(uuid.UUID(int=5), origin, NOMINAL, n, RETRY)
+
+
+def zero() -> float:
+    return 0.0
+
+
+def test_success_moves_to_the_next_occurrence_from_the_scheduled_time():
+    done = settle(attempt(), CallOutcome(status_code=204), job(), NOW + timedelta(minutes=10), zero)
+    following = NOMINAL + timedelta(minutes=1)
+    assert done.run_state == "succeeded" and done.retry_at is None
+    assert done.job["nominal_at"] == following and done.job["next_run_at"] == fire_at(uuid.UUID(int=5), following, 20)
+    assert done.job["state"] == "scheduled" and done.job["lease_token"] is None and done.job["attempt"] == 0
+
+
+def test_a_retryable_failure_writes_the_backoff_into_next_run_at():
+    done = settle(attempt(1), CallOutcome(status_code=503), job(), NOW, zero)
+    assert done.run_state == "failed" and done.job["next_run_at"] == NOW + timedelta(seconds=5)
+    assert done.job["attempt"] == 1 and done.job["misfire_exempt"] is True and "nominal_at" not in done.job
+
+
+def test_exhausted_attempts_kill_a_one_off_and_move_a_recurring_job_on():
+    once = settle(attempt(3), CallOutcome(error="timeout"), job(schedule_kind="once", run_at=NOMINAL), NOW, zero)
+    assert once.dead and once.job["state"] == "dead" and once.job["next_run_at"] is None
+    recurring = settle(attempt(3), CallOutcome(error="timeout"), job(), NOW, zero)
+    assert recurring.dead and recurring.job["state"] == "scheduled"
+
+
+def test_an_expired_lease_retries_at_once():
+    done = settle(attempt(1), CallOutcome(error="lease expired"), job(), NOW, zero, retry_now=True)
+    assert done.job["next_run_at"] == NOW
+
+
+def test_paused_and_cancelled_jobs_keep_their_state():
+    paused = settle(attempt(), CallOutcome(status_code=200), job(state="paused"), NOW, zero)
+    assert "state" not in paused.job and paused.job["lease_token"] is None
+    cancelled = settle(attempt(), CallOutcome(status_code=200), job(state="cancelled"), NOW, zero)
+    assert "state" not in cancelled.job and "next_run_at" not in cancelled.job
+
+
+def test_off_schedule_runs_never_touch_the_job():
+    failed = settle(attempt(1, origin="trigger"), CallOutcome(status_code=500), None, NOW, zero)
+    assert failed.job is None and failed.retry_at == NOW + timedelta(seconds=5)
+    assert settle(attempt(1, origin="replay"), CallOutcome(status_code=200), None, NOW, zero).job is None
+
+
+def test_the_skipped_range_is_stepped_over():
+    done = settle(attempt(), CallOutcome(status_code=200),
+                  job(skipped_after=NOMINAL, skipped_through=NOMINAL + timedelta(minutes=30)), NOW, zero)
+    assert done.job["nominal_at"] == NOMINAL + timedelta(minutes=31)
+    assert done.job["skipped_after"] is None and done.job["skipped_through"] is None
