@@ -89,7 +89,10 @@ class Limiter(ABC):
 
     def renew(self, specs: Sequence[LimitSpec], holder: str, lease_s: float,
               now: float | datetime | None = None) -> None:
-        """Extend `holder`'s slots to now + lease_s; a slot already lost is not taken back."""
+        """Extend `holder`'s slots to now + lease_s (never shorter).
+
+        A slot that was released, or dropped after its lease ran out, is not taken back.
+        """
         self.renew_many([(specs, holder)], lease_s, now)
 
     def renew_many(self, items: Iterable[Request], lease_s: float, now: float | datetime | None = None) -> None:

@@ -14,6 +14,7 @@ host whose DNS answer changed since the API checked it (DNS rebinding) is refuse
 from __future__ import annotations
 
 import http.cookiejar
+import re
 import socket
 from dataclasses import dataclass
 from datetime import datetime
@@ -37,6 +38,8 @@ _BODYLESS = frozenset({"GET", "DELETE"})
 # Enough of an answer's body to keep the connection reusable; the body itself is
 # never used, and a target must not be able to keep a thread busy streaming one.
 _DRAIN_BYTES = 64 * 1024
+# How urllib3 prefixes a connection error with the connection object.
+_CONNECTION_PREFIX = re.compile(r"^(<[^>]*>|\w+\(host=[^)]*\)): ")
 # Distinct hosts whose connection pools are kept (each pool opens connections lazily).
 _HOST_POOLS = 512
 
@@ -127,17 +130,17 @@ class WebhookCaller:
     def call(self, call: WebhookCall) -> CallOutcome:
         """Make one attempt; never raises for a target-side problem."""
         target = call.target
-        method = str(target.get("method") or "POST").upper()
-        timeout_s = float(target.get("timeout_s") or 30)
         try:
+            method = str(target.get("method") or "POST").upper()
+            timeout_s = float(target.get("timeout_s") or 30)
             body = b"" if method in _BODYLESS else encode_payload(call.payload)
             headers = _request_headers(call, method, body)
-        except (TypeError, ValueError) as exc:  # a payload that is not JSON
-            return CallOutcome(error=f"cannot encode the request: {exc}", retryable_error=False)
+        except (TypeError, ValueError) as exc:  # a payload that is not JSON, a bad timeout_s
+            return CallOutcome(error=f"cannot build the request: {exc}", retryable_error=False)
         try:
             response = self._session.request(
                 method,
-                target["url"],
+                target.get("url") or "",
                 data=body if method not in _BODYLESS else None,
                 headers=headers,
                 timeout=(timeout_s, timeout_s),
@@ -199,10 +202,8 @@ def _connection_error_text(exc: requests.ConnectionError) -> str:
     """The innermost reason of a connection failure, without urllib3's wrapping."""
     reason: BaseException | None = exc.args[0] if exc.args and isinstance(exc.args[0], BaseException) else None
     reason = getattr(reason, "reason", None) or reason  # MaxRetryError -> NewConnectionError
-    text = str(reason or exc)
-    # "<urllib3.connection.HTTPConnection object at 0x..>: Failed to ..." -> "Failed to ..."
-    if text.startswith("<") and ">: " in text:
-        text = text.split(">: ", 1)[1]
+    # "HTTPConnection(host='h', port=80): Failed to ..." -> "Failed to ..."
+    text = _CONNECTION_PREFIX.sub("", str(reason or exc))
     return f"connection failed: {text}"
 
 

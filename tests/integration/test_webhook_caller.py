@@ -257,3 +257,9 @@ def test_many_threads_share_one_caller(sink, received, caller):
         outcomes = list(pool.map(lambda _: caller.call(make_call(url(sink))), range(200)))
     assert all(o.status_code == 200 for o in outcomes)
     assert len(received) == 200
+
+
+def test_a_payload_that_is_not_json_is_an_outcome_not_an_exception(caller):
+    call = WebhookCall(JOB_ID, SCHEDULED_FOR, 1, {"url": "http://127.0.0.1:9/"}, {"x": object()}, SECRET)
+    outcome = caller.call(call)
+    assert outcome.error.startswith("cannot build the request") and not outcome.retryable_error
