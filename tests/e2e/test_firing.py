@@ -13,9 +13,32 @@ from app.registry import registry_for
 from app.sdk.signature import verify_signature
 from app.sharding import shard_for
 from app.timefmt import format_instant, parse_instant, utcnow
+from tests.e2e.conftest import make_env
 from tests.sink import Answer
 
 pytestmark = pytest.mark.e2e
+
+
+def free_port_pair() -> int:
+    """A port p with p and p + 1 free: the worker's two prefork children serve metrics there."""
+    import random
+    import socket
+
+    for _ in range(100):
+        port = random.randint(20000, 40000)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair")
+
+
+@pytest.fixture(scope="module")
+def stack_env(pg_dsns, amqp_url, module_redis_prefix):
+    return make_env(pg_dsns, amqp_url, module_redis_prefix, PUNCTUAL_METRICS_PORT=str(free_port_pair()))
 
 
 def hook(sink, path: str, **target) -> dict:
@@ -168,3 +191,21 @@ def test_pause_cancel_and_trigger_while_a_run_is_in_flight(stack, api, sink):
     assert any(r["scheduled_for"] == triggered_key.split(":", 1)[1] for r in history)
     # Resuming found missed occurrences: run_once ran the latest and recorded the others skipped.
     assert all(r["state"] in ("succeeded", "failed", "skipped") for r in history)
+
+
+def test_workers_expose_prometheus_metrics(stack, stack_env, api, sink):
+    import requests
+
+    api.create(target=hook(sink, "/metered"), schedule={"run_at": format_instant(utcnow())})
+    sink.wait_for(1, "/metered", timeout_s=10)
+    port = int(stack_env["PUNCTUAL_METRICS_PORT"])
+    deadline = time.monotonic() + 10
+    while True:
+        texts = [requests.get(f"http://127.0.0.1:{port + i}/metrics", timeout=5).text for i in range(2)]
+        joined = "\n".join(texts)
+        if 'punctual_runs_total{outcome="succeeded"}' in joined or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    for name in ("punctual_claims_total", "punctual_runs_total", "punctual_start_lateness_seconds_count",
+                 "punctual_stale_completions_total", "punctual_dead_letters_total"):
+        assert name in joined
