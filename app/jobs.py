@@ -166,11 +166,34 @@ def _insert_ignoring_conflict(engine: sa.Engine) -> sa.Insert:
     return _INSERT_IGNORING_CONFLICT[engine.dialect.name]
 
 
+# Cron schedule -> (since, first occurrence after since). Many jobs share an expression
+# ("0 0 * * *"), and croniter costs ~0.3 ms a call, a third of a create.
+_FIRST_FIRE: dict[tuple[Schedule, DstPolicy], tuple[datetime, datetime]] = {}
+_FIRST_FIRE_MAX = 4096
+
+
 def _first_fire(schedule: Schedule, dst: DstPolicy, now: datetime, anchor: datetime) -> datetime | None:
+    """first_fire, remembered for cron schedules while `now` stays before the answer.
+
+    Exact, not approximate: if r is the first occurrence after `since`, none lies in
+    (since, r), so for every now in [since, r) the first occurrence after now is r.
+    A cron schedule ignores `anchor` (only an interval grid uses it), so the
+    expression, bounds, zone and DST policy are the whole key.
+    """
+    key = (schedule, dst)
+    if schedule.kind == "cron":
+        hit = _FIRST_FIRE.get(key)
+        if hit is not None and hit[0] <= now < hit[1]:
+            return hit[1]
     try:
-        return first_fire(schedule, dst, now, anchor)
+        first = first_fire(schedule, dst, now, anchor)
     except OverflowError:  # a schedule whose next occurrence is past year 9999
         return None
+    if schedule.kind == "cron" and first is not None:
+        if len(_FIRST_FIRE) >= _FIRST_FIRE_MAX:
+            _FIRST_FIRE.clear()  # crude but bounded; a miss only costs one computation
+        _FIRST_FIRE[key] = (now, first)
+    return first
 
 
 # --- read --------------------------------------------------------------------------
@@ -190,8 +213,8 @@ def list_jobs(registry: Registry, owner: str, *, state: str | None, name: str | 
     """The owner's jobs, newest first by (created_at, job_id), merged over every DSN."""
     if state is not None and state not in JOB_STATES:
         raise ValidationError.single("state", f"must be one of {', '.join(JOB_STATES)}")
-    if name is not None and ("\x00" in name or len(name) > 1000):
-        raise ValidationError.single("name", "is not a valid job name")
+    if name is not None and "\x00" in name:  # Postgres refuses NUL in text: say so, not 500
+        raise ValidationError.single("name", "must not contain NUL characters")
     position = decode_cursor("j", cursor)
     query = sa.select(jobs).where(jobs.c.owner == owner)
     if state is not None:

@@ -335,3 +335,16 @@ def test_trigger_of_a_finished_job_is_409(alice, api_settings, state):
     set_job(api_settings, job["id"], state=state)
     assert alice.post(f"/jobs/{job['id']}/trigger").status_code == 409
     assert run_rows(api_settings, job["id"]) == []
+
+
+def test_jobs_sharing_a_cron_get_the_same_first_fire_and_it_moves_with_now(alice):
+    from app import jobs
+    from app.schedules import DstPolicy, Schedule
+
+    a = alice.create(schedule={"cron": "*/5 * * * *"})
+    b = alice.create(schedule={"cron": "*/5 * * * *"})
+    assert a["next_run_at"] == b["next_run_at"]
+    schedule = Schedule(kind="cron", cron="*/5 * * * *")
+    at = parse_instant(a["next_run_at"])
+    assert jobs._first_fire(schedule, DstPolicy(), at, at) == at + timedelta(minutes=5)  # not the remembered one
+    assert jobs._first_fire(schedule, DstPolicy(), at - timedelta(seconds=1), at) == at
