@@ -46,10 +46,10 @@ def curl_example(url: str, api_key: str) -> str:
             '"schedule": {"interval_s": 10}}')
     auth = shlex.quote(f"Authorization: Bearer {api_key}")
     return "\n".join([
-        f"curl -s {url}/jobs -H {auth} -H 'Content-Type: application/json' \\",
+        f"curl -s -w '\\n' {url}/jobs -H {auth} -H 'Content-Type: application/json' \\",
         f"  -d {shlex.quote(body)}",
-        f"curl -s {url}/jobs/<id>/runs -H {auth}    # the run history, newest first",
-        f"curl -s {url}/dev/echo    # what the echo target received",
+        f"curl -s -w '\\n' {url}/jobs/<id>/runs -H {auth}    # the run history, newest first",
+        f"curl -s -w '\\n' {url}/dev/echo    # what the echo target received",
     ])
 
 

@@ -1,0 +1,1 @@
+"""Acceptance tier: `punctual dev` started as a user would, and the README run as written."""
