@@ -31,6 +31,7 @@ import sqlalchemy as sa
 
 from app import metrics
 from app.bulk import insert_many, update_many
+from app.outbox import run_row
 from app.pollers.plan import ClaimPlan, plan_claim
 from app.records import retry_of
 from app.schema import jobs, runs
@@ -153,27 +154,6 @@ def _skipped_rows(job: Mapping[str, Any], plan: ClaimPlan, now: datetime) -> lis
 
 
 def _run_row(job: Mapping[str, Any], scheduled_for: datetime, attempt: int, state: str, now: datetime) -> dict:
-    # Every row carries every column: a multi-row INSERT needs one shape.
-    return {
-        "run_id": uuid.uuid4(),
-        "job_id": job["job_id"],
-        "shard": job["shard"],
-        "owner": job["owner"],
-        "origin": "schedule",
-        "scheduled_for": scheduled_for,
-        "attempt": attempt,
-        "state": state,
-        "lease_token": None,
-        "leased_until": None,
-        "due_at": None,
-        "published": True,
-        "target": job["target"],
-        "retry": retry_of(job).to_json(),
-        "started_at": None,
-        "finished_at": None,
-        "lateness_ms": None,
-        "status_code": None,
-        "error": None,
-        "created_at": now,
-        "updated_at": now,
-    }
+    return run_row(job_id=job["job_id"], shard=job["shard"], owner=job["owner"], origin="schedule",
+                   scheduled_for=scheduled_for, attempt=attempt, state=state, target=job["target"],
+                   retry=retry_of(job).to_json(), now=now)

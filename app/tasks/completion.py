@@ -28,6 +28,7 @@ import sqlalchemy as sa
 
 from app import metrics
 from app.bulk import insert_many, update_many
+from app.outbox import run_row
 from app.registry import Registry
 from app.retries import CallOutcome
 from app.schema import jobs, runs
@@ -138,15 +139,11 @@ def _by_shape(rows: Iterable[dict]) -> list[tuple[tuple[str, ...], list[dict]]]:
 
 def _retry_row(run: DispatchRun, settled: Settlement, now: datetime, lease_s: float) -> dict:
     """An off-schedule run's next attempt: its own lease, published by the relay sweep when due."""
-    return {
-        "run_id": uuid.uuid4(), "job_id": run.job_id, "shard": run.shard, "owner": run.owner,
-        "origin": run.origin, "scheduled_for": run.scheduled_for, "attempt": run.attempt + 1,
-        "state": "claimed", "lease_token": uuid.uuid4(),
-        "leased_until": settled.retry_at + timedelta(seconds=lease_s), "due_at": settled.retry_at,
-        "published": False, "target": run.target, "retry": dict(run.retry), "started_at": None,
-        "finished_at": None, "lateness_ms": None, "status_code": None, "error": None,
-        "created_at": now, "updated_at": now,
-    }
+    return run_row(job_id=run.job_id, shard=run.shard, owner=run.owner, origin=run.origin,
+                   scheduled_for=run.scheduled_for, attempt=run.attempt + 1, state="claimed",
+                   target=run.target, retry=dict(run.retry), now=now, lease_token=uuid.uuid4(),
+                   leased_until=settled.retry_at + timedelta(seconds=lease_s), due_at=settled.retry_at,
+                   published=False)
 
 
 def _count(settled: Settlement) -> None:

@@ -104,24 +104,22 @@ class Api:
         return list(reversed(self.request("GET", f"/jobs/{job_id}/runs?limit=500", expect=200)["items"]))
 
     def wait_job(self, job_id: str, predicate, timeout_s: float = 30.0) -> dict:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            current = self.job(job_id)
-            if predicate(current):
-                return current
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id} stayed {current['state']}")
-            time.sleep(0.1)
+        return _wait(lambda: self.job(job_id), predicate, timeout_s, lambda j: f"job {job_id} stayed {j['state']}")
 
     def wait_runs(self, job_id: str, predicate, timeout_s: float = 30.0) -> list[dict]:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            history = self.runs(job_id)
-            if predicate(history):
-                return history
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"runs of {job_id}: {[(r['attempt'], r['state']) for r in history]}")
-            time.sleep(0.1)
+        return _wait(lambda: self.runs(job_id), predicate, timeout_s,
+                     lambda h: f"runs of {job_id}: {[(r['attempt'], r['state']) for r in h]}")
+
+
+def _wait(fetch, predicate, timeout_s: float, describe):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        current = fetch()
+        if predicate(current):
+            return current
+        if time.monotonic() > deadline:
+            raise TimeoutError(describe(current))
+        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
