@@ -1,6 +1,7 @@
 """GET /jobs: newest first across every shard, cursors, filters, stable under inserts."""
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -49,9 +50,12 @@ def test_pagination_is_stable_under_concurrent_inserts(alice):
     before = [alice.create(name="stable")["id"] for _ in range(30)]
     seen, cursor, stop = [], None, threading.Event()
 
+    # A client of its own: Flask's test client is not meant to be shared across threads.
+    other = dataclasses.replace(alice, client=alice.client.application.test_client())
+
     def insert_meanwhile():
         while not stop.is_set():
-            alice.create(name="stable")
+            other.create(name="stable")
 
     inserter = threading.Thread(target=insert_meanwhile)
     inserter.start()
