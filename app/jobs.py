@@ -26,6 +26,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from app.errors import FieldError, ValidationError
 from app.jitter import fire_at
+from app.outbox import run_row
 from app.pagination import Page, decode_cursor, merge_newest, newest_first
 from app.records import dst_columns, dst_of, retry_columns, retry_of, schedule_columns, schedule_of
 from app.registry import Registry
@@ -340,29 +341,11 @@ def insert_run(conn: sa.Connection, job: Mapping[str, Any], *, origin: str, sche
                now: datetime, lease_s: float) -> dict[str, Any]:
     """Insert an off-schedule run (trigger, replay): claimed, due now, with its own lease,
     the job's current target and retry policy, attempt 1 (a fresh retry budget)."""
-    run = {
-        "run_id": uuid.uuid4(),
-        "job_id": job["job_id"],
-        "shard": job["shard"],
-        "owner": job["owner"],
-        "origin": origin,
-        "scheduled_for": scheduled_for,
-        "attempt": 1,
-        "state": "claimed",
-        "lease_token": uuid.uuid4(),
-        "leased_until": now + timedelta(seconds=lease_s),
-        "due_at": now,
-        "published": False,
-        "target": job["target"],
-        "retry": retry_of(job).to_json(),
-        "started_at": None,
-        "finished_at": None,
-        "lateness_ms": None,
-        "status_code": None,
-        "error": None,
-        "created_at": now,
-        "updated_at": now,
-    }
+    run = run_row(
+        job_id=job["job_id"], shard=job["shard"], owner=job["owner"], origin=origin, scheduled_for=scheduled_for,
+        attempt=1, state="claimed", target=job["target"], retry=retry_of(job).to_json(), now=now,
+        lease_token=uuid.uuid4(), leased_until=now + timedelta(seconds=lease_s), due_at=now, published=False,
+    )
     conn.execute(runs.insert().values(run))
     return run
 
