@@ -140,10 +140,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=10000)
     parser.add_argument("--workers", type=int, default=1, help="worker processes (celery -A app worker)")
-    parser.add_argument("--concurrency", type=int, default=2, help="prefork processes per worker")
+    parser.add_argument("--concurrency", type=int, default=(os.cpu_count() or 1) + 1,
+                        help="prefork processes per worker (default: celeryconfig's, cores + 1)")
     parser.add_argument("--threads", type=int, default=256, help="PUNCTUAL_DISPATCH_THREADS")
     parser.add_argument("--shards", type=int, default=16)
-    parser.add_argument("--poll-interval-s", type=float, default=0.5)
+    parser.add_argument("--poll-interval-s", type=float, default=1.0, help="PUNCTUAL_POLL_INTERVAL_S (its default)")
     parser.add_argument("--lead-s", type=float, default=8.0, help="how far ahead the jobs are due")
     parser.add_argument("--timeout-s", type=float, default=300.0)
     args = parser.parse_args()

@@ -143,3 +143,30 @@ def test_a_failed_call_is_settled_with_its_retry(env, sink):
     [run] = runs_of(registry, row["job_id"])
     assert run["state"] == "failed" and run["status_code"] == 503
     assert timedelta(seconds=1.5) < after["next_run_at"] - run["finished_at"] <= timedelta(seconds=2.1)
+
+
+def test_the_worker_path_runs_on_sqlite(tmp_path, sink):
+    """Embedded mode (`punctual dev`): claim, start, call, complete, retry on the SQLite file."""
+    from app.migrate import migrate_all
+    from app.settings import Settings
+
+    dsn = f"sqlite:///{tmp_path / 'registry.sqlite3'}"
+    migrate_all((dsn,))
+    settings = Settings.from_env({"PUNCTUAL_DATABASE_URLS": dsn, "PUNCTUAL_SHARDS": "1",
+                                  "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1", "PUNCTUAL_DATA_DIR": str(tmp_path)})
+    registry = registry_for(settings)
+    create_key(registry, "tests")
+    sink.script("/lite-retry", [Answer(500), Answer(200)])
+    rows = [job_row(1, run_at=utcnow() - timedelta(seconds=1), target=webhook_target(sink.url("/lite"))),
+            job_row(1, run_at=utcnow() - timedelta(seconds=1), target=webhook_target(sink.url("/lite-retry")),
+                    backoff_s=0.01)]
+    context = WorkerContext(settings)
+    try:
+        assert context.dispatcher.dispatch(claim_all(registry, rows)).started == 2
+        wait_until(lambda: job(registry, rows[0]["job_id"])["state"] == "completed")
+        retried = wait_until(lambda: (j := job(registry, rows[1]["job_id"]))["attempt"] == 1 and j)
+        assert retried["state"] == "scheduled" and retried["misfire_exempt"]
+        assert [r["state"] for r in runs_of(registry, rows[1]["job_id"])] == ["failed"]
+    finally:
+        context.close(5)
+        registry.dispose()
