@@ -220,7 +220,9 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         with LocalStack(args.workers, args.threads) as stack:
             result = run(stack.url, stack.api_key)
-            result["server"] = {"workers": args.workers or os.cpu_count(), "threads": args.threads or "default",
+            from app.cli.serve import DEFAULT_THREADS, default_workers
+
+            result["server"] = {"workers": args.workers or default_workers(), "threads": args.threads or DEFAULT_THREADS,
                                 "stored_jobs": stack.count_jobs()}
     result.update(bench="create", cpus=os.cpu_count(), at=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                   command="python -m bench.create " + " ".join(argv if argv is not None else sys.argv[1:]))
