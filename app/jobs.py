@@ -24,7 +24,7 @@ from typing import Any, Mapping
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from app.errors import FieldError, ValidationError
+from app.errors import ValidationError
 from app.jitter import fire_at
 from app.outbox import run_row
 from app.pagination import Page, decode_cursor, merge_newest, newest_first
@@ -69,8 +69,9 @@ def create_job(registry: Registry, owner: str, body: object, idempotency_key: st
     """Validate and insert a job: one INSERT on the job's shard, nothing else.
 
     With an Idempotency-Key, a repeated request answers the existing job (created
-    False) when its body is equal JSON, and raises Conflict otherwise; so does a
-    repeat whose body no longer validates (the key's first answer stands).
+    False) when its body is equal JSON, and raises Conflict otherwise. A repeat whose
+    body no longer validates (say its host stopped resolving) is answered the same
+    way: the key's first answer stands, as Stripe's do.
     """
     if idempotency_key is None:
         job_id, request_hash = uuid.uuid4(), None
@@ -79,7 +80,8 @@ def create_job(registry: Registry, owner: str, body: object, idempotency_key: st
             raise ValidationError.single("Idempotency-Key", f"must be 1 to {IDEMPOTENCY_KEY_MAX} characters")
         job_id = uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{owner}\n{idempotency_key}")
         request_hash = body_hash(body)
-    engine = registry.engine_for_shard(shard_for(job_id, registry.settings.shards))
+    shard = shard_for(job_id, registry.settings.shards)
+    engine = registry.engine_for_shard(shard)
     try:
         spec = validate_job(body, allow_private=registry.settings.allow_private_targets)
         first = _first_fire(spec.schedule, spec.dst, now, now)
@@ -94,7 +96,7 @@ def create_job(registry: Registry, owner: str, body: object, idempotency_key: st
         raise
     row = {
         "job_id": job_id,
-        "shard": shard_for(job_id, registry.settings.shards),
+        "shard": shard,
         "owner": owner,
         "name": spec.name,
         "target": spec.target,

@@ -10,7 +10,7 @@ import pytest
 from app.api import create_app
 from app.timefmt import parse_instant, utcnow
 from tests.integration.api_fixtures import (  # noqa: F401  (fixtures)
-    WEBHOOK, alice, api_app, api_settings, bob, job_body, job_row, run_rows, set_job,
+    alice, api_app, api_settings, bob, job_body, job_row, run_rows, set_job,
 )
 
 pytestmark = pytest.mark.integration
