@@ -208,7 +208,8 @@ def _paths() -> dict:
         "/jobs": {
             "post": _op("Create job", {
                 "201": _ok("created", "Job", _LOCATION),
-                "200": _ok("the job an earlier request with this Idempotency-Key created", "Job", _LOCATION),
+                "200": _ok("the job an earlier request with this Idempotency-Key created", "Job", {
+                    **_LOCATION, "Idempotent-Replayed": {"schema": {"const": "true"}, "description": "a replayed answer"}}),
             }, "400 401 409 413 415 422", body="JobCreate", params=[{
                 "name": "Idempotency-Key", "in": "header", "required": False,
                 "schema": {"type": "string", "minLength": 1, "maxLength": 255}}]),
