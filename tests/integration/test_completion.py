@@ -190,3 +190,17 @@ def test_run_all_catch_up_jumps_past_the_skipped_range(registry):
     after = job(registry, run.job_id)
     assert after["nominal_at"] == base + timedelta(seconds=11)
     assert after["skipped_after"] is None and after["skipped_through"] is None
+
+
+def test_the_next_occurrence_follows_the_jobs_zone_and_is_stored_in_utc(registry):
+    """Invariant 7: 09:00 in New York is 14:00Z before the spring change and 13:00Z after it."""
+    from datetime import datetime, timezone
+
+    before_change = datetime(2026, 3, 7, 14, 0, tzinfo=timezone.utc)
+    row = job_row(16, cron="0 9 * * *", first=before_change, misfire="run_all")
+    row["timezone"] = "America/New_York"
+    [run] = started(registry, [row])
+    finish(registry, run, OK)
+    after = job(registry, run.job_id)
+    assert after["nominal_at"] == datetime(2026, 3, 8, 13, 0, tzinfo=timezone.utc)
+    assert after["nominal_at"].utcoffset() == timedelta(0)

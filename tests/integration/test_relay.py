@@ -110,3 +110,20 @@ def test_triggered_runs_are_swept_at_once(registry, broker):
     [message] = drain("shard-10")
     [entry] = message["runs"]
     assert entry["origin"] == "trigger" and entry["attempt"] == 1
+
+
+def test_one_poll_tick_drains_a_burst_and_sweeps(registry, broker):
+    """A poll keeps claiming while batches come back full (within the budget), then sweeps."""
+    from app.jobs import trigger_job
+    from app.tasks.poll import poll_shard
+
+    send, drain = broker
+    now = utcnow()
+    rows = [job_row(16, run_at=now - timedelta(seconds=1), shard=12) for _ in range(1200)]
+    later = job_row(16, run_at=now + timedelta(hours=1), shard=12)
+    insert_jobs(registry, rows + [later])
+    trigger_job(registry, "tests", str(later["job_id"]), now)
+    report = poll_shard(registry.settings, registry.engine_for_shard(12), 12, send)
+    assert report == {"shard": 12, "claimed": 1200, "batches": 3, "swept": 1}
+    entries = [e for m in drain("shard-12") for e in m["runs"]]
+    assert len(entries) == 1201 and len({e["run_id"] for e in entries}) == 1201
