@@ -111,8 +111,10 @@ class Settings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> "Settings":
         env = dict(os.environ if environ is None else environ)
+        # PUNCTUAL_URL/PUNCTUAL_API_KEY are the client commands'; PUNCTUAL_TEST_* the
+        # test harness's (scripts/test, .ci/run), inherited by every process a test starts.
         unknown = sorted(k for k in env if k.startswith("PUNCTUAL_") and k not in _NAMES
-                         and k not in ("PUNCTUAL_URL", "PUNCTUAL_API_KEY"))
+                         and k not in ("PUNCTUAL_URL", "PUNCTUAL_API_KEY") and not k.startswith("PUNCTUAL_TEST_"))
         if unknown:
             raise SettingsError(f"{unknown[0]}: unknown variable (see `punctual --help`)")
 
