@@ -55,3 +55,9 @@ def test_the_banner_shows_the_credentials_and_examples_that_can_be_taken_out_of_
     assert sdk.startswith("python - <<'EOF'") and sdk.endswith("EOF")
     compile(sdk.split("\n", 1)[1].rsplit("\n", 1)[0], "sdk-example", "exec")  # the heredoc is valid Python
     assert banner.example_block(text, banner.CURL_HEADING) == banner.curl_example("http://127.0.0.1:8123", "pk_abc")
+
+
+def test_the_test_harness_variables_reach_a_child_without_stopping_it():
+    # .ci/run exports PUNCTUAL_TEST_VENV; every child of a test inherits it.
+    plan = stack.child_environment({"PUNCTUAL_TEST_VENV": ".venv"}, Path("/d"))
+    assert Settings.from_env(plan.env).dev_mode
