@@ -66,7 +66,8 @@ def _recordset(table: sa.Table, columns: Sequence[str], rows: Sequence[Mapping[s
     parses it into typed columns faster than a driver can bind row after row.
     """
     spec = ", ".join(f"{c} {_pg_type(table.c[c])}" for c in columns)
-    payload = json.dumps([{c: row[c] for c in columns} for row in rows], default=_json_default)
+    # A key left out is NULL in the recordset: None values need not travel.
+    payload = json.dumps([{c: row[c] for c in columns if row[c] is not None} for row in rows], default=_json_default)
     return f"jsonb_to_recordset(CAST(:rows AS jsonb)) AS v({spec})", {"rows": payload}
 
 
