@@ -210,7 +210,11 @@ def main(argv: list[str] | None = None) -> dict:
     def run(url: str, api_key: str) -> dict:
         if args.warmup:
             measure(url, api_key, args.clients, args.warmup, args.client_procs)
-        return measure(url, api_key, args.clients, args.jobs, args.client_procs)
+        before = os.getloadavg()[0]
+        result = measure(url, api_key, args.clients, args.jobs, args.client_procs)
+        # Whatever else the box runs competes for the same cores: keep it beside the figure.
+        result["load_average_1m"] = {"before": round(before, 2), "after": round(os.getloadavg()[0], 2)}
+        return result
 
     if args.url:
         if not args.api_key:
@@ -231,7 +235,8 @@ def main(argv: list[str] | None = None) -> dict:
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"{result['jobs_per_s']:.0f} jobs/s  ({result['jobs']} jobs, {result['clients']} clients, "
           f"{result['elapsed_s']}s, p50 {result['latency_ms']['p50']} ms, p99 {result['latency_ms']['p99']} ms, "
-          f"{result['failures']} failures)  -> {path}")
+          f"{result['failures']} failures, load {result['load_average_1m']['before']}->{result['load_average_1m']['after']})"
+          f"  -> {path}")
     return result
 
 
