@@ -1,8 +1,18 @@
 """The Punctual Python SDK: `Client`, typed models, one exception tree, webhook signatures.
 
 It needs `requests` and the standard library only: importing it never pulls in
-the server (Flask, SQLAlchemy, Celery). See app.sdk.client for the client,
-app.sdk.errors for the exception tree, and `verify_signature` for webhook receivers:
+the server (Flask, SQLAlchemy, Celery). See app.sdk.client for the client.
+
+Every error is a PunctualError, mapped from the API's problem+json (app.sdk.errors):
+
+    PunctualError
+    +-- TransportError      no HTTP answer (connection refused, timeout)
+    +-- APIError            .status .title .detail .type .errors [FieldProblem(field, message)]
+        +-- BadRequestError (400)  AuthenticationError (401)  NotFoundError (404)
+        +-- ConflictError (409)  PayloadTooLargeError (413)  UnsupportedMediaTypeError (415)
+        +-- ValidationError (422, every invalid field in .errors)  ServerError (5xx)
+
+Webhook receivers check `Punctual-Signature` with `verify_signature`:
 
     from app.sdk import verify_signature, SignatureError
     verify_signature(signing_secret, request.headers["Punctual-Signature"], request.get_data())
