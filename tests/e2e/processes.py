@@ -9,13 +9,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-CELERY = str(Path(os.environ.get("PUNCTUAL_TEST_VENV", "/work/venv")) / "bin" / "celery")
-if not Path(CELERY).exists():  # scripts/test's own venv
-    CELERY = str(REPO / ".venv" / "bin" / "celery")
+# The `celery` script of the venv that runs the tests (scripts/test's .venv in CI).
+CELERY = str(Path(sys.executable).parent / "celery")
 
 
 class Proc:
