@@ -45,6 +45,9 @@ def gunicorn_options(host: str, port: int, workers: int, threads: int, graceful_
         "errorlog": "-",
         "loglevel": "info",
         "proc_name": "punctual-api",
+        # Workers touch a heartbeat file on every loop; on a disk-backed /tmp that
+        # write can block a worker (gunicorn's own advice: use a tmpfs).
+        "worker_tmp_dir": "/dev/shm" if os.path.isdir("/dev/shm") else None,
     }
 
 
