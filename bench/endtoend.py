@@ -56,6 +56,7 @@ def run(jobs: int, workers: int, concurrency: int, shards: int, poll_interval_s:
     from bench.sink import FastSink
     from app.timefmt import utcnow
 
+    load_before = os.getloadavg()  # the box is shared: say how busy it was
     name = f"bench_{uuid.uuid4().hex[:10]}"
     vhost = name
     prefix = f"pt-bench-{uuid.uuid4().hex[:8]}"
@@ -120,7 +121,9 @@ def run(jobs: int, workers: int, concurrency: int, shards: int, poll_interval_s:
             "lateness_max_s": round(max(lateness_s), 3),
             "config": {"workers": workers, "processes_per_worker": concurrency, "dispatch_threads": threads,
                        "shards": shards, "poll_interval_s": poll_interval_s, "physical_dsns": 1},
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+                        "load_average_before": [round(x, 2) for x in load_before],
+                        "load_average_after": [round(x, 2) for x in os.getloadavg()]},
             "at": utcnow().isoformat(),
         }
     finally:
@@ -156,6 +159,7 @@ def main() -> None:
     for key in ("jobs", "runs_started", "starts_per_s", "calls_per_s", "last_start_after_due_s",
                 "last_call_after_due_s", "last_claim_after_due_s", "last_completion_after_due_s", "lateness_p50_s", "lateness_p99_s", "lateness_max_s"):
         print(f"{key:24} {result[key]}")
+    print(f"{'load average before':24} {result['machine']['load_average_before']}")
     print(f"written to {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
 
 
