@@ -120,7 +120,7 @@ def test_retry_after_is_honoured(stack, api, sink):
     job = api.create(target=hook(sink, "/busy"), schedule={"run_at": format_instant(utcnow())},
                      retry={"max_attempts": 3, "backoff_s": 300, "max_backoff_s": 600})
     first, second = sink.wait_for(2, "/busy", timeout_s=15)
-    assert 2.0 <= second.at - first.at < 5.0  # Retry-After: 2, not the 150-300 s backoff
+    assert 2.0 <= second.at - first.at < 15.0  # Retry-After: 2, not the 150-300 s backoff
     api.wait_job(job["id"], lambda j: j["state"] == "completed")
 
 
@@ -161,7 +161,7 @@ def test_a_rate_limit_of_5_per_s_spreads_50_due_jobs_over_about_10s(stack, api, 
     jobs = [api.create(target=target, schedule={"run_at": due}) for _ in range(50)]
     calls = sink.wait_for(50, "/limited", timeout_s=30)
     spread = calls[-1].at - calls[0].at
-    assert 7.0 <= spread <= 16.0  # 5 at once (one second of burst), then 5/s
+    assert 7.0 <= spread <= 20.0  # 5 at once (one second of burst), then 5/s: about 9 s
     for job in jobs[:10]:
         history = api.wait_runs(job["id"], lambda h: h and h[-1]["state"] == "succeeded")
         assert [r["attempt"] for r in history] == [1]  # held runs spent no attempt
