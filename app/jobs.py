@@ -22,7 +22,8 @@ from datetime import datetime, timedelta
 from typing import Any, Mapping
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
+from psycopg.types.json import Jsonb
+from sqlalchemy.dialects import sqlite
 
 from app.errors import ValidationError
 from app.jitter import fire_at
@@ -120,16 +121,9 @@ def create_job(registry: Registry, owner: str, body: object, idempotency_key: st
         "created_at": now,
         "updated_at": now,
     }
-    # One statement in autocommit: no BEGIN/COMMIT round trips on the hot path. The
-    # statement is built once and the row passed as parameters (SQLAlchemy's
-    # compiled cache and psycopg's prepared statement both hit).
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        if request_hash is None:
-            conn.execute(_INSERT, row)
-            return Created(row, created=True)
-        # RETURNING, not rowcount: with psycopg 3, SQLAlchemy reports -1 for this statement.
-        if conn.execute(_insert_ignoring_conflict(engine), row).first() is not None:
-            return Created(row, created=True)
+    if _insert(engine, row, idempotent=request_hash is not None):
+        return Created(row, created=True)
+    with engine.connect() as conn:
         existing = select_job(conn, owner, job_id)
     if existing is None:  # uuid5 includes the owner: only a deleted row could do this
         raise Conflict("the Idempotency-Key is in use", kind="idempotency-conflict")
@@ -158,15 +152,49 @@ def _same_request(existing: Mapping[str, Any], request_hash: str) -> Mapping[str
     return existing
 
 
-_INSERT = jobs.insert()
-_INSERT_IGNORING_CONFLICT = {
-    "postgresql": postgresql.insert(jobs).on_conflict_do_nothing(index_elements=[jobs.c.job_id]).returning(jobs.c.job_id),
-    "sqlite": sqlite.insert(jobs).on_conflict_do_nothing(index_elements=[jobs.c.job_id]).returning(jobs.c.job_id),
-}
+def _insert(engine: sa.Engine, row: dict[str, Any], *, idempotent: bool) -> bool:
+    """INSERT one job in one statement (autocommit: no BEGIN/COMMIT round trips).
+
+    Idempotent inserts skip a row whose id exists and answer False then (RETURNING,
+    not rowcount: under psycopg 3 SQLAlchemy reports -1 for it). On Postgres the
+    statement goes straight to the pooled driver connection: SQLAlchemy's execution
+    layer cost ~150 us of CPU per create, a tenth of the whole request, on the API's
+    hottest path. Other dialects (the embedded SQLite of `punctual dev`) use Core.
+    """
+    if engine.dialect.name == "postgresql":
+        return _insert_postgres(engine, row, idempotent)
+    statement = _INSERT_IGNORING_CONFLICT if idempotent else jobs.insert()
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        result = conn.execute(statement, row)
+        return not idempotent or result.first() is not None
 
 
-def _insert_ignoring_conflict(engine: sa.Engine) -> sa.Insert:
-    return _INSERT_IGNORING_CONFLICT[engine.dialect.name]
+_INSERT_IGNORING_CONFLICT = (
+    sqlite.insert(jobs).on_conflict_do_nothing(index_elements=[jobs.c.job_id]).returning(jobs.c.job_id)
+)
+_COLUMNS = [column.name for column in jobs.columns]  # the Table is the one source of the column list
+_JSON_COLUMNS = [column.name for column in jobs.columns if isinstance(column.type, sa.JSON)]
+_PG_INSERT = "INSERT INTO jobs ({}) VALUES ({})".format(
+    ", ".join(_COLUMNS), ", ".join(f"%({name})s" for name in _COLUMNS))
+_PG_INSERT_IGNORING_CONFLICT = _PG_INSERT + " ON CONFLICT (job_id) DO NOTHING RETURNING job_id"
+
+
+def _insert_postgres(engine: sa.Engine, row: dict[str, Any], idempotent: bool) -> bool:
+    params = dict(row)
+    for name in _JSON_COLUMNS:  # as SQLAlchemy's JSON type writes them: None is JSON null
+        params[name] = Jsonb(params[name])
+    pooled = engine.raw_connection()  # the registry's pool: pre-ping and recycling as for Core
+    try:
+        driver = pooled.driver_connection
+        driver.autocommit = True
+        try:
+            with driver.cursor() as cursor:
+                cursor.execute(_PG_INSERT_IGNORING_CONFLICT if idempotent else _PG_INSERT, params)
+                return not idempotent or cursor.fetchone() is not None
+        finally:
+            driver.autocommit = False  # the pool hands it out next for transactions
+    finally:
+        pooled.close()
 
 
 # Cron schedule -> (since, first occurrence after since). Many jobs share an expression

@@ -348,3 +348,26 @@ def test_jobs_sharing_a_cron_get_the_same_first_fire_and_it_moves_with_now(alice
     at = parse_instant(a["next_run_at"])
     assert jobs._first_fire(schedule, DstPolicy(), at, at) == at + timedelta(minutes=5)  # not the remembered one
     assert jobs._first_fire(schedule, DstPolicy(), at - timedelta(seconds=1), at) == at
+
+
+def test_the_embedded_sqlite_registry_creates_idempotently_too(tmp_path):
+    """Postgres takes the driver-level INSERT; the SQLite of `punctual dev` goes through Core."""
+    from app.migrate import migrate_all
+    from app.owners import create_key
+    from app.registry import registry_for
+    from app.settings import Settings
+
+    settings = Settings.from_env({"PUNCTUAL_DATA_DIR": str(tmp_path), "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1"})
+    migrate_all(settings.database_urls)
+    registry = registry_for(settings)
+    try:
+        headers = {"Authorization": f"Bearer {create_key(registry, 'solo').api_key}", "Idempotency-Key": "k1"}
+        client = create_app(settings).test_client()
+        first = client.post("/jobs", json=job_body(), headers=headers)
+        again = client.post("/jobs", json=job_body(), headers=headers)
+        other = client.post("/jobs", json=job_body(name="else"), headers=headers)
+        assert (first.status_code, again.status_code, other.status_code) == (201, 200, 409)
+        assert again.get_json() == first.get_json()
+        assert client.post("/jobs", json=job_body(), headers={"Authorization": headers["Authorization"]}).status_code == 201
+    finally:
+        registry.dispose()
