@@ -15,7 +15,8 @@ are internals.md's "Completion of a schedule run" and "Off-schedule runs":
   moves on as after a success.
 - the job's lease is cleared in every case; its state changes only while it is
   `running` (paused stays paused, cancelled stays cancelled, and a cancelled job's
-  next_run_at stays null).
+  next_run_at stays null) -- except that an end (`completed`, or a one-off's
+  `dead`) also ends a paused job: there is nothing left for a resume to run.
 """
 from __future__ import annotations
 
@@ -102,7 +103,7 @@ def _moved_on(job: Mapping[str, Any] | None, attempt: Attempt, dead: bool) -> di
             values.update(skipped_after=None, skipped_through=None)
     if following is None:
         final = "dead" if dead and job["schedule_kind"] == "once" else "completed"
-        if job["state"] == "running":
+        if job["state"] in ("running", "paused"):
             values["state"] = final
         if job["state"] != "cancelled":
             values["next_run_at"] = None

@@ -76,3 +76,15 @@ def test_the_skipped_range_is_stepped_over():
                   job(skipped_after=NOMINAL, skipped_through=NOMINAL + timedelta(minutes=30)), NOW, zero)
     assert done.job["nominal_at"] == NOMINAL + timedelta(minutes=31)
     assert done.job["skipped_after"] is None and done.job["skipped_through"] is None
+
+
+def test_an_end_also_ends_a_paused_job_but_never_a_cancelled_one():
+    one_off = job(schedule_kind="once", run_at=NOMINAL, state="paused")
+    succeeded = settle(attempt(), CallOutcome(status_code=200), one_off, NOW, zero)
+    assert succeeded.job["state"] == "completed" and succeeded.job["next_run_at"] is None
+    dead = settle(attempt(1), CallOutcome(status_code=400), one_off, NOW, zero)
+    assert dead.job["state"] == "dead"
+    past_end = job(state="paused", end_at=NOMINAL + timedelta(seconds=30))
+    assert settle(attempt(), CallOutcome(status_code=200), past_end, NOW, zero).job["state"] == "completed"
+    cancelled = settle(attempt(), CallOutcome(status_code=200), dict(one_off, state="cancelled"), NOW, zero)
+    assert "state" not in cancelled.job
