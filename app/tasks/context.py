@@ -43,9 +43,17 @@ class WorkerContext:
 
     @cached_property
     def queues(self):
+        from app.celery import app as celery_app
         from app.tasks.publish import QueuePublisher
 
-        return QueuePublisher(self.settings.broker())
+        # The broker exactly as Celery reaches it: in `punctual dev` that is the
+        # embedded transport under the data dir, not kombu's stock filesystem one.
+        conf = celery_app.conf
+        return QueuePublisher(
+            self.settings.broker(),
+            transport=conf.broker_transport,
+            transport_options=dict(conf.broker_transport_options or {}),
+        )
 
     @cached_property
     def dispatcher(self):

@@ -58,15 +58,18 @@ class QueuePublisher:
         confirm_timeout_s: float = 10.0,
         connect_timeout_s: float = 5.0,
         transport_options: dict | None = None,
+        transport: str | None = None,
     ):
-        """`transport_options` adds to Punctual's own (the embedded filesystem
-        transport of `punctual dev` needs its data folders there)."""
+        """`transport` and `transport_options` are the Celery app's broker_transport
+        and broker_transport_options (the embedded filesystem transport of
+        `punctual dev` is a class of its own and needs its data folders there)."""
         self.confirm_timeout_s = confirm_timeout_s
         # max_retries=0: kombu's default is to retry connecting forever, which
         # would park a dispatch thread while the broker is down. A failed attempt
         # goes back to the registry, which retries with backoff.
         self._connection = Connection(
             broker_url,
+            transport=transport,
             connect_timeout=connect_timeout_s,
             transport_options={**(transport_options or {}), "confirm_publish": True, "max_retries": 0},
         )

@@ -79,3 +79,24 @@ def test_messages_come_out_oldest_first(folders):
             got.append(message.payload["n"])
             message.ack()
     assert got == list(range(5))
+
+
+def test_a_queue_target_published_on_the_embedded_broker_reaches_a_bound_queue(folders):
+    from datetime import datetime, timezone
+
+    from app.tasks.publish import EXCHANGE, QueueCall, QueuePublisher
+
+    reports = Queue("reports", EXCHANGE, routing_key="reports.*")
+    with _connection(folders) as conn:
+        reports(conn.default_channel).declare()
+    publisher = QueuePublisher("filesystem://", transport=TRANSPORT, transport_options=folders)
+    try:
+        scheduled_for = datetime(2026, 12, 1, tzinfo=timezone.utc)
+        outcome = publisher.publish(QueueCall("job-1", scheduled_for, 1, "reports.daily", {"n": 7}, "secret"))
+        assert outcome.succeeded, outcome
+    finally:
+        publisher.close()
+    with _connection(folders) as conn:
+        message = reports(conn.default_channel).get()
+        assert message is not None and message.headers["Idempotency-Key"] == "job-1:2026-12-01T00:00:00Z"
+        assert message.body in (b'{"n":7}', '{"n":7}')
