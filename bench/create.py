@@ -14,23 +14,18 @@ writes the result as JSON under bench/results/.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import multiprocessing
 import os
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
 import uuid
 from datetime import datetime, timezone
-from pathlib import Path
+from typing import Callable
 from urllib.parse import urlsplit
 
-RESULTS = Path(__file__).parent / "results"
-ADMIN_DSN = os.environ.get("PUNCTUAL_BENCH_PG", os.environ.get("PUNCTUAL_TEST_PG", "postgresql://root@127.0.0.1:5432/postgres"))
+from bench.common import RESULTS, Connection, Stack
 
 
 def job_body(i: int) -> bytes:
@@ -43,52 +38,10 @@ def job_body(i: int) -> bytes:
     }).encode()
 
 
-class _Connection:
-    """A minimal keep-alive HTTP/1.1 client: the load generator must cost the box as
-    little as it can, since it shares the cores with what it measures (http.client
-    spends about twice the CPU per request)."""
-
-    def __init__(self, host: str, port: int):
-        self.address = (host, port)
-        self.sock: socket.socket | None = None
-        self.buffer = b""
-
-    def post(self, path: str, headers: dict[str, str], body: bytes) -> int:
-        if self.sock is None:
-            self.sock = socket.create_connection(self.address, timeout=30)
-            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.buffer = b""
-        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        self.sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {self.address[0]}\r\n{head}"
-                          f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        while b"\r\n\r\n" not in self.buffer:
-            self._read()
-        header, _, self.buffer = self.buffer.partition(b"\r\n\r\n")
-        lines = header.split(b"\r\n")
-        status = int(lines[0].split()[1])
-        length = next(int(l.split(b":", 1)[1]) for l in lines[1:] if l.lower().startswith(b"content-length:"))
-        while len(self.buffer) < length:
-            self._read()
-        self.buffer = self.buffer[length:]
-        if any(l.lower().startswith(b"connection: close") for l in lines[1:]):
-            self.close()
-        return status
-
-    def _read(self) -> None:
-        chunk = self.sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("the server closed the connection")
-        self.buffer += chunk
-
-    def close(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
-
-
-def _client_thread(url: str, api_key: str, jobs: list[int], latencies: list[float], failures: list[str], start: threading.Event) -> None:
+def _client_thread(url: str, api_key: str, jobs: list[int], latencies: list[float], failures: list[str],
+                   start: threading.Event, body: Callable[[int], bytes]) -> None:
     parts = urlsplit(url)
-    conn = _Connection(parts.hostname, parts.port or 80)
+    conn = Connection(parts.hostname, parts.port or 80)
     run = uuid.uuid4().hex[:8]
     start.wait()
     for i in jobs:
@@ -96,7 +49,7 @@ def _client_thread(url: str, api_key: str, jobs: list[int], latencies: list[floa
                    "Idempotency-Key": f"bench-{run}-{i}"}
         began = time.perf_counter()
         try:
-            status = conn.post("/jobs", headers, job_body(i))
+            status = conn.post("/jobs", headers, body(i))
             if status != 201:
                 failures.append(f"HTTP {status}")
         except (OSError, ValueError, StopIteration) as exc:
@@ -107,12 +60,12 @@ def _client_thread(url: str, api_key: str, jobs: list[int], latencies: list[floa
 
 
 def _client_process(args: tuple) -> tuple[list[float], list[str], float, float]:
-    url, api_key, job_ids, threads, start_at = args
+    url, api_key, job_ids, threads, start_at, body = args
     latencies: list[float] = []
     failures: list[str] = []
     start = threading.Event()
     chunks = [job_ids[i::threads] for i in range(threads)]
-    workers = [threading.Thread(target=_client_thread, args=(url, api_key, chunk, latencies, failures, start)) for chunk in chunks]
+    workers = [threading.Thread(target=_client_thread, args=(url, api_key, chunk, latencies, failures, start, body)) for chunk in chunks]
     for worker in workers:
         worker.start()
     time.sleep(max(0.0, start_at - time.time()))  # every process starts at the same wall-clock instant
@@ -123,12 +76,15 @@ def _client_process(args: tuple) -> tuple[list[float], list[str], float, float]:
     return latencies, failures, began, time.time()
 
 
-def measure(url: str, api_key: str, clients: int, jobs: int, client_procs: int) -> dict:
+def measure(url: str, api_key: str, clients: int, jobs: int, client_procs: int,
+            body: Callable[[int], bytes] = job_body) -> dict:
+    """Create `jobs` jobs (request i sends body(i); a picklable callable) with `clients`
+    keep-alive connections over `client_procs` processes."""
     procs = max(1, min(client_procs, clients))
     per_proc = [clients // procs + (1 if p < clients % procs else 0) for p in range(procs)]
     ids = list(range(jobs))
     start_at = time.time() + 1.0
-    work = [(url, api_key, ids[p::procs], per_proc[p], start_at) for p in range(procs)]
+    work = [(url, api_key, ids[p::procs], per_proc[p], start_at, body) for p in range(procs)]
     with multiprocessing.get_context("fork").Pool(procs) as pool:
         results = pool.map(_client_process, work)
     latencies = sorted(l for r in results for l in r[0])
@@ -147,92 +103,23 @@ def measure(url: str, api_key: str, clients: int, jobs: int, client_procs: int) 
 
 
 class LocalStack:
-    """Fresh databases + `punctual api` under gunicorn; torn down on exit."""
+    """Two fresh databases (two physical shards, 16 logical ones) + `punctual api`."""
 
     def __init__(self, workers: int | None, threads: int | None):
+        self.stack = Stack(physical=2)
         self.workers, self.threads = workers, threads
-        self.databases: list[str] = []
-        self.server: subprocess.Popen | None = None
 
     def __enter__(self) -> "LocalStack":
-        import sqlalchemy as sa
-
-        from app.migrate import migrate_all
-        from app.owners import create_key
-        from app.registry import engine_url, registry_for
-        from app.settings import Settings
-
-        self.admin = sa.create_engine(engine_url(ADMIN_DSN), isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
-        for _ in range(2):
-            name = f"bench_{uuid.uuid4().hex[:10]}"
-            with self.admin.connect() as conn:
-                conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-            self.databases.append(name)
-        base = sa.engine.make_url(ADMIN_DSN)
-        dsns = tuple(base.set(database=n).render_as_string(hide_password=False) for n in self.databases)
-        migrate_all(dsns)
-        self.env = {**os.environ, "PUNCTUAL_DATABASE_URLS": ",".join(dsns), "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1"}
-        settings = Settings.from_env({k: v for k, v in self.env.items() if k.startswith("PUNCTUAL_")})
-        registry = registry_for(settings)
-        self.api_key = create_key(registry, "bench").api_key
-        registry.dispose()
-        self.dsns = dsns
-        port = _free_port()
-        command = [sys.executable, "-m", "app.cli", "api", "--host", "127.0.0.1", "--port", str(port)]
-        if self.workers:
-            command += ["--workers", str(self.workers)]
-        if self.threads:
-            command += ["--threads", str(self.threads)]
-        self.server = subprocess.Popen(command, env=self.env, stderr=subprocess.DEVNULL)
-        self.url = f"http://127.0.0.1:{port}"
-        _wait_healthy(self.url)
+        self.stack.__enter__()
+        self.url = self.stack.start_api(self.workers, self.threads)
+        self.api_key = self.stack.api_key
         return self
 
     def count_jobs(self) -> int:
-        import sqlalchemy as sa
+        return self.stack.count_jobs()
 
-        from app.registry import create_engine_for
-
-        total = 0
-        for dsn in self.dsns:
-            engine = create_engine_for(dsn, pool_size=1)
-            with engine.connect() as conn:
-                total += conn.execute(sa.text("SELECT count(*) FROM jobs")).scalar_one()
-            engine.dispose()
-        return total
-
-    def __exit__(self, *_exc) -> None:
-        if self.server is not None:
-            self.server.send_signal(signal.SIGTERM)  # graceful: gunicorn lets requests finish
-            try:
-                self.server.wait(30)
-            except subprocess.TimeoutExpired:
-                self.server.kill()
-        for name in self.databases:
-            with self.admin.connect() as conn:
-                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        self.admin.dispose()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(url: str, timeout_s: float = 30) -> None:
-    parts = urlsplit(url)
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        try:
-            conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=2)
-            conn.request("GET", "/healthz")
-            if conn.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"bench: the API at {url} did not become healthy")
+    def __exit__(self, *exc) -> None:
+        self.stack.__exit__(*exc)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -1,0 +1,352 @@
+"""What the benchmarks share: the stack they build, a cheap HTTP client, the
+figures read from the box (CPU per process tree, Postgres counters, worker
+metrics), percentiles and result files.
+
+`Stack` makes fresh Postgres databases (--physical of them, 16 logical shards),
+an owner and key, and, when asked, a fresh RabbitMQ vhost and Redis prefix, `punctual
+api` (gunicorn), `celery -A app worker` and `celery -A app beat`; leaving the `with`
+stops them all and drops what it made.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from urllib.parse import urlsplit
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PG_ADMIN = os.environ.get("PUNCTUAL_BENCH_PG", os.environ.get("PUNCTUAL_TEST_PG", "postgresql://root@127.0.0.1:5432/postgres"))
+AMQP_BASE = os.environ.get("PUNCTUAL_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672")
+REDIS_URL = os.environ.get("PUNCTUAL_TEST_REDIS", "redis://127.0.0.1:6379/0")
+
+
+def percentile(values, q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def admin_engine():
+    import sqlalchemy as sa
+
+    from app.registry import engine_url
+
+    return sa.create_engine(engine_url(PG_ADMIN), isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Connection:
+    """A minimal keep-alive HTTP/1.1 client: the load generator must cost the box as
+    little as it can, since it shares the cores with what it measures (http.client
+    spends about twice the CPU per request)."""
+
+    def __init__(self, host: str, port: int):
+        self.address = (host, port)
+        self.sock: socket.socket | None = None
+        self.buffer = b""
+
+    def post(self, path: str, headers: dict[str, str], body: bytes) -> int:
+        if self.sock is None:
+            self.sock = socket.create_connection(self.address, timeout=30)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.buffer = b""
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        self.sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {self.address[0]}\r\n{head}"
+                          f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        while b"\r\n\r\n" not in self.buffer:
+            self._read()
+        header, _, self.buffer = self.buffer.partition(b"\r\n\r\n")
+        lines = header.split(b"\r\n")
+        status = int(lines[0].split()[1])
+        length = next(int(l.split(b":", 1)[1]) for l in lines[1:] if l.lower().startswith(b"content-length:"))
+        while len(self.buffer) < length:
+            self._read()
+        self.buffer = self.buffer[length:]
+        if any(l.lower().startswith(b"connection: close") for l in lines[1:]):
+            self.close()
+        return status
+
+    def _read(self) -> None:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("the server closed the connection")
+        self.buffer += chunk
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+def wait_healthy(url: str, timeout_s: float = 30) -> None:
+    parts = urlsplit(url)
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=2)
+            conn.request("GET", "/healthz")
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"bench: the API at {url} did not become healthy")
+
+
+class Stack:
+    """Fresh databases (and, with broker=True, a vhost and Redis prefix) plus the
+    processes started on them; torn down on exit."""
+
+    def __init__(self, physical: int = 2, shards: int = 16, broker: bool = False, env: dict[str, str] | None = None,
+                 dsns: list[str] | None = None):
+        self.physical, self.shards, self.broker = physical, shards, broker
+        self.extra_env = dict(env or {})
+        self.given_dsns = dsns  # attach to these instead of making databases
+        self.databases: list[str] = []
+        self.vhost: str | None = None
+        self.server: subprocess.Popen | None = None
+        self.procs: list = []
+        self.workers: list = []
+        self.log_dir = Path(tempfile.mkdtemp(prefix="punctual-bench-"))
+
+    def __enter__(self) -> "Stack":
+        import sqlalchemy as sa
+
+        from app.migrate import migrate_all
+        from app.owners import create_key
+        from app.registry import registry_for
+        from app.settings import Settings
+
+        self.admin = admin_engine()
+        try:
+            if self.given_dsns:
+                dsns = tuple(self.given_dsns)
+            else:
+                for _ in range(self.physical):
+                    name = f"bench_{uuid.uuid4().hex[:10]}"
+                    with self.admin.connect() as conn:
+                        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+                    self.databases.append(name)
+                base = sa.engine.make_url(PG_ADMIN)
+                dsns = tuple(base.set(database=n).render_as_string(hide_password=False) for n in self.databases)
+            migrate_all(dsns)
+            self.dsns = dsns
+            self.env = {"PUNCTUAL_DATABASE_URLS": ",".join(dsns), "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1",
+                        "PUNCTUAL_SHARDS": str(self.shards)}
+            if self.broker:
+                self.vhost = f"bench_{uuid.uuid4().hex[:10]}"
+                subprocess.run(["rabbitmqctl", "-q", "add_vhost", self.vhost], check=True, capture_output=True)
+                subprocess.run(["rabbitmqctl", "-q", "set_permissions", "-p", self.vhost, "guest", ".*", ".*", ".*"],
+                               check=True, capture_output=True)
+                self.env.update({"PUNCTUAL_BROKER_URL": f"{AMQP_BASE}/{self.vhost}", "PUNCTUAL_REDIS_URL": REDIS_URL,
+                                 "PUNCTUAL_REDIS_PREFIX": f"pt-bench-{uuid.uuid4().hex[:8]}"})
+            self.env.update(self.extra_env)
+            self.settings = Settings.from_env(self.env)
+            self.registry = registry_for(self.settings)
+            self.owner = f"bench-{uuid.uuid4().hex[:6]}"
+            self.api_key = create_key(self.registry, self.owner).api_key
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def start_api(self, workers: int | None = None, threads: int | None = None) -> str:
+        port = free_port()
+        command = [sys.executable, "-m", "app.cli", "api", "--host", "127.0.0.1", "--port", str(port)]
+        if workers:
+            command += ["--workers", str(workers)]
+        if threads:
+            command += ["--threads", str(threads)]
+        self.server = subprocess.Popen(command, env={**os.environ, **self.env}, stderr=subprocess.DEVNULL)
+        self.url = f"http://127.0.0.1:{port}"
+        wait_healthy(self.url)
+        return self.url
+
+    def start_workers(self, count: int, concurrency: int, metrics_port: int | None = None) -> None:
+        """`count` x `celery -A app worker -c concurrency`; with metrics_port, worker i's
+        prefork children serve Prometheus metrics on metrics_port + 100 i + child index."""
+        from tests.e2e.processes import start_worker, wait_ready
+
+        for i in range(count):
+            env = dict(self.env)
+            if metrics_port:
+                env["PUNCTUAL_METRICS_PORT"] = str(metrics_port + 100 * i)
+            proc = start_worker(env, self.log_dir, name=f"w{i}", concurrency=concurrency)
+            self.workers.append(proc)
+            self.procs.append(proc)
+        for proc in self.workers:
+            wait_ready(proc, 0.5)
+
+    def start_beat(self):
+        from tests.e2e.processes import start_beat, wait_ready
+
+        self.beat = start_beat(self.env, self.log_dir)
+        self.procs.append(self.beat)
+        wait_ready(self.beat, 0.5)
+        return self.beat
+
+    def count_jobs(self) -> int:
+        import sqlalchemy as sa
+
+        total = 0
+        for engine in self.registry.engines:
+            with engine.connect() as conn:
+                total += conn.execute(sa.text("SELECT count(*) FROM jobs")).scalar_one()
+        return total
+
+    def __exit__(self, *_exc) -> None:
+        for proc in self.procs:
+            proc.stop()
+        if self.server is not None:
+            self.server.send_signal(signal.SIGTERM)  # graceful: gunicorn lets requests finish
+            try:
+                self.server.wait(30)
+            except subprocess.TimeoutExpired:
+                self.server.kill()
+        from app.registry import _registries
+
+        for key in list(_registries):
+            _registries.pop(key).dispose()
+        for name in self.databases:
+            with self.admin.connect() as conn:
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if self.vhost:
+            subprocess.run(["rabbitmqctl", "-q", "delete_vhost", self.vhost], capture_output=True)
+        self.admin.dispose()
+
+
+# -- figures read from the box ------------------------------------------------------------
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_table() -> dict[int, tuple[int, str, float, float]]:
+    """pid -> (ppid, comm, own cpu seconds, cpu of waited-for children)."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        comm = raw[raw.index("(") + 1: raw.rindex(")")]
+        fields = raw[raw.rindex(")") + 2:].split()
+        # fields[0] is state; utime, stime, cutime, cstime are stat fields 14-17
+        table[int(entry)] = (int(fields[1]), comm, (int(fields[11]) + int(fields[12])) / _TICK,
+                             (int(fields[13]) + int(fields[14])) / _TICK)
+    return table
+
+
+def tree_cpu_s(root: int, table: dict | None = None) -> float:
+    """CPU seconds of a process and its descendants (live ones, plus the waited-for)."""
+    table = table or _proc_table()
+    if root not in table:
+        return 0.0
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, *_rest) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    total, stack = 0.0, [root]
+    while stack:
+        pid = stack.pop()
+        total += table[pid][2] + table[pid][3]
+        stack.extend(children.get(pid, ()))
+    return total
+
+
+def service_roots(table: dict | None = None) -> dict[str, int]:
+    """The top process of each shared service on this box (Postgres, RabbitMQ, Redis)."""
+    table = table or _proc_table()
+    found: dict[str, int] = {}
+    names = {"postgres": "postgres", "beam.smp": "rabbitmq", "redis-server": "redis"}
+    for pid, (ppid, comm, *_rest) in sorted(table.items()):
+        name = names.get(comm)
+        if name and name not in found and table.get(ppid, (0, ""))[1] != comm:
+            found[name] = pid
+    return found
+
+
+def cpu_snapshot(roots: dict[str, list[int]]) -> dict[str, float]:
+    table = _proc_table()
+    return {name: sum(tree_cpu_s(pid, table) for pid in pids) for name, pids in roots.items()}
+
+
+def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {name: round(after[name] - before.get(name, 0.0), 2) for name in after}
+
+
+def pg_counters(dsns) -> dict[str, int]:
+    """Commits and rows written in the bench's databases (pg_stat_*; Postgres
+    publishes a backend's counts within ~1 s of a commit, ~10 s when it goes idle)."""
+    import sqlalchemy as sa
+
+    from app.registry import engine_url
+
+    totals = {"xact_commit": 0, "n_tup_ins": 0, "n_tup_upd": 0, "n_tup_del": 0}
+    for dsn in dsns:
+        engine = sa.create_engine(engine_url(dsn), poolclass=sa.pool.NullPool)
+        with engine.connect() as conn:
+            totals["xact_commit"] += conn.execute(sa.text(
+                "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")).scalar_one()
+            ins, upd, dele = conn.execute(sa.text(
+                "SELECT coalesce(sum(n_tup_ins), 0), coalesce(sum(n_tup_upd), 0), coalesce(sum(n_tup_del), 0)"
+                " FROM pg_stat_user_tables")).one()
+            totals["n_tup_ins"] += int(ins)
+            totals["n_tup_upd"] += int(upd)
+            totals["n_tup_del"] += int(dele)
+        engine.dispose()
+    return totals
+
+
+def scrape_counter(ports, name: str) -> float:
+    """Sum of a Prometheus counter over the worker children serving metrics on `ports`."""
+    total = 0.0
+    for port in ports:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/metrics")
+            text = conn.getresponse().read().decode()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith(name) and not line.startswith(name + "_created") and not line.startswith("#"):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def machine() -> dict:
+    return {"cpus": os.cpu_count(), "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30),
+            "python": platform.python_version(), "platform": platform.platform(),
+            "note": "Postgres, RabbitMQ, Redis, the API, beat, the workers, the sink and the bench share one box"}
+
+
+def stamp() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def write_result(kind: str, result: dict, label: str = "") -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    result.setdefault("bench", kind)
+    result.setdefault("at", datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    result.setdefault("command", "python -m bench." + kind + " " + " ".join(sys.argv[1:]))
+    path = RESULTS / f"{kind}{'-' + label if label else ''}-{stamp()}.json"
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return path
+
+
+def shown(path: Path) -> str:
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
