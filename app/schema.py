@@ -202,3 +202,15 @@ api_keys = sa.Table(
     sa.Column("owner", sa.Text(), sa.ForeignKey("owners.owner"), nullable=False),
     sa.Column("created_at", UTCDateTime(), nullable=False),
 )
+
+# The limits of a named limits key: those of the job most recently created or
+# updated with it (API.md "Limits"). On the home DSN, like owners.
+limit_keys = sa.Table(
+    "limit_keys",
+    metadata,
+    sa.Column("owner", sa.Text(), primary_key=True),
+    sa.Column("name", sa.Text(), primary_key=True),
+    sa.Column("rate_per_s", sa.Float(), nullable=True),
+    sa.Column("max_concurrency", sa.Integer(), nullable=True),
+    sa.Column("updated_at", UTCDateTime(), nullable=False),
+)

@@ -60,18 +60,28 @@ def target_origin(target: Mapping[str, Any]) -> str:
     return f"{scheme}://{host}:{port}"
 
 
-def limit_specs(owner: str, target: Mapping[str, Any], settings: Any) -> list[LimitSpec]:
+def limit_specs(
+    owner: str,
+    target: Mapping[str, Any],
+    settings: Any,
+    named: Mapping[tuple[str, str], tuple[float | None, int | None]] | None = None,
+) -> list[LimitSpec]:
     """The specs a run of `owner`'s job with `target` must pass (possibly none).
 
     `settings` needs `target_rate_per_s` and `target_max_concurrency` (0 = none).
+    `named` maps (owner, key name) to the limits recorded for that named key (those
+    of the job most recently created or updated with it: app.limits.keys); a named
+    key found there takes those limits instead of this run's own snapshot.
     """
     origin = target_origin(target)
     scope = f"owner:{quote(str(owner), safe='')}"  # quoted: no owner name can forge another's key
     specs: list[LimitSpec] = []
     limits = target.get("limits") or {}
+    name = limits.get("key")
     rate, concurrency = limits.get("rate_per_s"), limits.get("max_concurrency")
+    if name and named and (str(owner), str(name)) in named:
+        rate, concurrency = named[(str(owner), str(name))]
     if rate or concurrency:
-        name = limits.get("key")
         key = f"{scope}:key:{name}" if name else f"{scope}:{origin}"
         specs.append(LimitSpec(key, float(rate) if rate else None, int(concurrency) if concurrency else None))
     default_rate = float(getattr(settings, "target_rate_per_s", 0) or 0)

@@ -36,6 +36,12 @@ class WorkerContext:
         return limiter_for(self.settings)
 
     @cached_property
+    def limit_keys(self):
+        from app.limits.keys import LimitKeyDirectory
+
+        return LimitKeyDirectory(self.registry)
+
+    @cached_property
     def webhooks(self):
         from app.tasks.webhook import WebhookCaller
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from app import metrics
 from app.limits import limit_specs
+from app.limits.keys import named_key
 from app.retries import CallOutcome
 from app.tasks import lease
 from app.tasks.buffer import CompletionBuffer
@@ -89,7 +90,9 @@ class Dispatcher:
     def _admit_and_start(self, part: list[DispatchRun]) -> tuple[list[_Call], int, int]:
         context, settings = self.context, self.context.settings
         now = utcnow()
-        specs = [limit_specs(run.owner, run.target, settings) for run in part]
+        named_pairs = {(run.owner, key) for run in part if (key := named_key(run.target))}
+        named = context.limit_keys.lookup_many(named_pairs) if named_pairs else None
+        specs = [limit_specs(run.owner, run.target, settings, named) for run in part]
         admissions = context.limiter.acquire_many(
             [(spec, str(run.run_id)) for run, spec in zip(part, specs)], now, settings.lease_s
         )

@@ -129,3 +129,22 @@ def test_the_default_settings_cap_concurrency_at_200():
 def test_limited():
     assert not LimitSpec("k").limited
     assert LimitSpec("k", rate_per_s=1).limited and LimitSpec("k", max_concurrency=1).limited
+
+
+def test_a_named_key_takes_the_limits_recorded_for_it_not_the_runs_snapshot():
+    from types import SimpleNamespace
+
+    no_defaults = SimpleNamespace(target_rate_per_s=0, target_max_concurrency=0)
+    target = {"type": "webhook", "url": "https://a.example/x",
+              "limits": {"key": "billing", "rate_per_s": 50, "max_concurrency": 20}}
+    recorded = {("acme", "billing"): (5.0, None)}
+    (spec,) = limit_specs("acme", target, no_defaults, recorded)
+    assert (spec.rate_per_s, spec.max_concurrency) == (5.0, None)
+    # Another owner's record of the same name is not this owner's key.
+    (own,) = limit_specs("other", target, no_defaults, recorded)
+    assert (own.rate_per_s, own.max_concurrency) == (50.0, 20)
+    # The most recent job named the key without numbers: the key has no limits.
+    assert limit_specs("acme", target, no_defaults, {("acme", "billing"): (None, None)}) == []
+    # No named key: the record is irrelevant.
+    unnamed = {"type": "webhook", "url": "https://a.example/x", "limits": {"rate_per_s": 3}}
+    assert limit_specs("acme", unnamed, no_defaults, recorded)[0].rate_per_s == 3.0
