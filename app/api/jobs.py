@@ -34,7 +34,8 @@ def create_job():
 @bp.get("/jobs")
 def list_jobs():
     args = request.args
-    page = jobs.list_jobs(_registry(), g.owner, state=args.get("state"), name=args.get("name"),
+    # An empty parameter (`?state=&name=`, as forms send them) means no filter.
+    page = jobs.list_jobs(_registry(), g.owner, state=args.get("state") or None, name=args.get("name") or None,
                           limit=parse_limit(args.get("limit")), cursor=args.get("cursor"))
     return json_response(page_json(page, job_json))
 

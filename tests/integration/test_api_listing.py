@@ -81,6 +81,7 @@ def test_filters_state_and_exact_name(alice, api_settings):
     assert [j["id"] for j in walk(alice, name="report")] == [b["id"], a["id"]]
     assert [j["id"] for j in walk(alice, name="report", state="paused")] == [b["id"]]
     assert walk(alice, name="Report") == []
+    assert len(walk(alice, name="", state="", limit="", cursor="")) == 3  # empty parameters are no filter
 
 
 def test_owners_see_only_their_jobs(alice, bob):
