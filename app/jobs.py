@@ -7,15 +7,13 @@ concurrent API call, poller claim or worker completion cannot interleave into an
 invalid state; docs/internals.md ("API verbs") is the contract implemented here.
 Lock order, as everywhere in Punctual: the job row, then its run rows.
 
-Idempotent create: with an Idempotency-Key the job id is uuid5(owner, key), so the
+Idempotent create (app.idempotency): with an Idempotency-Key the job id is uuid5(owner, key), so the
 key names the shard and the primary key is the uniqueness check (no global table).
 The first INSERT wins; every other request with that key reads the winner and
 compares request hashes: equal bodies answer the same job, different ones Conflict.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -26,7 +24,9 @@ from psycopg.types.json import Jsonb
 from sqlalchemy.dialects import sqlite
 
 from app.errors import ValidationError
+from app import idempotency
 from app.jitter import fire_at
+from app.limits.keys import record_limit_key
 from app.outbox import run_row
 from app.pagination import Page, decode_cursor, merge_newest, newest_first
 from app.records import dst_columns, dst_of, retry_columns, retry_of, schedule_columns, schedule_of
@@ -37,9 +37,6 @@ from app.sharding import shard_for
 from app.timefmt import truncate_to_ms
 from app.validation import validate_changes, validate_job
 
-# Fixed forever: changing it would give every existing Idempotency-Key a new job id.
-IDEMPOTENCY_NAMESPACE = uuid.UUID("5b0e4f3c-2f6a-4d7e-9a51-7c1f0d3e8b21")
-IDEMPOTENCY_KEY_MAX = 255
 LIVE_STATES = ("scheduled", "running", "paused")  # the states a job can still change from
 FINAL_STATES = ("completed", "cancelled", "dead")
 
@@ -67,7 +64,8 @@ class Created:
 
 
 def create_job(registry: Registry, owner: str, body: object, idempotency_key: str | None, now: datetime) -> Created:
-    """Validate and insert a job: one INSERT on the job's shard, nothing else.
+    """Validate and insert a job: one INSERT on the job's shard (plus, only for a target
+    with a named limits key, that key's limits on the home DSN).
 
     With an Idempotency-Key, a repeated request answers the existing job (created
     False) when its body is equal JSON, and raises Conflict otherwise. A repeat whose
@@ -77,10 +75,7 @@ def create_job(registry: Registry, owner: str, body: object, idempotency_key: st
     if idempotency_key is None:
         job_id, request_hash = uuid.uuid4(), None
     else:
-        if not 1 <= len(idempotency_key) <= IDEMPOTENCY_KEY_MAX:
-            raise ValidationError.single("Idempotency-Key", f"must be 1 to {IDEMPOTENCY_KEY_MAX} characters")
-        job_id = uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{owner}\n{idempotency_key}")
-        request_hash = body_hash(body)
+        job_id, request_hash = idempotency.job_id_for(owner, idempotency_key), idempotency.body_hash(body)
     shard = shard_for(job_id, registry.settings.shards)
     engine = registry.engine_for_shard(shard)
     try:
@@ -122,28 +117,13 @@ def create_job(registry: Registry, owner: str, body: object, idempotency_key: st
         "updated_at": now,
     }
     if _insert(engine, row, idempotent=request_hash is not None):
+        record_limit_key(registry, owner, spec.target, now)  # a named key: nothing otherwise
         return Created(row, created=True)
     with engine.connect() as conn:
         existing = select_job(conn, owner, job_id)
     if existing is None:  # uuid5 includes the owner: only a deleted row could do this
         raise Conflict("the Idempotency-Key is in use", kind="idempotency-conflict")
     return Created(_same_request(existing, request_hash), created=False)
-
-
-def body_hash(body: object) -> str:
-    """sha256 of the body as canonical JSON: equal JSON gives equal hashes (1 == 1.0)."""
-    text = json.dumps(_canonical(body), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def _canonical(value: Any) -> Any:
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {key: _canonical(child) for key, child in value.items()}
-    if isinstance(value, list):
-        return [_canonical(child) for child in value]
-    return value
 
 
 def _same_request(existing: Mapping[str, Any], request_hash: str) -> Mapping[str, Any]:
@@ -303,9 +283,12 @@ def patch_job(registry: Registry, owner: str, job_id: str, body: object, now: da
         moved = (schedule, dst, jitter_s) != (schedule_of(row), dst_of(row), row["jitter_s"])
         if moved and row["lease_token"] is None:
             values.update(_cursor_at(key, schedule, dst, jitter_s, now, row["created_at"], row["state"]))
-        return conn.execute(
+        patched = conn.execute(
             jobs.update().where(jobs.c.job_id == key).values(values).returning(*jobs.c)
         ).mappings().one()
+    if "target" in changes:  # the key's limits become this job's (API.md "Limits")
+        record_limit_key(registry, owner, changes["target"], now)
+    return patched
 
 
 def _cursor_at(job_id: uuid.UUID, schedule: Schedule, dst: DstPolicy, jitter_s: int,

@@ -371,3 +371,22 @@ def test_the_embedded_sqlite_registry_creates_idempotently_too(tmp_path):
         assert client.post("/jobs", json=job_body(), headers={"Authorization": headers["Authorization"]}).status_code == 201
     finally:
         registry.dispose()
+
+
+def test_a_named_limits_key_takes_the_limits_of_the_job_last_created_or_updated_with_it(alice, bob, api_settings):
+    from app.limits.keys import LimitKeyDirectory
+    from app.registry import registry_for
+
+    def limits_of(owner):
+        return LimitKeyDirectory(registry_for(api_settings), ttl_s=0).lookup_many([(owner, "billing-api")]).get((owner, "billing-api"))
+
+    target = {"type": "webhook", "url": "http://127.0.0.1:9/hook", "limits": {"key": "billing-api", "rate_per_s": 50}}
+    first = alice.create(target=target)
+    assert limits_of(alice.owner) == (50.0, None)
+    alice.create(target={**target, "limits": {"key": "billing-api", "max_concurrency": 3}})
+    assert limits_of(alice.owner) == (None, 3)
+    alice.patch(f"/jobs/{first['id']}", json={"target": {**target, "limits": {"key": "billing-api", "rate_per_s": 7}}})
+    assert limits_of(alice.owner) == (7.0, None)
+    assert limits_of(bob.owner) is None  # scoped to the owner
+    alice.patch(f"/jobs/{first['id']}", json={"name": "renamed"})  # no target: the key keeps its limits
+    assert limits_of(alice.owner) == (7.0, None)

@@ -180,3 +180,15 @@ def test_instants_outside_years_1000_to_9999_are_422(schedule, field):
     with pytest.raises(ValidationError) as exc:
         validate_job(body(schedule=schedule), allow_private=False)
     assert fields_of(exc) == [field]
+
+
+def test_idempotency_keys_name_one_job_per_owner_and_equal_json_hashes_alike():
+    from app.idempotency import body_hash, job_id_for
+
+    assert job_id_for("alice", "k") == job_id_for("alice", "k") != job_id_for("bob", "k")
+    assert body_hash({"a": 1, "b": [1.0, {"c": 2}]}) == body_hash({"b": [1, {"c": 2.0}], "a": 1.0})
+    assert body_hash({"a": 1}) != body_hash({"a": 2})
+    for bad in ("", "k" * 256):
+        with pytest.raises(ValidationError) as exc:
+            job_id_for("alice", bad)
+        assert fields_of(exc) == ["Idempotency-Key"]
