@@ -76,7 +76,7 @@ def _wait_calls(sink: FastSink, jobs: int, due: datetime, timeout_s: float, stal
         now = time.time()
         if sink.count != last:
             last, last_change = sink.count, now
-        if now > deadline or (now > due.timestamp() and now - last_change > stall_s):
+        if now > deadline or now - max(last_change, due.timestamp()) > stall_s:
             print(f"  stopped waiting: {sink.count - base} of {jobs} calls")
             return
         time.sleep(0.05)
