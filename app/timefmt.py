@@ -42,9 +42,11 @@ def parse_instant(text: object) -> datetime:
         tz = timezone(sign * timedelta(hours=hours, minutes=minutes))
     try:
         local = datetime(int(year), int(month), int(day), int(hour), int(minute), int(second), micros, tzinfo=tz)
+        return local.astimezone(UTC)
     except ValueError as exc:  # 2026-02-30, hour 24, leap second 60
         raise ValueError(f"is not a valid date-time ({exc})") from None
-    return local.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00:00+01:00 is before datetime.min in UTC
+        raise ValueError("is out of the supported range of instants") from None
 
 
 def format_instant(moment: datetime) -> str:
@@ -56,7 +58,8 @@ def format_instant(moment: datetime) -> str:
     if moment.tzinfo is None:
         raise ValueError("naive datetime: every instant in Punctual is aware UTC")
     moment = moment.astimezone(UTC)
-    text = moment.strftime("%Y-%m-%dT%H:%M:%S")
+    # Not strftime("%Y"): glibc does not pad years below 1000 to four digits.
+    text = f"{moment.year:04d}-{moment:%m-%dT%H:%M:%S}"
     if moment.microsecond:
         if moment.microsecond % 1000 == 0:
             text += f".{moment.microsecond // 1000:03d}"
@@ -67,7 +70,7 @@ def format_instant(moment: datetime) -> str:
 
 def format_local(moment: datetime) -> str:
     """Print an aware datetime as RFC 3339 with its own offset (schedule previews)."""
-    text = moment.strftime("%Y-%m-%dT%H:%M:%S")
+    text = f"{moment.year:04d}-{moment:%m-%dT%H:%M:%S}"
     if moment.microsecond:
         text += f".{moment.microsecond:06d}".rstrip("0")
     offset = moment.utcoffset() or timedelta(0)
