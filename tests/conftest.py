@@ -8,6 +8,7 @@ depends on leftovers.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import uuid
@@ -88,18 +89,27 @@ def amqp_url():
     subprocess.run(["rabbitmqctl", "-q", "delete_vhost", vhost], capture_output=True)
 
 
-@pytest.fixture
-def redis_prefix():
-    """A unique Redis key prefix; every key under it is deleted afterwards."""
+@contextlib.contextmanager
+def unique_redis_prefix(label: str = "test"):
+    """A unique Redis key prefix; every key under it is deleted on exit."""
     import redis
 
-    prefix = f"pt-test-{uuid.uuid4().hex[:12]}"
-    yield prefix
-    client = redis.Redis.from_url(REDIS_URL)
-    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-    if keys:
-        client.delete(*keys)
-    client.close()
+    prefix = f"pt-{label}-{uuid.uuid4().hex[:12]}"
+    try:
+        yield prefix
+    finally:
+        client = redis.Redis.from_url(REDIS_URL)
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        if keys:
+            client.delete(*keys)
+        client.close()
+
+
+@pytest.fixture
+def redis_prefix():
+    """A unique Redis key prefix for one test; every key under it is deleted afterwards."""
+    with unique_redis_prefix() as prefix:
+        yield prefix
 
 
 @pytest.fixture

@@ -8,16 +8,14 @@ and `stack` a worker and a beat shared by the module's tests.
 from __future__ import annotations
 
 import time
-import uuid
 
 import pytest
-import redis
 
 from app.api import create_app
 from app.owners import create_key
 from app.registry import registry_for
 from app.settings import Settings
-from tests.conftest import REDIS_URL
+from tests.conftest import REDIS_URL, unique_redis_prefix
 from tests.e2e.processes import start_beat, start_worker, wait_ready
 from tests.sink import Sink
 
@@ -46,13 +44,8 @@ def make_env(pg_dsns, amqp_url, prefix: str, **overrides: str) -> dict[str, str]
 
 @pytest.fixture(scope="module")
 def module_redis_prefix():
-    prefix = f"pt-e2e-{uuid.uuid4().hex[:12]}"
-    yield prefix
-    client = redis.Redis.from_url(REDIS_URL)
-    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-    if keys:
-        client.delete(*keys)
-    client.close()
+    with unique_redis_prefix("e2e") as prefix:
+        yield prefix
 
 
 @pytest.fixture(scope="module")
