@@ -167,6 +167,8 @@ def run(args) -> dict:
            "PUNCTUAL_DISPATCH_THREADS": str(args.threads)}
     if args.claim_batch:
         env["PUNCTUAL_CLAIM_BATCH"] = str(args.claim_batch)
+    if args.poll_budget_s:
+        env["PUNCTUAL_POLL_BUDGET_S"] = str(args.poll_budget_s)
     stack = Stack(physical=args.physical, shards=args.shards, broker=True, env=env,
                   dsns=args.shard_dsns.split(",") if args.shard_dsns else None)
     try:
@@ -176,11 +178,23 @@ def run(args) -> dict:
             stack.start_api(args.api_workers)
             from bench.create import measure
 
-            lead_s = args.lead_s or (args.jobs / 500 + 20)
+            lead_s = args.lead_s or (args.jobs / 5000 + 20 if args.direct else args.jobs / 500 + 20)
             due = (datetime.now(timezone.utc) + timedelta(seconds=lead_s)).replace(microsecond=0)
             body = functools.partial(job_body, sink.url("/burst"), due.isoformat().replace("+00:00", "Z"))
-            print(f"registering         {args.jobs:,} jobs due at {due:%H:%M:%S} (in {lead_s:.0f} s), {args.clients} clients")
-            registration = measure(stack.url, stack.api_key, args.clients, args.jobs, args.client_procs, body=body)
+            if args.direct:  # the firing path alone: the API's rows, written straight into the registry
+                from tests.rows import insert_jobs, job_row, webhook_target
+
+                began = time.perf_counter()
+                target = webhook_target(sink.url("/burst"))
+                insert_jobs(stack.registry, [job_row(args.shards, owner=stack.owner, run_at=due, target=target,
+                                                     payload={"n": i}) for i in range(args.jobs)])
+                elapsed = time.perf_counter() - began
+                registration = {"direct_insert": True, "jobs": args.jobs, "elapsed_s": round(elapsed, 3),
+                                "jobs_per_s": round(args.jobs / elapsed, 1), "failures": 0, "clients": 0,
+                                "latency_ms": {"p99": None}}
+            else:
+                print(f"registering         {args.jobs:,} jobs due at {due:%H:%M:%S} (in {lead_s:.0f} s), {args.clients} clients")
+                registration = measure(stack.url, stack.api_key, args.clients, args.jobs, args.client_procs, body=body)
             registered_by = datetime.now(timezone.utc)
             print(f"registration        {registration['jobs_per_s']:,.0f} jobs/s, {registration['failures']} failures, "
                   f"done {(due - registered_by).total_seconds():.1f} s before T")
@@ -255,7 +269,8 @@ def run(args) -> dict:
         "starts_per_second": bins,
         "config": {"workers": args.workers, "processes_per_worker": args.concurrency, "dispatch_threads": args.threads,
                    "shards": args.shards, "physical_dsns": len(stack.dsns), "poll_interval_s": args.poll_interval_s,
-                   "claim_batch": args.claim_batch or stack.settings.claim_batch, "api_workers": args.api_workers},
+                   "claim_batch": args.claim_batch or stack.settings.claim_batch, "api_workers": args.api_workers,
+                   "poll_budget_s": stack.settings.poll_budget_s, "registration": "direct insert" if args.direct else "API"},
         "machine": {**machine(), "load_average_before": [round(x, 2) for x in load_before],
                     "load_average_at_due": [round(x, 2) for x in load_at_t],
                     "load_average_after": [round(x, 2) for x in load_after]},
@@ -269,7 +284,9 @@ def summary(result: dict) -> str:
     reg = result["registration"]
     return "\n".join([
         f"burst of {result['jobs']:,} one-off jobs due at one instant  (load {result['machine']['load_average_at_due'][0]} at T)",
-        f"registration        {reg['jobs_per_s']:,.0f} jobs/s via the API, {reg['clients']} clients, p99 {reg['latency_ms']['p99']} ms",
+        (f"registration        {reg['jobs_per_s']:,.0f} jobs/s written straight into the registry (--direct)"
+         if reg.get("direct_insert") else
+         f"registration        {reg['jobs_per_s']:,.0f} jobs/s via the API, {reg['clients']} clients, p99 {reg['latency_ms']['p99']} ms"),
         f"sink ceiling        {result['sink_ceiling_calls_per_s']:,} calls/s",
         f"fired               {result['fired']:,}   duplicates {result['duplicates']}   missing {result['missing']}"
         f"   (registry: {result['runs_started']:,} started, {result['jobs_started_twice_in_registry']} jobs twice)",
@@ -303,6 +320,9 @@ def main() -> None:
     parser.add_argument("--lead-s", type=float, default=0, help="T = now + this (default: jobs/500 + 20 s)")
     parser.add_argument("--timeout-s", type=float, default=900)
     parser.add_argument("--stall-s", type=float, default=90, help="give up when no call arrives for this long after T")
+    parser.add_argument("--direct", action="store_true",
+                        help="write the jobs straight into the registry instead of through the API (A/B runs of the firing path)")
+    parser.add_argument("--poll-budget-s", type=float, default=0, help="PUNCTUAL_POLL_BUDGET_S (default: the setting's)")
     parser.add_argument("--label", default="", help="added to the result file names")
     args = parser.parse_args()
     result, starts, arrivals = run(args)
