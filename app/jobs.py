@@ -29,7 +29,7 @@ from app.jitter import fire_at
 from app.limits.keys import record_limit_key
 from app.outbox import run_row
 from app.pagination import Page, decode_cursor, merge_newest, newest_first
-from app.records import dst_columns, dst_of, retry_columns, retry_of, schedule_columns, schedule_of
+from app.records import dst_columns, dst_of, new_job_row, retry_columns, retry_of, schedule_columns, schedule_of
 from app.registry import Registry
 from app.schedules import DstPolicy, Schedule, first_fire
 from app.schema import JOB_STATES, jobs, runs
@@ -90,32 +90,11 @@ def create_job(registry: Registry, owner: str, body: object, idempotency_key: st
             if existing is not None:
                 return Created(_same_request(existing, request_hash), created=False)
         raise
-    row = {
-        "job_id": job_id,
-        "shard": shard,
-        "owner": owner,
-        "name": spec.name,
-        "target": spec.target,
-        "payload": spec.payload,
-        **schedule_columns(spec.schedule),
-        **retry_columns(spec.retry),
-        "misfire": spec.misfire,
-        **dst_columns(spec.dst),
-        "jitter_s": spec.jitter_s,
-        "state": "scheduled",
-        "next_run_at": fire_at(job_id, first, spec.jitter_s),
-        "nominal_at": first,
-        "attempt": 0,
-        "misfire_exempt": False,
-        "skipped_after": None,
-        "skipped_through": None,
-        "lease_token": None,
-        "leased_until": None,
-        "idempotency_key": idempotency_key,
-        "request_hash": request_hash,
-        "created_at": now,
-        "updated_at": now,
-    }
+    row = new_job_row(
+        job_id=job_id, shard=shard, owner=owner, name=spec.name, target=spec.target, payload=spec.payload,
+        schedule=spec.schedule, retry=spec.retry, misfire=spec.misfire, dst=spec.dst, jitter_s=spec.jitter_s,
+        first=first, now=now, idempotency_key=idempotency_key, request_hash=request_hash,
+    )
     if _insert(engine, row, idempotent=request_hash is not None):
         record_limit_key(registry, owner, spec.target, now)  # a named key: nothing otherwise
         return Created(row, created=True)

