@@ -91,9 +91,12 @@ def update_many(
         return []
     if conn.dialect.name != "postgresql":
         return _update_each(conn, table, rows, match, columns, constants, where, returning)
-    names = list(match) + [c for c in columns if c not in match]
+    shared = _shared_scalars(table, [c for c in columns if c not in match], rows)
+    varying = [c for c in columns if c not in shared]
+    constants = {**shared, **constants}
+    names = list(match) + [c for c in varying if c not in match]
     source, params = _recordset(table, names, rows)
-    sets = [f"{c} = v.{c}" for c in columns]
+    sets = [f"{c} = v.{c}" for c in varying]
     for i, (name, value) in enumerate(constants.items()):
         sets.append(f"{name} = :k{i}")
         params[f"k{i}"] = value
@@ -114,9 +117,31 @@ def insert_many(conn: sa.Connection, table: sa.Table, rows: Sequence[Mapping[str
         conn.execute(table.insert(), list(rows))
         return
     names = list(rows[0])
-    source, params = _recordset(table, names, rows)
-    values = ", ".join(f"v.{c}" for c in names)
-    conn.execute(sa.text(f"INSERT INTO {table.name} ({', '.join(names)}) SELECT {values} FROM {source}"), params)
+    shared = _shared_scalars(table, names[1:], rows)  # the first column always travels: the recordset needs one
+    varying = [c for c in names if c not in shared]
+    source, params = _recordset(table, varying, rows)
+    values = [f"v.{c}" for c in varying]
+    for i, name in enumerate(shared):
+        values.append(f":k{i}")
+        params[f"k{i}"] = shared[name]
+    types = [sa.bindparam(f"k{i}", type_=table.c[name].type) for i, name in enumerate(shared)]
+    columns = ", ".join(varying + list(shared))
+    conn.execute(sa.text(f"INSERT INTO {table.name} ({columns}) SELECT {', '.join(values)} FROM {source}").bindparams(*types),
+                 params)
+
+
+def _shared_scalars(table: sa.Table, names: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Scalar columns with one value across the batch (a claim's shard, state, due_at,
+    created_at, ...): bound once rather than encoded into every row of the document.
+    JSON columns always travel per row."""
+    if len(rows) < 2:
+        return {}
+    first = rows[0]
+    return {
+        name: first[name] for name in names
+        if first[name] is not None and _pg_type(table.c[name]) != "jsonb"
+        and all(row[name] == first[name] for row in rows)
+    }
 
 
 def _update_each(conn, table, rows, match, columns, constants, where, returning) -> list:
