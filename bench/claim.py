@@ -13,8 +13,9 @@ jobs that are all due, then time how long the pollers take to claim every one.
   jobs, the INSERT of run rows RETURNING what a dispatch message needs), sent
   through the driver (psycopg) with no Python around it but the loop.
 
-rows/s = jobs / elapsed; the ratio bare/code is the cost of the code. JSON to
-bench/results/.
+rows/s = jobs / elapsed; the ratio bare/code is the cost of the code. Each figure
+is the median of --repeat measurements, bare and code alternated (the box is
+shared and noisy). JSON to bench/results/.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import argparse
 import multiprocessing
 import os
 import time
+from statistics import median
 from datetime import datetime, timedelta, timezone
 
 from bench.common import Stack, machine, shown, write_result
@@ -120,24 +122,26 @@ def measure(stack: Stack, mode: str, jobs: int, batch: int, pollers: int) -> dic
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.claim", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=20000, help="due jobs per measurement")
+    parser.add_argument("--jobs", type=int, default=10000, help="due jobs per measurement")
     parser.add_argument("--batches", default="100,500,1000")
     parser.add_argument("--pollers", default="1,2,4")
+    parser.add_argument("--repeat", type=int, default=3, help="alternated bare/code measurements; medians are reported")
     args = parser.parse_args()
     load_before = os.getloadavg()
     rows = []
     with Stack(physical=1) as stack:
         for batch in [int(b) for b in args.batches.split(",")]:
             for pollers in [int(p) for p in args.pollers.split(",")]:
-                pair = {}
-                for mode in ("bare", "code"):  # alternated, so drift in the box's load hits both
-                    pair[mode] = measure(stack, mode, args.jobs, batch, pollers)
-                ratio = pair["bare"]["rows_per_s"] / pair["code"]["rows_per_s"]
-                rows.append({"batch": batch, "pollers": pollers, "code_rows_per_s": pair["code"]["rows_per_s"],
-                             "bare_rows_per_s": pair["bare"]["rows_per_s"], "bare_over_code": round(ratio, 2),
-                             "runs": pair})
-                print(f"batch {batch:5}  pollers {pollers}  code {pair['code']['rows_per_s']:7,} rows/s  "
-                      f"bare {pair['bare']['rows_per_s']:7,} rows/s  bare/code {ratio:.2f}x", flush=True)
+                tries = {"bare": [], "code": []}
+                for _ in range(args.repeat):  # alternated, so drift in the box's load hits both
+                    for mode in ("bare", "code"):
+                        tries[mode].append(measure(stack, mode, args.jobs, batch, pollers))
+                code = median(t["rows_per_s"] for t in tries["code"])
+                bare = median(t["rows_per_s"] for t in tries["bare"])
+                rows.append({"batch": batch, "pollers": pollers, "code_rows_per_s": round(code),
+                             "bare_rows_per_s": round(bare), "bare_over_code": round(bare / code, 2), "tries": tries})
+                print(f"batch {batch:5}  pollers {pollers}  code {code:7,.0f} rows/s  bare {bare:7,.0f} rows/s  "
+                      f"bare/code {bare / code:.2f}x   (medians of {args.repeat})", flush=True)
     result = {"jobs_per_measurement": args.jobs, "results": rows,
               "machine": {**machine(), "load_average_before": [round(x, 2) for x in load_before],
                           "load_average_after": [round(x, 2) for x in os.getloadavg()]}}
