@@ -338,11 +338,26 @@ def stamp() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
+def code_version() -> str:
+    """The commit measured (with "+dirty" when the tree has uncommitted changes):
+    a figure is only comparable to another of the same code."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                                text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "app", "celeryconfig.py"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + ("+dirty" if dirty else "")
+
+
 def write_result(kind: str, result: dict, label: str = "") -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     result.setdefault("bench", kind)
     result.setdefault("at", datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
     result.setdefault("command", "python -m bench." + kind + " " + " ".join(sys.argv[1:]))
+    result.setdefault("commit", code_version())
     path = RESULTS / f"{kind}{'-' + label if label else ''}-{stamp()}.json"
     path.write_text(json.dumps(result, indent=2, default=str) + "\n")
     return path
