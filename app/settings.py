@@ -38,6 +38,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("PUNCTUAL_DATA_DIR", ".punctual", "where the embedded defaults keep their files (dev)"),
     Variable("PUNCTUAL_CLAIM_BATCH", "500", "rows claimed per transaction"),
     Variable("PUNCTUAL_POLL_BUDGET_S", "5", "how long one poll task keeps claiming while batches come back full"),
+    Variable("PUNCTUAL_CLAIM_AHEAD_S", "10", "how long before its fire instant a run may be claimed; it starts at that instant (0 = claim when due)"),
     Variable("PUNCTUAL_DISPATCH_THREADS", "256", "concurrent target calls per worker process"),
     Variable("PUNCTUAL_DB_POOL_SIZE", "10", "connections per physical shard per process"),
     Variable("PUNCTUAL_REDIS_PREFIX", "punctual", "prefix of every Redis key Punctual writes"),
@@ -80,6 +81,19 @@ def _dsns(raw: str) -> tuple[str, ...]:
     return dsns
 
 
+# A run claimed ahead waits in its worker, unacknowledged, until its fire instant
+# (a Celery eta); RabbitMQ closes a channel that holds a message longer than its
+# consumer_timeout (30 min by default), so the wait is kept well inside it.
+MAX_CLAIM_AHEAD_S = 300
+
+
+def _claim_ahead(raw: str) -> float:
+    value = _number("PUNCTUAL_CLAIM_AHEAD_S", raw, float, minimum=0)
+    if value > MAX_CLAIM_AHEAD_S:
+        raise SettingsError(f"PUNCTUAL_CLAIM_AHEAD_S={raw!r}: at most {MAX_CLAIM_AHEAD_S}")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     database_urls: tuple[str, ...]
@@ -96,6 +110,7 @@ class Settings:
     data_dir: Path = Path(".punctual")
     claim_batch: int = 500
     poll_budget_s: float = 5.0
+    claim_ahead_s: float = 10.0
     dispatch_threads: int = 256
     db_pool_size: int = 10
     redis_prefix: str = "punctual"
@@ -158,6 +173,7 @@ class Settings:
             data_dir=data_dir,
             claim_batch=int(_number("PUNCTUAL_CLAIM_BATCH", get("PUNCTUAL_CLAIM_BATCH"), int, minimum=1)),
             poll_budget_s=_number("PUNCTUAL_POLL_BUDGET_S", get("PUNCTUAL_POLL_BUDGET_S"), float, minimum=0),
+            claim_ahead_s=_claim_ahead(get("PUNCTUAL_CLAIM_AHEAD_S")),
             dispatch_threads=int(_number("PUNCTUAL_DISPATCH_THREADS", get("PUNCTUAL_DISPATCH_THREADS"), int, minimum=1)),
             db_pool_size=int(_number("PUNCTUAL_DB_POOL_SIZE", get("PUNCTUAL_DB_POOL_SIZE"), int, minimum=1)),
             redis_prefix=get("PUNCTUAL_REDIS_PREFIX"),

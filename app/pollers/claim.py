@@ -3,7 +3,7 @@
 THE claim SQL is `due_jobs` below, the shape of DESIGN.md:
 
     SELECT ... FROM jobs
-    WHERE shard = :s AND state = 'scheduled' AND next_run_at <= :now
+    WHERE shard = :s AND state = 'scheduled' AND next_run_at <= :now + ahead
     ORDER BY next_run_at LIMIT :n
     FOR UPDATE SKIP LOCKED
 
@@ -11,9 +11,17 @@ It is a range scan of the partial index ix_jobs_due (shard, next_run_at) WHERE
 state = 'scheduled' (invariant 5). In the same transaction every row gets its plan
 (app.pollers.plan, misfires included) and the writes are batched (app.bulk: one
 statement each, whatever the batch size): one UPDATE for the claimed jobs (state
-running, a new lease_token each, leased_until = now + lease_s), one for jobs whose
-misfire ran nothing, one INSERT of run rows (the outbox, published = false). Then
-COMMIT; the relay publishes.
+running, a new lease_token each, leased_until = fire instant + lease_s), one for
+jobs whose misfire ran nothing, one INSERT of run rows (the outbox, published =
+false). Then COMMIT; the relay publishes.
+
+Claiming ahead: a job is claimed up to PUNCTUAL_CLAIM_AHEAD_S before its fire
+instant, and its run travels with that instant (DispatchRun.fire_at), so the
+worker starts it then, not before (app.tasks.message). The claim, the costly part
+of firing (a job UPDATE and a run INSERT per run), is done before the instant
+instead of after it: when a million jobs fall due at one midnight, the calls
+start at midnight instead of after the claiming. Such a run is on time, so its
+plan is made as at its fire instant (app.pollers.plan).
 
 Two pollers (or two beats) on one shard never double-fire: SKIP LOCKED hands each
 row to one transaction, and a row it took is no longer 'scheduled' when the other
@@ -39,11 +47,12 @@ from app.settings import Settings
 from app.tasks.message import DispatchRun
 
 
-def due_jobs(shard: int, now: datetime, limit: int, lock: bool = True) -> sa.Select:
-    """The claim query: the oldest due rows of one shard, locked, skipping locked ones."""
+def due_jobs(shard: int, horizon: datetime, limit: int, lock: bool = True) -> sa.Select:
+    """The claim query: the oldest rows of one shard due by `horizon` (now + the
+    claim-ahead window), locked, skipping locked ones."""
     stmt = (
         sa.select(jobs)
-        .where(jobs.c.shard == shard, jobs.c.state == "scheduled", jobs.c.next_run_at <= now)
+        .where(jobs.c.shard == shard, jobs.c.state == "scheduled", jobs.c.next_run_at <= horizon)
         .order_by(jobs.c.next_run_at)
         .limit(limit)
     )
@@ -69,15 +78,18 @@ class ClaimResult:
 
 
 # Columns each claimed (or moved-on) job row gets from its plan; the rest are constants.
-_CLAIMED_COLUMNS = ("lease_token", "nominal_at", "next_run_at", "attempt", "skipped_after", "skipped_through")
+_CLAIMED_COLUMNS = ("lease_token", "leased_until", "nominal_at", "next_run_at", "attempt", "skipped_after",
+                    "skipped_through")
 _MOVED_COLUMNS = ("state", "nominal_at", "next_run_at")
 
 
 def claim_batch(engine: sa.Engine, shard: int, now: datetime, settings: Settings, limit: int | None = None) -> ClaimResult:
-    """Claim at most `limit` (settings.claim_batch) due jobs of `shard` and commit."""
+    """Claim at most `limit` (settings.claim_batch) jobs of `shard` due by now +
+    settings.claim_ahead_s, and commit."""
     limit = limit or settings.claim_batch
     lock = engine.dialect.name != "sqlite"
-    leased_until = now + timedelta(seconds=settings.lease_s)
+    horizon = now + timedelta(seconds=settings.claim_ahead_s)
+    lease = timedelta(seconds=settings.lease_s)
     due_at = now + timedelta(seconds=relay_grace_s(settings))
     claimed: list[dict] = []
     moved: list[dict] = []
@@ -85,7 +97,7 @@ def claim_batch(engine: sa.Engine, shard: int, now: datetime, settings: Settings
     to_publish: list[DispatchRun] = []
     skipped_count = 0
     with engine.begin() as conn:
-        rows = conn.execute(due_jobs(shard, now, limit, lock)).mappings().all()
+        rows = conn.execute(due_jobs(shard, horizon, limit, lock)).mappings().all()
         for job in rows:
             plan = plan_claim(job, now, settings.misfire_grace_s)
             new_runs.extend(_skipped_rows(job, plan, now))
@@ -94,12 +106,14 @@ def claim_batch(engine: sa.Engine, shard: int, now: datetime, settings: Settings
                 moved.append(_move_params(job, plan))
                 continue
             token = uuid.uuid4()
-            params, run_row = _claim_params(job, plan, token, now, due_at)
+            ahead = plan.run.fire_at > now
+            # The lease runs from the fire instant: a run claimed ahead waits for it.
+            params, run_row = _claim_params(job, plan, token, max(now, plan.run.fire_at) + lease, now, due_at)
             claimed.append(params)
             new_runs.append(run_row)
-            to_publish.append(DispatchRun.from_row(run_row, job["payload"]))
+            to_publish.append(DispatchRun.from_row(run_row, job["payload"], plan.run.fire_at if ahead else None))
         update_many(conn, jobs, claimed, match=("job_id",), columns=_CLAIMED_COLUMNS,
-                    constants={"state": "running", "leased_until": leased_until, "updated_at": now})
+                    constants={"state": "running", "updated_at": now})
         update_many(conn, jobs, moved, match=("job_id",), columns=_MOVED_COLUMNS,
                     constants={"attempt": 0, "misfire_exempt": False, "skipped_after": None,
                                "skipped_through": None, "updated_at": now})
@@ -112,8 +126,8 @@ def claim_batch(engine: sa.Engine, shard: int, now: datetime, settings: Settings
     return ClaimResult(runs=to_publish, taken=len(rows), full=len(rows) >= limit)
 
 
-def _claim_params(job: Mapping[str, Any], plan: ClaimPlan, token: uuid.UUID, now: datetime,
-                  due_at: datetime) -> tuple[dict, dict]:
+def _claim_params(job: Mapping[str, Any], plan: ClaimPlan, token: uuid.UUID, leased_until: datetime,
+                  now: datetime, due_at: datetime) -> tuple[dict, dict]:
     if plan.skipped_range is not None:
         skipped_after, skipped_through = plan.skipped_range
     elif plan.clear_skipped_range:
@@ -123,6 +137,7 @@ def _claim_params(job: Mapping[str, Any], plan: ClaimPlan, token: uuid.UUID, now
     params = {
         "job_id": job["job_id"],
         "lease_token": token,
+        "leased_until": leased_until,
         "nominal_at": plan.run.nominal,
         "next_run_at": plan.run.fire_at,
         "attempt": plan.attempt - 1,

@@ -1,7 +1,9 @@
 """What a claim does with one due job: a value, decided without I/O.
 
 `plan_claim` applies the misfire rules of API.md ("Misfires") through the pure core
-(app.misfire) and returns a ClaimPlan; app.pollers.claim writes it. The cases:
+(app.misfire) and returns a ClaimPlan; app.pollers.claim writes it. A job claimed
+ahead of its fire instant (PUNCTUAL_CLAIM_AHEAD_S) is planned as at that instant:
+it is on time, and its backlog is the current occurrence alone. The cases:
 
 - misfire_exempt (a retry, a run held by a limit, a replay): run the current
   occurrence, no misfire question.
@@ -42,6 +44,7 @@ class ClaimPlan:
 
 def plan_claim(job: Mapping[str, Any], now: datetime, grace_s: float) -> ClaimPlan:
     current = Occurrence(job["nominal_at"], job["next_run_at"])
+    now = max(now, current.fire_at)  # claimed ahead: planned as at its instant
     if job["misfire_exempt"] or job["schedule_kind"] == "once":
         return ClaimPlan(run=current, attempt=job["attempt"] + 1)
     skipped_after = job.get("skipped_after")

@@ -8,21 +8,23 @@ runs after the relay grace, triggered and replayed runs at once, off-schedule
 retries when their retry time comes) and publishes it (invariant 8). Publishing
 twice is harmless: starting a run is fenced (invariant 4).
 
-`send(shard, entries)` is injected: in a worker it is the dispatch task's
-apply_async (with publisher confirms); tests pass a recorder.
+`send(shard, entries, eta)` is injected: in a worker it is the dispatch task's
+apply_async (with publisher confirms); tests pass a recorder. `eta` is None, or the
+instant the runs of a message claimed ahead may start (app.tasks.message).
 """
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import sqlalchemy as sa
 
 from app import metrics
 from app.schema import jobs, runs
 from app.tasks.message import DispatchRun, to_messages
+from app.timefmt import utcnow
 
-Send = Callable[[int, list[dict]], None]
+Send = Callable[[int, list[dict], Optional[datetime]], None]
 
 SWEEP_BATCH = 500
 
@@ -39,9 +41,14 @@ def publish_claimed(engine: sa.Engine, shard: int, claimed: Sequence[DispatchRun
 
 def outbox_due(shard: int, now: datetime, limit: int, lock: bool = True) -> sa.Select:
     """Unpublished claimed runs of a shard whose due_at has passed (ix_runs_outbox),
-    with their job's payload (runs do not copy it)."""
+    with their job's payload (runs do not copy it) and, for a schedule run, its fire
+    instant: the job's next_run_at while the job holds that run's lease."""
+    fire_at = sa.case(
+        (sa.and_(runs.c.origin == "schedule", jobs.c.lease_token == runs.c.lease_token), jobs.c.next_run_at),
+        else_=sa.null(),
+    ).label("fire_at")
     stmt = (
-        sa.select(runs, jobs.c.payload)
+        sa.select(runs, jobs.c.payload, fire_at)
         .join(jobs, jobs.c.job_id == runs.c.job_id)
         .where(runs.c.shard == shard, runs.c.published == sa.false(), runs.c.due_at <= now, runs.c.state == "claimed")
         .order_by(runs.c.due_at)
@@ -63,7 +70,7 @@ def sweep(engine: sa.Engine, shard: int, now: datetime, send: Send, limit: int =
             rows = conn.execute(outbox_due(shard, now, limit, lock)).mappings().all()
             if not rows:
                 return total
-            found = [DispatchRun.from_row(row, row["payload"]) for row in rows]
+            found = [DispatchRun.from_row(row, row["payload"], row["fire_at"]) for row in rows]
             _send_all(shard, found, send)
             conn.execute(_mark_published([run.run_id for run in found]))
         total += len(found)
@@ -72,9 +79,9 @@ def sweep(engine: sa.Engine, shard: int, now: datetime, send: Send, limit: int =
 
 
 def _send_all(shard: int, found: Sequence[DispatchRun], send: Send) -> int:
-    messages = to_messages(found)
-    for entries in messages:
-        send(shard, entries)
+    messages = to_messages(found, utcnow())
+    for eta, entries in messages:
+        send(shard, entries, eta)
     metrics.PUBLISHED.labels(str(shard)).inc(len(messages))
     return len(messages)
 

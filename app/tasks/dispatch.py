@@ -8,6 +8,8 @@ is not retried by Celery; its runs come back through the lease and the janitor.
 """
 from __future__ import annotations
 
+from datetime import datetime
+
 from celery import shared_task
 
 from app.pollers.beat import DISPATCH_TASK
@@ -22,6 +24,9 @@ def dispatch(shard: int, runs: list[dict]) -> dict:
     return {"shard": shard, "started": report.started, "held": report.held, "stale": report.stale}
 
 
-def send_dispatch(shard: int, entries: list[dict]) -> None:
-    """The relay's `send`: one dispatch message to the shard's queue (confirmed by the broker)."""
-    dispatch.apply_async(kwargs={"shard": shard, "runs": entries})
+def send_dispatch(shard: int, entries: list[dict], eta: datetime | None = None) -> None:
+    """The relay's `send`: one dispatch message to the shard's queue (confirmed by
+    the broker). With an `eta` (runs claimed ahead) the worker that receives it
+    keeps it, unacknowledged, and runs it at that instant; if that worker dies the
+    broker hands the message to another, which does the same."""
+    dispatch.apply_async(kwargs={"shard": shard, "runs": entries}, eta=eta)

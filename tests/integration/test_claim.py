@@ -1,6 +1,7 @@
 """The claim on real Postgres: batches, fencing tokens, SKIP LOCKED, misfires, the index."""
 from __future__ import annotations
 
+import dataclasses
 import threading
 from datetime import timedelta
 
@@ -46,6 +47,24 @@ def test_claim_takes_due_rows_and_writes_the_outbox(registry, pg_settings):
     assert job(registry, elsewhere["job_id"])["state"] == "scheduled"
     # Claimed rows are no longer due: a second claim finds nothing.
     assert claim_batch(registry.engine_for_shard(3), 3, now, pg_settings).empty
+
+
+def test_a_job_due_within_the_claim_ahead_window_is_claimed_with_its_instant(registry, pg_settings):
+    now = utcnow()
+    soon = job_row(16, run_at=now + timedelta(seconds=5), shard=3)
+    beyond = job_row(16, run_at=now + timedelta(seconds=pg_settings.claim_ahead_s + 1), shard=3)
+    insert_jobs(registry, [soon, beyond])
+    engine = registry.engine_for_shard(3)
+
+    assert claim_batch(engine, 3, now, dataclasses.replace(pg_settings, claim_ahead_s=0)).empty
+    [run] = claim_batch(engine, 3, now, pg_settings).runs
+
+    assert run.job_id == soon["job_id"] and run.fire_at == soon["next_run_at"]
+    claimed = job(registry, soon["job_id"])
+    # The lease runs from the instant the run waits for, not from the claim.
+    assert claimed["leased_until"] == soon["next_run_at"] + timedelta(seconds=pg_settings.lease_s)
+    assert claimed["next_run_at"] == soon["next_run_at"] and claimed["state"] == "running"
+    assert job(registry, beyond["job_id"])["state"] == "scheduled"
 
 
 def test_batches_are_at_most_claim_batch_and_oldest_first(registry, pg_settings):

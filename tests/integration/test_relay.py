@@ -1,6 +1,7 @@
 """The relay on real Postgres and RabbitMQ: batched messages, the outbox sweep."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import timedelta
 
@@ -13,7 +14,7 @@ from app.pollers.beat import DISPATCH_TASK, route_task, shard_queues
 from app.pollers.claim import claim_batch, relay_grace_s
 from app.registry import registry_for
 from app.tasks.message import DispatchRun
-from app.timefmt import utcnow
+from app.timefmt import parse_instant, utcnow
 from tests.rows import insert_jobs, job, job_row, runs_of
 
 pytestmark = pytest.mark.integration
@@ -37,8 +38,8 @@ def broker(amqp_url, pg_settings):
         task_queues=[Queue(q, Exchange(q, type="direct"), routing_key=q) for q in shard_queues(pg_settings)],
     )
 
-    def send(shard: int, entries: list[dict]) -> None:
-        app.send_task(DISPATCH_TASK, kwargs={"shard": shard, "runs": entries})
+    def send(shard: int, entries: list[dict], eta=None) -> None:
+        app.send_task(DISPATCH_TASK, kwargs={"shard": shard, "runs": entries}, eta=eta)
 
     def drain(queue: str) -> list[dict]:
         bodies = []
@@ -52,7 +53,8 @@ def broker(amqp_url, pg_settings):
                     break
                 assert message.content_type == "application/json"
                 assert message.headers["task"] == DISPATCH_TASK
-                bodies.append(json.loads(message.body)[1])  # [args, kwargs, embed]
+                kwargs = json.loads(message.body)[1]  # [args, kwargs, embed]
+                bodies.append({**kwargs, "eta": message.headers.get("eta")})
                 message.ack()
             simple.close()
         return bodies
@@ -73,6 +75,7 @@ def test_a_claim_batch_becomes_a_few_messages_on_its_shard_queue(registry, broke
     assert relay.publish_claimed(engine, 6, claimed, send) == 3
     messages = drain("shard-06")
     assert sorted(len(m["runs"]) for m in messages) == [83, 83, 84] and {m["shard"] for m in messages} == {6}
+    assert {m["eta"] for m in messages} == {None}  # due already: to be run at once
     entries = [DispatchRun.from_message(e) for m in messages for e in m["runs"]]
     assert {e.run_id for e in entries} == {r.run_id for r in claimed}
     assert entries[0].payload == {"job": str(entries[0].job_id)} and entries[0].target["type"] == "webhook"
@@ -127,3 +130,36 @@ def test_one_poll_tick_drains_a_burst_and_sweeps(registry, broker):
     assert report == {"shard": 12, "claimed": 1200, "batches": 3, "swept": 1}
     entries = [e for m in drain("shard-12") for e in m["runs"]]
     assert len(entries) == 1201 and len({e["run_id"] for e in entries}) == 1201
+
+
+def test_a_run_claimed_ahead_travels_with_its_instant_as_the_eta(registry, broker):
+    send, drain = broker
+    fire = (utcnow() + timedelta(seconds=4)).replace(microsecond=250_000)
+    engine, run = _claim_one(registry, 5, fire, utcnow(), registry.settings)
+    assert run.fire_at == fire
+    relay.publish_claimed(engine, 5, [run], send)
+    [message] = drain("shard-05")
+    assert parse_instant(message["eta"]) == fire.replace(microsecond=300_000)  # rounded up to the 100 ms step
+    assert parse_instant(message["runs"][0]["fire_at"]) == fire
+
+
+def test_the_sweep_sends_a_run_claimed_ahead_with_its_instant_too(registry, broker):
+    """A poller that died after claiming ahead: the sweep reads the instant back from the job."""
+    send, drain = broker
+    fire = (utcnow() + timedelta(seconds=30)).replace(microsecond=0)
+    settings = dataclasses.replace(registry.settings, claim_ahead_s=60)
+    now = utcnow()
+    engine, run = _claim_one(registry, 4, fire, now, settings)  # ... and the poller dies here
+    later = now + timedelta(seconds=relay_grace_s(settings) + 0.1)
+    assert relay.sweep(engine, 4, later, send) == 1
+    [message] = drain("shard-04")
+    assert parse_instant(message["eta"]) == fire
+    assert DispatchRun.from_message(message["runs"][0]) == run
+
+
+def _claim_one(registry, shard: int, fire, now, settings):
+    """A one-off due at `fire` on `shard`, claimed at `now`: its engine and its run."""
+    insert_jobs(registry, [job_row(16, run_at=fire, shard=shard)])
+    engine = registry.engine_for_shard(shard)
+    [run] = claim_batch(engine, shard, now, settings).runs
+    return engine, run

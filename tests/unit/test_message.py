@@ -3,9 +3,13 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
-from app.tasks.message import DispatchRun, chunks, to_messages
+from hypothesis import given, strategies as st
+
+from app.tasks.message import ETA_STEP, DispatchRun, chunks, eta_of, to_messages
+
+NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)
 
 
 def run(**overrides) -> DispatchRun:
@@ -45,5 +49,38 @@ def test_chunks_are_even_and_keep_the_order():
 
 
 def test_a_claim_batch_becomes_a_few_messages():
-    messages = to_messages([run() for _ in range(500)])
-    assert len(messages) == 5 and all(len(m) == 100 for m in messages)
+    messages = to_messages([run() for _ in range(500)], NOW)
+    assert len(messages) == 5 and all(eta is None and len(m) == 100 for eta, m in messages)
+
+
+def test_the_fire_instant_of_a_run_claimed_ahead_survives_json():
+    original = run(fire_at=NOW + timedelta(seconds=7, milliseconds=250))
+    entry = json.loads(json.dumps(original.to_message()))
+    assert entry["fire_at"] == "2026-12-01T00:00:07.250Z"
+    assert DispatchRun.from_message(entry) == original
+    assert "fire_at" not in run().to_message()  # due now: no instant to wait for
+
+
+@given(st.integers(min_value=1, max_value=300_000_000))
+def test_an_eta_is_never_before_the_instant_and_at_most_one_step_after(offset_us):
+    fire_at = NOW + timedelta(microseconds=offset_us)
+    eta = eta_of(fire_at, NOW)
+    assert fire_at <= eta < fire_at + ETA_STEP
+    assert (eta - NOW) % ETA_STEP == timedelta(0)
+
+
+def test_a_run_whose_instant_has_come_goes_at_once():
+    assert eta_of(None, NOW) is None
+    assert eta_of(NOW, NOW) is None
+    assert eta_of(NOW - timedelta(seconds=3), NOW) is None
+
+
+def test_runs_are_grouped_by_eta_and_the_due_ones_go_first():
+    later = NOW + timedelta(seconds=5)
+    runs = ([run(fire_at=later) for _ in range(150)] + [run() for _ in range(3)]
+            + [run(fire_at=later - timedelta(milliseconds=30)) for _ in range(2)]  # rounded up to `later`
+            + [run(fire_at=later + timedelta(milliseconds=130))])
+    messages = to_messages(runs, NOW)
+    assert [(eta, len(entries)) for eta, entries in messages] == [
+        (None, 3), (later, 76), (later, 76), (later + ETA_STEP * 2, 1)]
+    assert sorted(e["run_id"] for _, entries in messages for e in entries) == sorted(str(r.run_id) for r in runs)

@@ -77,3 +77,12 @@ def test_a_late_one_off_still_runs():
     late = NOW - timedelta(hours=2)
     plan = plan_claim(row("skip", schedule_kind="once", run_at=late, nominal_at=late, next_run_at=late), NOW, 1)
     assert plan.run.nominal == late
+
+
+@pytest.mark.parametrize("policy", ["run_once", "run_all", "skip"])
+def test_a_job_claimed_ahead_is_on_time_under_every_policy(policy):
+    # Its cursor is 5 s in the future: planned as at its instant, never a misfire,
+    # even with no grace at all.
+    plan = plan_claim(row(policy, behind_s=-5, interval_s=60), NOW, grace_s=0)
+    assert plan.run.nominal == NOW + timedelta(seconds=5) and plan.attempt == 1
+    assert plan.skipped == () and plan.unrecorded_skips == 0 and plan.skipped_range is None

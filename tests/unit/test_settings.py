@@ -55,6 +55,8 @@ def test_values_are_read_and_frozen():
         ({"PUNCTUAL_REDIS_URL": "localhost:6379"}, "PUNCTUAL_REDIS_URL"),
         ({"PUNCTUAL_BROKER_URL": "rabbit"}, "PUNCTUAL_BROKER_URL"),
         ({"PUNCTUAL_SHARDSS": "16"}, "PUNCTUAL_SHARDSS"),
+        ({"PUNCTUAL_CLAIM_AHEAD_S": "-1"}, "PUNCTUAL_CLAIM_AHEAD_S"),
+        ({"PUNCTUAL_CLAIM_AHEAD_S": "301"}, "PUNCTUAL_CLAIM_AHEAD_S"),
     ],
 )
 def test_a_bad_value_names_its_variable(env, variable):
