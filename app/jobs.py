@@ -236,10 +236,12 @@ def count_by_state(registry: Registry) -> dict[str, int]:
 def patch_job(registry: Registry, owner: str, job_id: str, body: object, now: datetime) -> Mapping[str, Any]:
     """Replace the named fields; recompute the schedule cursor when it may move.
 
-    Allowed on scheduled, paused and running jobs. With a lease held (a run in
-    flight) the cursor is left to that run's completion, which reads the new
-    schedule; otherwise a changed schedule, dst or jitter_s restarts the cursor at
-    first_fire(now) (no occurrence left: the job is completed).
+    Allowed on scheduled, paused and running jobs. A run claimed but not started
+    yet (claimed ahead, or waiting in the broker) is taken back first (`_unclaim`),
+    so the change applies to it. With a run in flight the cursor is left to that
+    run's completion, which reads the new schedule; otherwise a changed schedule,
+    dst or jitter_s restarts the cursor at first_fire(now) (no occurrence left: the
+    job is completed).
     """
     changes = validate_changes(body, allow_private=registry.settings.allow_private_targets)
     engine, key = locate(registry, job_id)
@@ -249,6 +251,8 @@ def patch_job(registry: Registry, owner: str, job_id: str, body: object, now: da
             raise NotFound("job")
         if row["state"] in FINAL_STATES:
             raise Conflict(f"the job is {row['state']}; it can no longer be changed")
+        if set(changes) - {"name"}:  # the name is not part of a run
+            row = _unclaim(conn, row, now) or row
         values: dict[str, Any] = {"updated_at": now}
         for field in ("name", "target", "payload", "misfire", "jitter_s"):
             if field in changes:
@@ -296,10 +300,44 @@ def cancel_job(registry: Registry, owner: str, job_id: str, now: datetime) -> Ma
 
 
 def pause_job(registry: Registry, owner: str, job_id: str, now: datetime) -> Mapping[str, Any]:
-    """Pause: no new run starts; a run in flight finishes (its lease is kept)."""
+    """Pause: no new run starts; a run in flight finishes (its lease is kept). A run
+    claimed but not started yet is taken back (`_unclaim`): it has not begun, and a
+    job paused before its instant must not fire at it."""
     engine, key = locate(registry, job_id)
     with engine.begin() as conn:
-        return _transition(conn, owner, key, ("scheduled", "running"), "paused", now, idempotent=("paused",))
+        row = _transition(conn, owner, key, ("scheduled", "running"), "paused", now, idempotent=("paused",))
+        return _unclaim(conn, row, now) or row
+
+
+def _unclaim(conn: sa.Connection, job: Mapping[str, Any], now: datetime) -> Mapping[str, Any] | None:
+    """Take back the job's claimed schedule run if it has not started; returns the
+    job row then (lease cleared, `running` back to `scheduled`), else None.
+
+    The run row goes (nothing happened: no attempt spent, as for a run held by a
+    limit); the job keeps next_run_at, so the next claim (or a resume) takes the
+    same occurrence again. Its dispatch message, when it arrives, finds neither the
+    run nor the lease and starts nothing. The caller holds the job row's lock,
+    which a worker's start also takes first: either the start committed (the run is
+    `running`, nothing is taken back) or it waits and then finds nothing to start.
+    """
+    token = job["lease_token"]
+    if token is None:
+        return None
+    taken = conn.execute(
+        sa.delete(runs)
+        .where(runs.c.job_id == job["job_id"], runs.c.lease_token == token, runs.c.origin == "schedule",
+               runs.c.state == "claimed")
+        .returning(runs.c.run_id)
+    ).first()
+    if taken is None:
+        return None
+    return conn.execute(
+        jobs.update()
+        .where(jobs.c.job_id == job["job_id"], jobs.c.lease_token == token)
+        .values(state=sa.case((jobs.c.state == "running", "scheduled"), else_=jobs.c.state),
+                lease_token=None, leased_until=None, updated_at=now)
+        .returning(*jobs.c)
+    ).mappings().one()
 
 
 def resume_job(registry: Registry, owner: str, job_id: str, now: datetime) -> Mapping[str, Any]:

@@ -64,6 +64,38 @@ def test_a_one_off_reaches_the_sink_within_2s_of_its_time(stack, api, sink):
     assert api.job(job["id"])["state"] == "completed"
 
 
+def test_a_run_claimed_ahead_starts_at_its_instant_never_before(stack, api, sink):
+    due = (utcnow() + timedelta(seconds=4)).replace(microsecond=0) + timedelta(seconds=1)
+    job = api.create(target=hook(sink, "/ahead"), schedule={"run_at": format_instant(due)})
+    # Claimed within a poll interval, seconds before its instant (PUNCTUAL_CLAIM_AHEAD_S) ...
+    _wait_for_state(api, job["id"], "running", before=due)
+    assert sink.calls("/ahead") == []
+    # ... and called at that instant, not at the claim.
+    [call] = sink.wait_for(1, "/ahead", timeout_s=10)
+    assert call.at >= due.timestamp()
+    [run] = api.wait_runs(job["id"], lambda h: h and h[-1]["state"] == "succeeded")
+    assert run["lateness_ms"] >= 0
+
+
+def test_pausing_before_the_instant_stops_a_run_claimed_ahead(stack, api, sink):
+    due = (utcnow() + timedelta(seconds=4)).replace(microsecond=0) + timedelta(seconds=1)
+    job = api.create(target=hook(sink, "/paused-ahead"), schedule={"run_at": format_instant(due)})
+    _wait_for_state(api, job["id"], "running", before=due)
+    paused = api.request("POST", f"/jobs/{job['id']}/pause", expect=200)
+    assert paused["state"] == "paused" and paused["next_run_at"] == format_instant(due)
+    time.sleep(max(0.0, due.timestamp() - time.time()) + 2)
+    assert sink.calls("/paused-ahead") == [] and api.runs(job["id"]) == []
+    api.request("POST", f"/jobs/{job['id']}/resume", expect=200)  # late now: a one-off still runs
+    [call] = sink.wait_for(1, "/paused-ahead", timeout_s=10)
+    assert call.header("Punctual-Scheduled-For") == format_instant(due)
+
+
+def _wait_for_state(api, job_id: str, state: str, before) -> None:
+    while api.job(job_id)["state"] != state:
+        assert utcnow() < before, f"job {job_id} was not {state} before {before}"
+        time.sleep(0.1)
+
+
 def test_a_6_field_cron_every_2s_fires_on_even_seconds_without_drift(stack, api, sink):
     job = api.create(target=hook(sink, "/cron"), schedule={"cron": "*/2 * * * * *", "timezone": "UTC"})
     calls = sink.wait_for(5, "/cron", timeout_s=20)
@@ -129,7 +161,7 @@ def test_a_crash_between_claim_commit_and_publish_loses_nothing(stack, api, sink
 
     The test plays that poller: it claims the job itself (as of the job's due
     instant, an hour ahead, so the running pollers cannot take it first), makes the
-    claim look as if made now, and never publishes. The running system's relay
+    claim look as if made now at that instant, and never publishes. The running system's relay
     sweep must publish the run, and the run must then succeed on its first attempt.
     """
     import sqlalchemy as sa
@@ -144,11 +176,11 @@ def test_a_crash_between_claim_commit_and_publish_loses_nothing(stack, api, sink
     engine = registry.engine_for_shard(shard)
     [run] = [r for r in claim_batch(engine, shard, due + timedelta(seconds=1), settings).runs if str(r.job_id) == job["id"]]
     now = utcnow()
-    with engine.begin() as conn:  # as if claimed now: the sweep's grace and the lease count from now
+    with engine.begin() as conn:  # as if claimed now: the sweep's grace, the lease and the instant are now
         conn.execute(sa.update(runs).where(runs.c.run_id == run.run_id)
                      .values(due_at=now + timedelta(seconds=relay_grace_s(settings))))
         conn.execute(sa.update(jobs).where(jobs.c.job_id == run.job_id)
-                     .values(leased_until=now + timedelta(seconds=settings.lease_s)))
+                     .values(leased_until=now + timedelta(seconds=settings.lease_s), next_run_at=now))
     [call] = sink.wait_for(1, "/orphan", timeout_s=15)
     assert call.header("Idempotency-Key") == f"{job['id']}:{format_instant(due)}"
     [done] = api.wait_runs(job["id"], lambda h: h and h[-1]["state"] == "succeeded")

@@ -91,6 +91,64 @@ def test_a_duplicated_message_causes_no_second_call(env, sink):
     assert len(sink.calls("/dup")) == 20
 
 
+def test_pausing_a_job_claimed_ahead_takes_its_run_back(env, sink):
+    """A run claimed ahead has not started: pausing before its instant means no call."""
+    from app.jobs import pause_job, resume_job
+
+    context, registry, _ = env
+    row = job_row(16, run_at=utcnow() + timedelta(seconds=5), target=webhook_target(sink.url("/paused")))
+    [run] = claim_all(registry, [row])
+    assert run.fire_at == row["next_run_at"]
+
+    paused = pause_job(registry, "tests", str(row["job_id"]), utcnow())
+
+    assert paused["state"] == "paused" and paused["lease_token"] is None
+    assert paused["next_run_at"] == row["next_run_at"] and runs_of(registry, row["job_id"]) == []
+    report = context.dispatcher.dispatch([run])  # its message arrives anyway
+    assert report.started == 0 and report.stale == 1
+    assert resume_job(registry, "tests", str(row["job_id"]), utcnow())["state"] == "scheduled"
+    [again] = claim_batch(registry.engine_for_shard(row["shard"]), row["shard"], utcnow(), registry.settings).runs
+    assert again.job_id == row["job_id"] and again.lease_token != run.lease_token and again.attempt == 1
+    time.sleep(0.5)
+    assert sink.calls("/paused") == []
+
+
+def test_pausing_a_started_run_lets_it_finish(env, sink):
+    from app.jobs import pause_job
+
+    context, registry, _ = env
+    sink.script("/slow-pause", [Answer(200, delay_s=1.0)])
+    row = job_row(16, run_at=utcnow() - timedelta(seconds=1), target=webhook_target(sink.url("/slow-pause")))
+    [run] = claim_all(registry, [row])
+    assert context.dispatcher.dispatch([run]).started == 1
+
+    paused = pause_job(registry, "tests", str(row["job_id"]), utcnow())
+
+    assert paused["state"] == "paused" and paused["lease_token"] == run.lease_token
+    sink.wait_for(1)
+    wait_until(lambda: runs_of(registry, row["job_id"])[0]["state"] == "succeeded")
+    assert job(registry, row["job_id"])["state"] == "completed"  # a one-off's end ends a paused job
+
+
+def test_a_patch_before_the_instant_applies_to_the_run_claimed_ahead(env, sink):
+    from app.jobs import patch_job
+
+    context, registry, _ = env
+    row = job_row(16, run_at=utcnow() + timedelta(seconds=5), target=webhook_target(sink.url("/old")))
+    [run] = claim_all(registry, [row])
+
+    patched = patch_job(registry, "tests", str(row["job_id"]),
+                        {"target": {"type": "webhook", "url": sink.url("/new")}}, utcnow())
+
+    assert patched["state"] == "scheduled" and patched["lease_token"] is None
+    assert context.dispatcher.dispatch([run]).stale == 1
+    [again] = claim_batch(registry.engine_for_shard(row["shard"]), row["shard"], utcnow(), registry.settings).runs
+    assert again.target["url"] == sink.url("/new")
+    # A rename changes nothing a run carries: the claim stands.
+    renamed = patch_job(registry, "tests", str(row["job_id"]), {"name": "renamed"}, utcnow())
+    assert renamed["lease_token"] == again.lease_token and renamed["state"] == "running"
+
+
 def test_hundreds_of_calls_are_in_flight_in_one_process(env, sink):
     context, registry, _ = env
     sink.script("/slow", [Answer(200, delay_s=1.0)])
