@@ -20,6 +20,7 @@ from typing import Callable, Optional, Sequence
 import sqlalchemy as sa
 
 from app import metrics
+from app.bulk import key_in
 from app.schema import jobs, runs
 from app.tasks.message import DispatchRun, to_messages
 from app.timefmt import utcnow
@@ -35,7 +36,7 @@ def publish_claimed(engine: sa.Engine, shard: int, claimed: Sequence[DispatchRun
         return 0
     sent = _send_all(shard, claimed, send)
     with engine.begin() as conn:
-        conn.execute(_mark_published([run.run_id for run in claimed]))
+        conn.execute(_mark_published(conn, [run.run_id for run in claimed]))
     return sent
 
 
@@ -72,7 +73,7 @@ def sweep(engine: sa.Engine, shard: int, now: datetime, send: Send, limit: int =
                 return total
             found = [DispatchRun.from_row(row, row["payload"], row["fire_at"]) for row in rows]
             _send_all(shard, found, send)
-            conn.execute(_mark_published([run.run_id for run in found]))
+            conn.execute(_mark_published(conn, [run.run_id for run in found]))
         total += len(found)
         if len(rows) < limit:
             return total
@@ -86,5 +87,5 @@ def _send_all(shard: int, found: Sequence[DispatchRun], send: Send) -> int:
     return len(messages)
 
 
-def _mark_published(run_ids: list) -> sa.Update:
-    return sa.update(runs).where(runs.c.run_id.in_(run_ids)).values(published=True)
+def _mark_published(conn: sa.Connection, run_ids: list) -> sa.Update:
+    return sa.update(runs).where(key_in(conn, runs.c.run_id, run_ids)).values(published=True)

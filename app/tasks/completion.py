@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Sequence
 import sqlalchemy as sa
 
 from app import metrics
-from app.bulk import insert_many, update_many
+from app.bulk import insert_many, key_in, update_many
 from app.outbox import run_row
 from app.registry import Registry
 from app.retries import CallOutcome
@@ -112,7 +112,7 @@ _SETTLE_COLUMNS = [c for c in jobs.c if c.name not in ("target", "payload", "nam
 def _lock_jobs(conn: sa.Connection, job_ids: set) -> dict:
     if not job_ids:
         return {}
-    stmt = sa.select(*_SETTLE_COLUMNS).where(jobs.c.job_id.in_(sorted(job_ids))).order_by(jobs.c.job_id)
+    stmt = sa.select(*_SETTLE_COLUMNS).where(key_in(conn, jobs.c.job_id, sorted(job_ids))).order_by(jobs.c.job_id)
     if conn.dialect.name != "sqlite":
         stmt = stmt.with_for_update()
     return {row["job_id"]: row for row in conn.execute(stmt).mappings()}
@@ -121,7 +121,7 @@ def _lock_jobs(conn: sa.Connection, job_ids: set) -> dict:
 def _lock_runs(conn: sa.Connection, run_ids: set) -> dict:
     stmt = (
         sa.select(runs.c.run_id, runs.c.lease_token, runs.c.state)
-        .where(runs.c.run_id.in_(sorted(run_ids)))
+        .where(key_in(conn, runs.c.run_id, sorted(run_ids)))
         .order_by(runs.c.run_id)
     )
     if conn.dialect.name != "sqlite":
