@@ -81,6 +81,10 @@ task_reject_on_worker_lost = True
 # dispatch messages spread over every process and every worker instead of queueing
 # behind one busy process (each message already carries up to ~100 runs).
 worker_prefetch_multiplier = 1
+# Messages with an eta (runs claimed ahead, app.tasks.message) are the exception:
+# the worker keeps each one, unacknowledged, until its instant (Celery raises the
+# prefetch count by one for each, so they do not block other work), and if the
+# worker dies RabbitMQ hands them to another, which waits for the same instant.
 
 # The pool: prefork. Each process runs its own pool of PUNCTUAL_DISPATCH_THREADS
 # call threads (app/tasks/dispatcher.py), so hundreds of calls are in flight per
