@@ -1,15 +1,19 @@
 """Invariant 1 end to end: a worker SIGKILLed in the middle of a slow call. After
 the lease the run is started again, by another worker, with the same key; the
-killed worker's late completion (its stale token) changes nothing."""
+killed worker's late completion (its stale token) changes nothing. And a worker
+SIGKILLed while it holds a run claimed ahead: the broker hands the message on."""
 from __future__ import annotations
 
+import time
 import uuid
+from datetime import timedelta
 
 import pytest
 
 from app import metrics
 from app.registry import registry_for
 from app.retries import CallOutcome
+from app.sharding import shard_for
 from app.tasks.completion import Finished, complete
 from app.tasks.message import DispatchRun
 from app.timefmt import format_instant, utcnow
@@ -58,3 +62,44 @@ def test_a_killed_workers_run_is_started_again_after_the_lease(stack_env, settin
         for proc in (first, second):
             if proc is not None:
                 proc.stop()
+
+
+def test_a_worker_killed_while_it_holds_a_run_claimed_ahead_loses_nothing(stack_env, settings, logs, sink, api):
+    """The message of a run claimed ahead waits, unacknowledged, in the worker until
+    its instant; killed then, the worker gives it back to the broker, and the next
+    worker calls at the instant, on the first attempt (no lease had to expire)."""
+    holder = start_worker(stack_env, logs, name="holder")
+    beat = start_beat(stack_env, logs)
+    heir = None
+    try:
+        wait_ready(holder, 1.0)
+        due = (utcnow() + timedelta(seconds=9)).replace(microsecond=0)
+        job = api.create(target={"type": "webhook", "url": sink.url("/held")}, schedule={"run_at": format_instant(due)})
+        registry = registry_for(settings)
+        queue = f"shard-{shard_for(job['id'], settings.shards):02d}"
+        # Claimed ahead (within a poll interval), published, and taken off the queue by
+        # the holder, which keeps it unacknowledged until the instant.
+        while not (runs_of(registry, uuid.UUID(job["id"])) and runs_of(registry, uuid.UUID(job["id"]))[0]["published"]
+                   and _ready_messages(stack_env["PUNCTUAL_BROKER_URL"], queue) == 0):
+            assert utcnow() < due - timedelta(seconds=4), "not claimed ahead and held"
+            time.sleep(0.1)
+        holder.kill()
+        assert sink.calls("/held") == []
+        heir = start_worker(stack_env, logs, name="heir")
+        [call] = sink.wait_for(1, "/held", timeout_s=30)
+        assert call.at >= due.timestamp() and call.header("Punctual-Attempt") == "1"
+        [run] = api.wait_runs(job["id"], lambda h: h and h[-1]["state"] == "succeeded")
+        assert run["attempt"] == 1
+    finally:
+        beat.stop()
+        for proc in (holder, heir):
+            if proc is not None:
+                proc.stop()
+
+
+def _ready_messages(broker_url: str, queue: str) -> int:
+    """Messages waiting in `queue` (not those a consumer holds unacknowledged)."""
+    from kombu import Connection
+
+    with Connection(broker_url) as conn:
+        return conn.default_channel.queue_declare(queue=queue, passive=True).message_count
