@@ -62,6 +62,10 @@ class _Sink(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # socketserver's default listen backlog is 5: 32 threads connecting at once on a
+    # busy box overflow it, and the kernel resets some of those connections (seen as
+    # "Connection reset by peer" in 2 of 25 loaded runs; 0 of 25 with 128).
+    request_queue_size = 128
 
     def handle_error(self, request, client_address) -> None:
         pass  # callers that hang up (the timeout and large-answer tests) are expected
@@ -255,7 +259,7 @@ def test_many_threads_share_one_caller(sink, received, caller):
 
     with ThreadPoolExecutor(32) as pool:
         outcomes = list(pool.map(lambda _: caller.call(make_call(url(sink))), range(200)))
-    assert all(o.status_code == 200 for o in outcomes)
+    assert [o for o in outcomes if o.status_code != 200] == []
     assert len(received) == 200
 
 
