@@ -34,7 +34,7 @@ from bench.common import (Connection, Stack, cpu_delta, cpu_snapshot, machine, p
 from bench.sink import FastSink
 
 GOAL_STARTS_PER_S = 1700
-CPU_LEAD_S = 15.0  # the CPU window opens this long before T: PUNCTUAL_CLAIM_AHEAD_S (10) and a margin
+CPU_LEAD_MARGIN_S = 5.0  # the CPU window opens PUNCTUAL_CLAIM_AHEAD_S + this before T
 
 
 def job_body(sink_url: str, run_at: str, i: int) -> bytes:
@@ -168,6 +168,8 @@ def run(args) -> dict:
            "PUNCTUAL_DISPATCH_THREADS": str(args.threads)}
     if args.claim_batch:
         env["PUNCTUAL_CLAIM_BATCH"] = str(args.claim_batch)
+    if args.claim_ahead_s is not None:
+        env["PUNCTUAL_CLAIM_AHEAD_S"] = f"{args.claim_ahead_s:g}"
     if args.poll_budget_s:
         env["PUNCTUAL_POLL_BUDGET_S"] = str(args.poll_budget_s)
     stack = Stack(physical=args.physical, shards=args.shards, broker=True, env=env,
@@ -179,7 +181,9 @@ def run(args) -> dict:
             stack.start_api(args.api_workers)
             from bench.create import measure
 
-            lead_s = args.lead_s or (args.jobs / 5000 + 20 if args.direct else args.jobs / 500 + 20)
+            # Registration must end before the claims ahead of T begin.
+            ahead_s = stack.settings.claim_ahead_s
+            lead_s = args.lead_s or (args.jobs / 5000 if args.direct else args.jobs / 500) + 10 + ahead_s
             due = (datetime.now(timezone.utc) + timedelta(seconds=lead_s)).replace(microsecond=0)
             body = functools.partial(job_body, sink.url("/burst"), due.isoformat().replace("+00:00", "Z"))
             if args.direct:  # the firing path alone: the API's rows, written straight into the registry
@@ -199,11 +203,12 @@ def run(args) -> dict:
             registered_by = datetime.now(timezone.utc)
             print(f"registration        {registration['jobs_per_s']:,.0f} jobs/s, {registration['failures']} failures, "
                   f"done {(due - registered_by).total_seconds():.1f} s before T")
-            # The measured window opens CPU_LEAD_S before T, whichever way the jobs came in,
+            # The measured window opens cpu_lead_s before T, whichever way the jobs came in,
             # so that it holds the claims made ahead of T (PUNCTUAL_CLAIM_AHEAD_S) and the
             # same stretch of polling in every run (it also lets the API's backends publish
             # their counts first).
-            time.sleep(max(0.0, (due - datetime.now(timezone.utc)).total_seconds() - CPU_LEAD_S))
+            cpu_lead_s = stack.settings.claim_ahead_s + CPU_LEAD_MARGIN_S
+            time.sleep(max(0.0, (due - datetime.now(timezone.utc)).total_seconds() - cpu_lead_s))
             table_roots = service_roots()
             roots = {"api (gunicorn)": [stack.server.pid], "workers (celery)": [w.pid for w in stack.workers],
                      "beat": [stack.beat.pid], "sink": [sink.pid],
@@ -269,12 +274,13 @@ def run(args) -> dict:
                            "polls = shards x window / poll interval, from the beat schedule"},
         "cpu_s": {**cpu_delta(cpu_before, cpu_after), "window_s": round(cpu_ended - cpu_began, 1),
                   "window_from_due_s": round(cpu_began - due.timestamp(), 1),
-                  "note": f"process trees, from {CPU_LEAD_S:g} s before T (the claims made ahead included) until every "
+                  "note": "process trees, from PUNCTUAL_CLAIM_AHEAD_S + 5 s before T (the claims made ahead included) until every "
                           "run settled; postgres/rabbitmq/redis are the whole shared services"},
         "starts_per_second": bins,
         "config": {"workers": args.workers, "processes_per_worker": args.concurrency, "dispatch_threads": args.threads,
                    "shards": args.shards, "physical_dsns": len(stack.dsns), "poll_interval_s": args.poll_interval_s,
-                   "claim_batch": args.claim_batch or stack.settings.claim_batch, "api_workers": args.api_workers,
+                   "claim_batch": args.claim_batch or stack.settings.claim_batch,
+                   "claim_ahead_s": stack.settings.claim_ahead_s, "api_workers": args.api_workers,
                    "poll_budget_s": stack.settings.poll_budget_s, "registration": "direct insert" if args.direct else "API"},
         "machine": {**machine(), "load_average_before": [round(x, 2) for x in load_before],
                     "load_average_at_due": [round(x, 2) for x in load_at_t],
@@ -317,12 +323,15 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=(os.cpu_count() or 1) + 1, help="prefork processes per worker")
     parser.add_argument("--threads", type=int, default=256, help="PUNCTUAL_DISPATCH_THREADS per process")
     parser.add_argument("--claim-batch", type=int, default=0, help="PUNCTUAL_CLAIM_BATCH (default: the setting's)")
+    parser.add_argument("--claim-ahead-s", type=float, default=None,
+                        help="PUNCTUAL_CLAIM_AHEAD_S (default: the setting's)")
     parser.add_argument("--shards", type=int, default=16)
     parser.add_argument("--poll-interval-s", type=float, default=1.0)
     parser.add_argument("--clients", type=int, default=16, help="concurrent registration clients")
     parser.add_argument("--client-procs", type=int, default=2)
     parser.add_argument("--api-workers", type=int, default=None, help="gunicorn workers (default: the CLI's)")
-    parser.add_argument("--lead-s", type=float, default=0, help="T = now + this (default: jobs/500 + 20 s)")
+    parser.add_argument("--lead-s", type=float, default=0,
+                        help="T = now + this (default: jobs/500, or jobs/5000 with --direct, + 10 s + the claim-ahead window)")
     parser.add_argument("--timeout-s", type=float, default=900)
     parser.add_argument("--stall-s", type=float, default=90, help="give up when no call arrives for this long after T")
     parser.add_argument("--direct", action="store_true",
