@@ -81,13 +81,13 @@ task_reject_on_worker_lost = True
 # dispatch messages spread over every process and every worker instead of queueing
 # behind one busy process (each message already carries up to ~100 runs).
 worker_prefetch_multiplier = 1
-# Messages with an eta (runs claimed ahead, app.tasks.message) are the exception:
+# Messages with an eta (runs claimed ahead, app.lifecycle.message) are the exception:
 # the worker keeps each one, unacknowledged, until its instant (Celery raises the
 # prefetch count by one for each, so they do not block other work), and if the
 # worker dies RabbitMQ hands them to another, which waits for the same instant.
 
 # The pool: prefork. Each process runs its own pool of PUNCTUAL_DISPATCH_THREADS
-# call threads (app/tasks/dispatcher.py), so hundreds of calls are in flight per
+# call threads (app/worker/engine.py), so hundreds of calls are in flight per
 # process while the Celery task itself only starts runs and returns; prefork spreads
 # the Python work (HTTP, JSON, HMAC) over the cores, which one threaded process under
 # the GIL cannot. One process more than cores: a process is GIL-bound but also waits
@@ -109,4 +109,4 @@ beat_scheduler = "celery.beat:Scheduler"
 beat_schedule = _beat_schedule(_settings)
 beat_max_loop_interval = max(0.05, min(1.0, _settings.poll_interval_s / 2))
 
-imports = ("app.tasks.poll", "app.tasks.dispatch")
+imports = ("app.tasks.shard", "app.tasks.dispatch")

@@ -37,7 +37,7 @@ def _child_started(**_kw) -> None:
     """A prefork child: forget the parent's connections, serve this child's metrics."""
     from billiard.process import current_process
 
-    from app.tasks.context import reset_after_fork
+    from app.worker.context import reset_after_fork
     from app.settings import get_settings
 
     reset_after_fork()
@@ -60,13 +60,13 @@ def _worker_ready(sender=None, **_kw) -> None:
 @signals.worker_process_shutdown.connect
 def _child_stopping(**_kw) -> None:
     """Let calls in flight finish and their completions flush before the child exits."""
-    from app.tasks.context import shutdown_context
+    from app.worker.context import shutdown_context
 
     shutdown_context()
 
 
 @signals.worker_shutdown.connect
 def _worker_stopping(**_kw) -> None:
-    from app.tasks.context import shutdown_context
+    from app.worker.context import shutdown_context
 
     shutdown_context()

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 from urllib.parse import urlsplit
 
-from app.errors import SettingsError
+from app.core.errors import SettingsError
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class Variable:
     help: str
 
 
-# The contract of API.md ("Running it"), then the operator's tuning knobs.
+# The contract of docs/api.md ("Running it"), then the operator's tuning knobs.
 VARIABLES: tuple[Variable, ...] = (
     Variable("PUNCTUAL_DATABASE_URLS", "", "comma-separated Postgres DSNs, the physical shards (default: embedded SQLite file under PUNCTUAL_DATA_DIR)"),
     Variable("PUNCTUAL_SHARDS", "16", "logical shards, a power of two"),

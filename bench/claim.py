@@ -55,7 +55,7 @@ SELECT inserted.*, claimed.payload FROM inserted JOIN claimed USING (job_id)
 
 def _poller(args: tuple) -> int:
     mode, dsn, shards, batch, start_at = args
-    from app.registry import create_engine_for
+    from app.registry.engines import create_engine_for
     from app.settings import Settings
 
     settings = Settings.from_env({"PUNCTUAL_DATABASE_URLS": dsn, "PUNCTUAL_SHARDS": "16"})
@@ -66,7 +66,7 @@ def _poller(args: tuple) -> int:
     time.sleep(max(0.0, start_at - time.time()))
     if mode == "code":
         from app.pollers.claim import claim_batch
-        from app.timefmt import utcnow
+        from app.core.timefmt import utcnow
 
         for shard in shards:
             while True:

@@ -38,7 +38,7 @@ def percentile(values, q: float) -> float:
 def admin_engine():
     import sqlalchemy as sa
 
-    from app.registry import engine_url
+    from app.registry.engines import engine_url
 
     return sa.create_engine(engine_url(PG_ADMIN), isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
 
@@ -126,9 +126,9 @@ class Stack:
     def __enter__(self) -> "Stack":
         import sqlalchemy as sa
 
-        from app.migrate import migrate_all
-        from app.owners import create_key
-        from app.registry import registry_for
+        from app.registry.migrate import migrate_all
+        from app.services.owners import create_key
+        from app.registry.engines import registry_for
         from app.settings import Settings
 
         self.admin = admin_engine()
@@ -217,7 +217,7 @@ class Stack:
                 self.server.wait(30)
             except subprocess.TimeoutExpired:
                 self.server.kill()
-        from app.registry import _registries
+        from app.registry.engines import _registries
 
         for key in list(_registries):
             _registries.pop(key).dispose()
@@ -294,7 +294,7 @@ def pg_counters(dsns) -> dict[str, int]:
     publishes a backend's counts within ~1 s of a commit, ~10 s when it goes idle)."""
     import sqlalchemy as sa
 
-    from app.registry import engine_url
+    from app.registry.engines import engine_url
 
     totals = {"xact_commit": 0, "n_tup_ins": 0, "n_tup_upd": 0, "n_tup_del": 0}
     for dsn in dsns:

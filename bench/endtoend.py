@@ -26,8 +26,8 @@ from bench.common import Stack, machine, percentile, shown, write_result
 
 def run(jobs: int, workers: int, concurrency: int, shards: int, poll_interval_s: float, lead_s: float,
         timeout_s: float, threads: int) -> dict:
-    from app.schema import runs
-    from app.timefmt import utcnow
+    from app.registry.schema import runs
+    from app.core.timefmt import utcnow
     from bench.sink import FastSink
     from tests.rows import insert_jobs, job_row, webhook_target
 

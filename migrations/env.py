@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from app.schema import metadata
+from app.registry.schema import metadata
 
 connection = context.config.attributes["connection"]
 

@@ -29,7 +29,7 @@ def _pg_url(database: str) -> str:
 
 @pytest.fixture(scope="session")
 def pg_admin():
-    from app.registry import engine_url
+    from app.registry.engines import engine_url
 
     engine = sa.create_engine(engine_url(PG_ADMIN_DSN), isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
     yield engine
@@ -52,7 +52,7 @@ def drop_database(pg_admin, name: str) -> None:
 @pytest.fixture(scope="session")
 def pg_template(pg_admin):
     """A migrated database that per-module databases are cloned from."""
-    from app.migrate import migrate_all
+    from app.registry.migrate import migrate_all
 
     name = create_database(pg_admin)
     migrate_all((_pg_url(name),))
@@ -66,7 +66,7 @@ def pg_dsns(pg_admin, pg_template):
     """Two fresh, migrated databases: the two physical shards of one module's tests."""
     names = [create_database(pg_admin, pg_template) for _ in range(2)]
     yield tuple(_pg_url(n) for n in names)
-    from app.registry import _registries
+    from app.registry.engines import _registries
 
     for settings in list(_registries):
         if any(n in url for n in names for url in settings.database_urls):
@@ -128,7 +128,7 @@ def pg_settings(pg_dsns, redis_prefix) -> Settings:
 @pytest.fixture
 def truncate(pg_dsns):
     """Empty every table of this module's databases (for tests that need a clean slate)."""
-    from app.registry import create_engine_for
+    from app.registry.engines import create_engine_for
 
     def _truncate() -> None:
         for dsn in pg_dsns:

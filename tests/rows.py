@@ -1,6 +1,6 @@
 """Job rows for tests and the bench, written straight into the registry.
 
-Rows are exactly what the API's create writes (app/jobs.py), so the claim sees
+Rows are exactly what the API's create writes (app/services/jobs.py), so the claim sees
 nothing it would not see in production; inserting them in bulk lets a test or the
 bench make thousands of due jobs in a second.
 """
@@ -13,13 +13,13 @@ from typing import Any, Iterable
 
 import sqlalchemy as sa
 
-from app.records import new_job_row
-from app.retries import RetryPolicy
-from app.schedules import DstPolicy, Schedule
-from app.registry import Registry
-from app.schema import jobs, runs
-from app.sharding import shard_for
-from app.timefmt import utcnow
+from app.registry.records import new_job_row
+from app.core.retries import RetryPolicy
+from app.core.schedules import DstPolicy, Schedule
+from app.registry.engines import Registry
+from app.registry.schema import jobs, runs
+from app.registry.sharding import shard_for
+from app.core.timefmt import utcnow
 
 
 def webhook_target(url: str, **extra: Any) -> dict:

@@ -1,6 +1,6 @@
 """Bearer authentication: `Authorization: Bearer <api key>` -> the owner, in `g.owner`.
 
-The lookup goes through app.owners.OwnerDirectory: the key is hashed, looked up
+The lookup goes through app.services.owners.OwnerDirectory: the key is hashed, looked up
 on the home DSN, compared in constant time, and the answer cached per process (so
 the create path costs no extra round trip once a key is warm).
 """

@@ -30,11 +30,11 @@ import sqlalchemy as sa
 from flask import Blueprint, current_app, request
 
 from app.api.wire import json_response
-from app.errors import ValidationError
-from app.schema import jobs
+from app.core.errors import ValidationError
+from app.registry.schema import jobs
 from app.sdk import SignatureError, verify_signature
-from app.sharding import shard_for
-from app.timefmt import format_instant, utcnow
+from app.registry.sharding import shard_for
+from app.core.timefmt import format_instant, utcnow
 
 bp = Blueprint("dev", __name__)
 

@@ -1,18 +1,18 @@
 """/jobs: create, list, get, patch, cancel, pause, resume, trigger, a job's runs.
 
-Thin views: parse the request, call one service function (app.jobs, app.runs),
+Thin views: parse the request, call one service function (app.services.jobs, app.services.runs),
 serialize. Errors are exceptions that app.api.problems turns into problem+json.
 """
 from __future__ import annotations
 
 from flask import Blueprint, current_app, g, request
 
-from app import jobs, runs
+from app.services import jobs, runs
 from app.api.auth import protect
 from app.api.serialize import job_json, page_json, run_json
 from app.api.wire import json_body, json_response
-from app.pagination import parse_limit
-from app.timefmt import utcnow
+from app.services.pagination import parse_limit
+from app.core.timefmt import utcnow
 
 bp = protect(Blueprint("jobs", __name__))
 

@@ -1,6 +1,6 @@
 """The OpenAPI 3.1 document of every route, built from the validation constants.
 
-Field names and bounds come from app.validation (and the pure core's own limits),
+Field names and bounds come from app.services.validation (and the pure core's own limits),
 so the document says what the code checks; tests/integration/test_api_ops.py fails
 when a route of the Flask app or a field of a body or a response is missing here.
 """
@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from app import __version__, validation as v
-from app.jitter import MAX_JITTER_S
-from app.misfire import MISFIRE_POLICIES
-from app.pagination import DEFAULT_LIMIT, MAX_LIMIT
-from app.retries import MAX_ATTEMPTS, MAX_BACKOFF_S, MAX_MAX_BACKOFF_S
-from app.schedules import GAP_POLICIES, MAX_INTERVAL_S, OVERLAP_POLICIES
-from app.schema import JOB_STATES, RUN_STATES
+from app import __version__
+from app.services import validation as v
+from app.core.jitter import MAX_JITTER_S
+from app.core.misfire import MISFIRE_POLICIES
+from app.services.pagination import DEFAULT_LIMIT, MAX_LIMIT
+from app.core.retries import MAX_ATTEMPTS, MAX_BACKOFF_S, MAX_MAX_BACKOFF_S
+from app.core.schedules import GAP_POLICIES, MAX_INTERVAL_S, OVERLAP_POLICIES
+from app.registry.schema import JOB_STATES, RUN_STATES
 
 INSTANT = {"type": "string", "format": "date-time"}
 

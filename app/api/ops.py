@@ -18,10 +18,10 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 import app.metrics  # noqa: F401  (defines the process's counters in the default registry)
-from app import jobs, runs
+from app.services import jobs, runs
 from app.api.openapi import document
 from app.api.wire import json_response
-from app.registry import Registry
+from app.registry.engines import Registry
 
 bp = Blueprint("ops", __name__)
 
@@ -51,7 +51,7 @@ def shard_health(registry: Registry) -> list[dict]:
             status.append(future.result())
     shards = []
     for shard in range(registry.settings.shards):
-        error = status[shard % len(engines)]
+        error = status[registry.database_index(shard)]
         entry = {"shard": shard, "ok": error is None}
         if error is not None:
             entry["error"] = error

@@ -14,8 +14,8 @@ import logging
 from flask import Flask, Response
 from werkzeug.exceptions import HTTPException
 
-from app.errors import FieldError, ValidationError
-from app.jobs import Conflict, NotFound
+from app.core.errors import FieldError, ValidationError
+from app.services.errors import Conflict, NotFound
 
 PROBLEM_TYPE = "application/problem+json"
 _TYPE_BASE = "urn:punctual:problem:"

@@ -1,14 +1,14 @@
-"""/dead-letters and /runs/{id}/replay. Thin views over app.runs."""
+"""/dead-letters and /runs/{id}/replay. Thin views over app.services.runs."""
 from __future__ import annotations
 
 from flask import Blueprint, current_app, g, request
 
-from app import runs
+from app.services import runs
 from app.api.auth import protect
 from app.api.serialize import page_json, run_json
 from app.api.wire import json_response
-from app.pagination import parse_limit
-from app.timefmt import utcnow
+from app.services.pagination import parse_limit
+from app.core.timefmt import utcnow
 
 bp = protect(Blueprint("runs", __name__))
 

@@ -1,6 +1,6 @@
 """/schedules/preview: the next fire instants of an expression, with DST flags.
 
-Query parameters (API.md): `cron` or `interval_s`, `timezone` (default UTC),
+Query parameters (docs/api.md): `cron` or `interval_s`, `timezone` (default UTC),
 `count` 1-100 (default 10), `after` (default now, exclusive), `gap` and `overlap`
 (the job defaults), and `start_at`/`end_at` as in a job's schedule. Every invalid
 parameter is reported at once, named as the parameter (`cron`, not `schedule.cron`).
@@ -15,10 +15,10 @@ from flask import Blueprint, request
 from app.api.auth import protect
 from app.api.serialize import preview_json
 from app.api.wire import json_response
-from app.errors import FieldError, ValidationError
-from app.schedules import parse_dst, parse_schedule, parse_timezone, preview
-from app.timefmt import parse_instant, utcnow
-from app.validation import MIN_YEAR, schedule_in_range
+from app.core.errors import FieldError, ValidationError
+from app.core.schedules import parse_dst, parse_schedule, parse_timezone, preview
+from app.core.timefmt import parse_instant, utcnow
+from app.services.validation import MIN_YEAR, schedule_in_range
 
 bp = protect(Blueprint("schedules", __name__))
 

@@ -1,6 +1,6 @@
-"""Rows -> the JSON objects of API.md (jobs, runs, pages, previews).
+"""Rows -> the JSON objects of docs/api.md (jobs, runs, pages, previews).
 
-Instants are RFC 3339 UTC with `Z` (app.timefmt.format_instant); a job's schedule,
+Instants are RFC 3339 UTC with `Z` (app.core.timefmt.format_instant); a job's schedule,
 retry and dst come back through the pure core's own `to_json`, so what a client
 reads is what it could send again.
 """
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from app.pagination import Page
-from app.records import dst_of, retry_of, schedule_of
-from app.schedules import PreviewItem
-from app.timefmt import format_instant, format_local
+from app.services.pagination import Page
+from app.registry.records import dst_of, retry_of, schedule_of
+from app.core.schedules import PreviewItem
+from app.core.timefmt import format_instant, format_local
 
 
 def _instant(value) -> str | None:

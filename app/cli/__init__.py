@@ -41,11 +41,5 @@ def main() -> None:
 
 
 for _module_name in _SUBCOMMAND_MODULES:
-    try:
-        _module = importlib.import_module(_module_name)
-    except ModuleNotFoundError as exc:  # a subcommand module not written yet
-        if exc.name != _module_name:
-            raise
-        continue
-    for _command in getattr(_module, "COMMANDS", ()):
+    for _command in importlib.import_module(_module_name).COMMANDS:
         main.add_command(_command)

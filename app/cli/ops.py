@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from app.errors import SettingsError
+from app.core.errors import SettingsError
 
 
 def load_settings():
@@ -23,7 +23,7 @@ def load_settings():
 @click.command()
 def migrate() -> None:
     """Create or upgrade the schema on every physical shard (safe to repeat)."""
-    from app.migrate import migrate_all
+    from app.registry.migrate import migrate_all
 
     settings = load_settings()
     for dsn, before, after in migrate_all(settings.database_urls):
@@ -41,8 +41,8 @@ def keys() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print {owner, api_key, signing_secret} as JSON.")
 def keys_create(owner: str, as_json: bool) -> None:
     """Print a new API key and the owner's signing secret (only a hash of the key is stored)."""
-    from app.owners import create_key
-    from app.registry import registry_for
+    from app.services.owners import create_key
+    from app.registry.engines import registry_for
 
     settings = load_settings()
     try:

@@ -14,7 +14,7 @@ import shlex
 import textwrap
 from pathlib import Path
 
-from app.owners import NewKey
+from app.services.owners import NewKey
 
 SDK_HEADING = "Schedule a call of the echo target 5 s from now, with the SDK (paste it into a shell):"
 CURL_HEADING = "Or with curl: a job that calls the echo target every 10 s (cancel it with DELETE /jobs/<id>):"

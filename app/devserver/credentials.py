@@ -16,8 +16,8 @@ import os
 import shlex
 from pathlib import Path
 
-from app.owners import NewKey, OwnerDirectory, create_key
-from app.registry import Registry
+from app.services.owners import NewKey, OwnerDirectory, create_key
+from app.registry.engines import Registry
 
 DEV_OWNER = "dev"
 KEY_FILE = "dev-key.json"

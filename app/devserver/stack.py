@@ -38,7 +38,7 @@ WORKER_THREADS = 4  # Celery task threads: polls and dispatches (calls run on th
 API_THREADS = 8
 
 # How long each child gets to stop after SIGTERM before it is killed. The worker
-# lets calls in flight finish (app.tasks.context.shutdown_context waits up to 30 s).
+# lets calls in flight finish (app.worker.context.shutdown_context waits up to 30 s).
 GRACE_S = {"beat": 10.0, "worker": 35.0, "api": 10.0}
 STOP_ORDER = ("beat", "worker", "api")  # no new polls; finish the calls; then the API they may be calling
 

@@ -34,7 +34,7 @@ from typing import Callable
 
 from app.devserver import banner, credentials, probe, stack
 from app.devserver.children import Child
-from app.errors import SettingsError
+from app.core.errors import SettingsError
 
 READY_TIMEOUT_S = 60.0
 
@@ -170,8 +170,8 @@ def _url_host(host: str) -> str:
 
 
 def _prepare_registry(settings, data_dir: Path):
-    from app.migrate import migrate_all
-    from app.registry import registry_for
+    from app.registry.migrate import migrate_all
+    from app.registry.engines import registry_for
 
     migrate_all(settings.database_urls)
     registry = registry_for(settings)

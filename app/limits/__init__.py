@@ -1,4 +1,4 @@
-"""Per-target rate limits and concurrency caps (API.md "Limits").
+"""Per-target rate limits and concurrency caps (docs/api.md "Limits").
 
 `limit_specs` (pure policy) says which limits a run is subject to; a `Limiter`
 admits runs under them, atomically and for a whole batch at a time. Workers share

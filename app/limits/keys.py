@@ -1,6 +1,6 @@
 """Named limits keys: one set of limits per (owner, key), last writer wins.
 
-API.md: jobs that share a limits key share one bucket and one cap, and "its limits
+docs/api.md: jobs that share a limits key share one bucket and one cap, and "its limits
 are those of the job most recently created or updated with it". The API records a
 key's limits whenever a job is created or updated with it (`record_limit_key`);
 workers read them back (`LimitKeyDirectory`, cached for a few seconds, so a change
@@ -15,8 +15,9 @@ from typing import Any, Iterable, Mapping
 
 import sqlalchemy as sa
 
-from app.registry import Registry
-from app.schema import limit_keys
+from app.registry.engines import Registry
+from app.registry.schema import limit_keys
+from app.registry.dialect import is_postgres
 
 CACHE_TTL_S = 5.0
 
@@ -43,7 +44,7 @@ def record_limit_key(registry: Registry, owner: str, target: Mapping[str, Any], 
     engine = registry.home
     insert = (
         sa.dialects.postgresql.insert(limit_keys)
-        if engine.dialect.name == "postgresql"
+        if is_postgres(engine)
         else sa.dialects.sqlite.insert(limit_keys)
     )
     statement = insert.values(owner=owner, name=name, **values).on_conflict_do_update(

@@ -1,4 +1,4 @@
-"""Which limits apply to a run (pure): API.md "Limits".
+"""Which limits apply to a run (pure): docs/api.md "Limits".
 
 A run is subject to at most two specs:
 

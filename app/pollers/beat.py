@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from app.settings import Settings
-from app.sharding import queue_name
+from app.registry.sharding import queue_name
 
 POLL_TASK = "punctual.poll"
 SWEEP_TASK = "punctual.sweep"

@@ -1,6 +1,6 @@
 """The claim: due jobs of one shard become runs, one transaction per batch.
 
-THE claim SQL is `due_jobs` below, the shape of DESIGN.md:
+THE claim SQL is `due_jobs` below, the shape of docs/design.md:
 
     SELECT ... FROM jobs
     WHERE shard = :s AND state = 'scheduled' AND next_run_at <= :now + ahead
@@ -9,7 +9,7 @@ THE claim SQL is `due_jobs` below, the shape of DESIGN.md:
 
 It is a range scan of the partial index ix_jobs_due (shard, next_run_at) WHERE
 state = 'scheduled' (invariant 5). In the same transaction every row gets its plan
-(app.pollers.plan, misfires included) and the writes are batched (app.bulk: one
+(app.pollers.plan, misfires included) and the writes are batched (app.registry.bulk: one
 statement each, whatever the batch size): one UPDATE for the claimed jobs (state
 running, a new lease_token each, leased_until = fire instant + lease_s), one for
 jobs whose misfire ran nothing, one INSERT of run rows (the outbox, published =
@@ -17,7 +17,7 @@ false). Then COMMIT; the relay publishes.
 
 Claiming ahead: a job is claimed up to PUNCTUAL_CLAIM_AHEAD_S before its fire
 instant, and its run travels with that instant (DispatchRun.fire_at), so the
-worker starts it then, not before (app.tasks.message). The claim, the costly part
+worker starts it then, not before (app.lifecycle.message). The claim, the costly part
 of firing (a job UPDATE and a run INSERT per run), is done before the instant
 instead of after it: when a million jobs fall due at one midnight, the calls
 start at midnight instead of after the claiming. Such a run is on time, so its
@@ -38,13 +38,14 @@ from typing import Any, Mapping
 import sqlalchemy as sa
 
 from app import metrics
-from app.bulk import insert_many, update_many
-from app.outbox import run_row
+from app.registry.bulk import insert_many, update_many
+from app.registry.records import run_row
 from app.pollers.plan import ClaimPlan, plan_claim
-from app.records import retry_of
-from app.schema import jobs, runs
+from app.registry.records import retry_of
+from app.registry.schema import jobs, runs
 from app.settings import Settings
-from app.tasks.message import DispatchRun
+from app.lifecycle.message import DispatchRun
+from app.registry.dialect import locks_rows
 
 
 def due_jobs(shard: int, horizon: datetime, limit: int, lock: bool = True) -> sa.Select:
@@ -87,7 +88,7 @@ def claim_batch(engine: sa.Engine, shard: int, now: datetime, settings: Settings
     """Claim at most `limit` (settings.claim_batch) jobs of `shard` due by now +
     settings.claim_ahead_s, and commit."""
     limit = limit or settings.claim_batch
-    lock = engine.dialect.name != "sqlite"
+    lock = locks_rows(engine)
     horizon = now + timedelta(seconds=settings.claim_ahead_s)
     lease = timedelta(seconds=settings.lease_s)
     due_at = now + timedelta(seconds=relay_grace_s(settings))

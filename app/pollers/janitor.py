@@ -1,4 +1,4 @@
-"""The janitor: leases that passed leased_until are taken back (internals.md, "expire").
+"""The janitor: leases that passed leased_until are taken back (docs/design.md, "expire").
 
 A lease expires when its worker died or stalled: the call may or may not have
 reached the target, so the attempt counts as spent. The janitor settles it like a
@@ -21,12 +21,13 @@ from typing import Callable
 import sqlalchemy as sa
 
 from app import metrics
-from app.retries import CallOutcome
-from app.schema import jobs, runs
+from app.core.retries import CallOutcome
+from app.registry.schema import jobs, runs
 from app.settings import Settings
-from app.tasks.completion import Finished, apply
-from app.tasks.message import DispatchRun
-from app.tasks.settlement import LEASE_EXPIRED
+from app.lifecycle.completion import Finished, apply
+from app.lifecycle.message import DispatchRun
+from app.lifecycle.settlement import LEASE_EXPIRED
+from app.registry.dialect import locks_rows
 
 BATCH = 500
 EXPIRED = CallOutcome(error=LEASE_EXPIRED, retryable_error=True)
@@ -56,7 +57,7 @@ def expired_runs(shard: int, now: datetime, limit: int, lock: bool = True) -> sa
 def expire(engine: sa.Engine, shard: int, now: datetime, settings: Settings,
            rand: Callable[[], float] = random.random) -> int:
     """Take back every expired lease of `shard`; returns how many runs were settled."""
-    lock = engine.dialect.name != "sqlite"
+    lock = locks_rows(engine)
     total = 0
     for scan in (_expire_job_leases, _expire_run_leases):
         while True:

@@ -1,7 +1,7 @@
 """What a claim does with one due job: a value, decided without I/O.
 
-`plan_claim` applies the misfire rules of API.md ("Misfires") through the pure core
-(app.misfire) and returns a ClaimPlan; app.pollers.claim writes it. A job claimed
+`plan_claim` applies the misfire rules of docs/api.md ("Misfires") through the pure core
+(app.core.misfire) and returns a ClaimPlan; app.pollers.claim writes it. A job claimed
 ahead of its fire instant (PUNCTUAL_CLAIM_AHEAD_S) is planned as at that instant:
 it is on time, and its backlog is the current occurrence alone. The cases:
 
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Mapping
 
-from app.cursor import advance
-from app.misfire import Occurrence, decide_misfire, find_backlog
-from app.records import dst_of, schedule_of
+from app.lifecycle.cursor import advance
+from app.core.misfire import Occurrence, decide_misfire, find_backlog
+from app.registry.records import dst_of, schedule_of
 
 RUN_ALL_CAP = 1000
 

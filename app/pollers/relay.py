@@ -1,7 +1,7 @@
 """The relay: runs in the outbox (runs.published = false) become dispatch messages.
 
 Right after a claim commits, `publish_claimed` sends its runs as a few dispatch
-messages (batches of runs, app.tasks.message) and then marks them published in one
+messages (batches of runs, app.lifecycle.message) and then marks them published in one
 UPDATE. A crash between the claim's COMMIT and that UPDATE leaves runs unpublished;
 `sweep` finds every unpublished `claimed` run whose due_at has passed (the claim's
 runs after the relay grace, triggered and replayed runs at once, off-schedule
@@ -10,7 +10,7 @@ twice is harmless: starting a run is fenced (invariant 4).
 
 `send(shard, entries, eta)` is injected: in a worker it is the dispatch task's
 apply_async (with publisher confirms); tests pass a recorder. `eta` is None, or the
-instant the runs of a message claimed ahead may start (app.tasks.message).
+instant the runs of a message claimed ahead may start (app.lifecycle.message).
 """
 from __future__ import annotations
 
@@ -20,10 +20,11 @@ from typing import Callable, Optional, Sequence
 import sqlalchemy as sa
 
 from app import metrics
-from app.bulk import key_in
-from app.schema import jobs, runs
-from app.tasks.message import DispatchRun, to_messages
-from app.timefmt import utcnow
+from app.registry.bulk import key_in
+from app.registry.schema import jobs, runs
+from app.lifecycle.message import DispatchRun, to_messages
+from app.core.timefmt import utcnow
+from app.registry.dialect import locks_rows
 
 Send = Callable[[int, list[dict], Optional[datetime]], None]
 
@@ -64,7 +65,7 @@ def sweep(engine: sa.Engine, shard: int, now: datetime, send: Send, limit: int =
     The rows stay locked while they are published so that two sweeps on one shard
     do not both send them; the UPDATE commits only after the broker confirmed.
     """
-    lock = engine.dialect.name != "sqlite"
+    lock = locks_rows(engine)
     total = 0
     while True:
         with engine.begin() as conn:

@@ -76,7 +76,7 @@ class Client:
         return self.create_job_from({k: v for k, v in body.items() if v is not None}, idempotency_key=idempotency_key)
 
     def create_job_from(self, body: dict, *, idempotency_key: str | None = None) -> Job:
-        """Create a job from a whole API body (as in API.md)."""
+        """Create a job from a whole API body (as in docs/api.md)."""
         headers = {} if idempotency_key is None else {"Idempotency-Key": idempotency_key}
         return Job.from_json(self._request("POST", "/jobs", json_body=body, headers=headers))
 

@@ -1,7 +1,7 @@
 """The dispatch task: one Celery message, a batch of runs, for one shard's queue.
 
 The task only parses the batch and hands it to this process's Dispatcher
-(app.tasks.dispatcher), which starts the runs (fenced) and calls their targets on
+(app.worker.engine), which starts the runs (fenced) and calls their targets on
 its own threads; the task returns once the runs are started, and the message is
 acknowledged then (acks_late, see celeryconfig). No autoretry: a task that raises
 is not retried by Celery; its runs come back through the lease and the janitor.
@@ -13,8 +13,8 @@ from datetime import datetime
 from celery import shared_task
 
 from app.pollers.beat import DISPATCH_TASK
-from app.tasks.context import get_context
-from app.tasks.message import DispatchRun
+from app.worker.context import get_context
+from app.lifecycle.message import DispatchRun
 
 
 @shared_task(name=DISPATCH_TASK, acks_late=True, ignore_result=True, max_retries=0)

@@ -6,7 +6,7 @@ Revises:
 import sqlalchemy as sa
 from alembic import op
 
-from app.schema import JSONType, UTCDateTime
+from app.registry.schema import JSONType, UTCDateTime
 
 revision = "0001"
 down_revision = None

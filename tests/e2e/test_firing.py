@@ -9,10 +9,10 @@ from datetime import timedelta
 import pytest
 
 from app.pollers.claim import claim_batch
-from app.registry import registry_for
+from app.registry.engines import registry_for
 from app.sdk.signature import verify_signature
-from app.sharding import shard_for
-from app.timefmt import format_instant, parse_instant, utcnow
+from app.registry.sharding import shard_for
+from app.core.timefmt import format_instant, parse_instant, utcnow
 from tests.e2e.conftest import make_env
 from tests.sink import Answer
 
@@ -167,7 +167,7 @@ def test_a_crash_between_claim_commit_and_publish_loses_nothing(stack, api, sink
     import sqlalchemy as sa
 
     from app.pollers.claim import relay_grace_s
-    from app.schema import jobs, runs
+    from app.registry.schema import jobs, runs
 
     due = utcnow() + timedelta(hours=1)
     job = api.create(target=hook(sink, "/orphan"), schedule={"run_at": format_instant(due)})

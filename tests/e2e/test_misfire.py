@@ -16,7 +16,7 @@ from datetime import timedelta
 
 import pytest
 
-from app.timefmt import format_instant, parse_instant, utcnow
+from app.core.timefmt import format_instant, parse_instant, utcnow
 from tests.e2e.conftest import make_env
 from tests.e2e.processes import start_beat, start_worker, wait_ready
 

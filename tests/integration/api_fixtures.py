@@ -15,8 +15,8 @@ import pytest
 from werkzeug.serving import make_server
 
 from app.api import create_app
-from app.owners import create_key
-from app.registry import registry_for
+from app.services.owners import create_key
+from app.registry.engines import registry_for
 from app.settings import Settings
 
 WEBHOOK = {"type": "webhook", "url": "http://127.0.0.1:9/hook"}
@@ -106,7 +106,7 @@ def live_server(api_app):
 
 
 def engine_of(settings: Settings, job_id):
-    from app.jobs import locate
+    from app.services.jobs import locate
 
     return locate(registry_for(settings), str(job_id))
 
@@ -115,7 +115,7 @@ def set_job(settings: Settings, job_id, **values) -> None:
     """Write job columns as a poller or worker would (e.g. state='running' with a lease)."""
     import sqlalchemy as sa
 
-    from app.schema import jobs
+    from app.registry.schema import jobs
 
     engine, key = engine_of(settings, job_id)
     with engine.begin() as conn:
@@ -125,7 +125,7 @@ def set_job(settings: Settings, job_id, **values) -> None:
 def job_row(settings: Settings, job_id) -> dict:
     import sqlalchemy as sa
 
-    from app.schema import jobs
+    from app.registry.schema import jobs
 
     engine, key = engine_of(settings, job_id)
     with engine.connect() as conn:
@@ -135,7 +135,7 @@ def job_row(settings: Settings, job_id) -> dict:
 def run_rows(settings: Settings, job_id) -> list[dict]:
     import sqlalchemy as sa
 
-    from app.schema import runs
+    from app.registry.schema import runs
 
     engine, key = engine_of(settings, job_id)
     with engine.connect() as conn:
@@ -146,8 +146,8 @@ def insert_run(settings: Settings, job: dict, **values) -> dict:
     """A run row as the pipeline writes it (default: a dead schedule run of `job`)."""
     from datetime import timedelta
 
-    from app.schema import runs
-    from app.timefmt import parse_instant, utcnow
+    from app.registry.schema import runs
+    from app.core.timefmt import parse_instant, utcnow
 
     engine, key = engine_of(settings, job["id"])
     now = utcnow()

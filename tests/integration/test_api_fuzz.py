@@ -21,7 +21,7 @@ from schemathesis.specs.openapi.checks import (
     content_type_conformance, response_schema_conformance, status_code_conformance,
 )
 
-from app import addresses
+from app.services import addresses
 from app.api.openapi import document
 from tests.integration.api_fixtures import api_app, api_settings, live_server, new_caller  # noqa: F401
 

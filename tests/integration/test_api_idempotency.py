@@ -8,8 +8,8 @@ import pytest
 import requests
 import sqlalchemy as sa
 
-from app.registry import registry_for
-from app.schema import jobs
+from app.registry.engines import registry_for
+from app.registry.schema import jobs
 from tests.integration.api_fixtures import alice, api_app, api_settings, job_body, live_server  # noqa: F401
 
 pytestmark = pytest.mark.integration

@@ -1,5 +1,5 @@
 """/jobs against real Postgres (two physical shards): create, get, patch, cancel,
-pause, resume, trigger, with every status API.md gives them."""
+pause, resume, trigger, with every status docs/api.md gives them."""
 from __future__ import annotations
 
 import uuid
@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from app.api import create_app
-from app.timefmt import parse_instant, utcnow
+from app.core.timefmt import parse_instant, utcnow
 from tests.integration.api_fixtures import (  # noqa: F401  (fixtures)
     alice, api_app, api_settings, bob, job_body, job_row, run_rows, set_job,
 )
@@ -251,7 +251,7 @@ def test_cancel_answers_the_cancelled_job_and_repeating_it_is_fine(alice, api_se
 def test_cancel_leaves_a_running_run_alone(alice, api_settings):
     job = alice.create()
     run = alice.post(f"/jobs/{job['id']}/trigger").get_json()
-    from app.schema import runs
+    from app.registry.schema import runs
     from tests.integration.api_fixtures import engine_of
 
     engine, _ = engine_of(api_settings, job["id"])
@@ -338,8 +338,8 @@ def test_trigger_of_a_finished_job_is_409(alice, api_settings, state):
 
 
 def test_jobs_sharing_a_cron_get_the_same_first_fire_and_it_moves_with_now(alice):
-    from app import jobs
-    from app.schedules import DstPolicy, Schedule
+    from app.services import jobs
+    from app.core.schedules import DstPolicy, Schedule
 
     a = alice.create(schedule={"cron": "*/5 * * * *"})
     b = alice.create(schedule={"cron": "*/5 * * * *"})
@@ -352,9 +352,9 @@ def test_jobs_sharing_a_cron_get_the_same_first_fire_and_it_moves_with_now(alice
 
 def test_the_embedded_sqlite_registry_creates_idempotently_too(tmp_path):
     """Postgres takes the driver-level INSERT; the SQLite of `punctual dev` goes through Core."""
-    from app.migrate import migrate_all
-    from app.owners import create_key
-    from app.registry import registry_for
+    from app.registry.migrate import migrate_all
+    from app.services.owners import create_key
+    from app.registry.engines import registry_for
     from app.settings import Settings
 
     settings = Settings.from_env({"PUNCTUAL_DATA_DIR": str(tmp_path), "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1"})
@@ -375,7 +375,7 @@ def test_the_embedded_sqlite_registry_creates_idempotently_too(tmp_path):
 
 def test_a_named_limits_key_takes_the_limits_of_the_job_last_created_or_updated_with_it(alice, bob, api_settings):
     from app.limits.keys import LimitKeyDirectory
-    from app.registry import registry_for
+    from app.registry.engines import registry_for
 
     def limits_of(owner):
         return LimitKeyDirectory(registry_for(api_settings), ttl_s=0).lookup_many([(owner, "billing-api")]).get((owner, "billing-api"))

@@ -8,7 +8,7 @@ import pytest
 from app.api import create_app
 from app.api.openapi import document
 from app.api.serialize import job_json, run_json
-from app.validation import JOB_FIELDS, LIMITS_FIELDS, QUEUE_FIELDS, REQUIRED_FIELDS, WEBHOOK_FIELDS
+from app.services.validation import JOB_FIELDS, LIMITS_FIELDS, QUEUE_FIELDS, REQUIRED_FIELDS, WEBHOOK_FIELDS
 from tests.integration.api_fixtures import alice, api_app, api_settings, insert_run, job_row  # noqa: F401
 
 pytestmark = pytest.mark.integration

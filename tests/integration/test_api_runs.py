@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from app.timefmt import format_instant, parse_instant, utcnow
+from app.core.timefmt import format_instant, parse_instant, utcnow
 from tests.integration.api_fixtures import (  # noqa: F401  (fixtures)
     alice, api_app, api_settings, bob, insert_run, job_row, run_rows, set_job,
 )

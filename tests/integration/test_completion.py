@@ -7,14 +7,14 @@ import pytest
 import sqlalchemy as sa
 
 from app import metrics
-from app.jitter import fire_at
+from app.core.jitter import fire_at
 from app.pollers.claim import claim_batch
-from app.registry import registry_for
-from app.retries import CallOutcome
-from app.schema import jobs
-from app.tasks import lease
-from app.tasks.completion import Finished, complete
-from app.timefmt import utcnow
+from app.registry.engines import registry_for
+from app.core.retries import CallOutcome
+from app.registry.schema import jobs
+from app.lifecycle import lease
+from app.lifecycle.completion import Finished, complete
+from app.core.timefmt import utcnow
 from tests.rows import insert_jobs, job, job_row, runs_of
 
 pytestmark = pytest.mark.integration
@@ -161,7 +161,7 @@ def test_a_batch_is_one_transaction_per_physical_dsn(registry):
 
 
 def test_off_schedule_failure_inserts_the_next_attempt_and_leaves_the_job(registry):
-    from app.jobs import insert_run
+    from app.services.jobs import insert_run
 
     row = job_row(16, run_at=utcnow() + timedelta(hours=1))
     insert_jobs(registry, [row])
@@ -169,7 +169,7 @@ def test_off_schedule_failure_inserts_the_next_attempt_and_leaves_the_job(regist
     with registry.engine_for_shard(row["shard"]).begin() as conn:
         trigger = insert_run(conn, job(registry, row["job_id"]), origin="trigger", scheduled_for=now, now=now,
                              lease_s=registry.settings.lease_s)
-    from app.tasks.message import DispatchRun
+    from app.lifecycle.message import DispatchRun
 
     run = DispatchRun.from_row(trigger, None)
     assert lease.start(registry, [run], now) == {run.run_id}

@@ -84,7 +84,7 @@ def test_messages_come_out_oldest_first(folders):
 def test_a_queue_target_published_on_the_embedded_broker_reaches_a_bound_queue(folders):
     from datetime import datetime, timezone
 
-    from app.tasks.publish import EXCHANGE, QueueCall, QueuePublisher
+    from app.worker.queue_publisher import EXCHANGE, QueueCall, QueuePublisher
 
     reports = Queue("reports", EXCHANGE, routing_key="reports.*")
     with _connection(folders) as conn:

@@ -12,9 +12,9 @@ import pytest
 
 from app.api import create_app
 from app.devserver import credentials
-from app.migrate import migrate_all
-from app.owners import create_key
-from app.registry import registry_for
+from app.registry.migrate import migrate_all
+from app.services.owners import create_key
+from app.registry.engines import registry_for
 from app.sdk.signature import signature_header
 from app.settings import Settings
 

@@ -7,12 +7,12 @@ from datetime import timedelta
 
 import pytest
 
-from app.owners import create_key
+from app.services.owners import create_key
 from app.pollers.claim import claim_batch
-from app.registry import registry_for
+from app.registry.engines import registry_for
 from app.sdk.signature import verify_signature
-from app.tasks.context import WorkerContext
-from app.timefmt import format_instant, utcnow
+from app.worker.context import WorkerContext
+from app.core.timefmt import format_instant, utcnow
 from tests.rows import insert_jobs, job, job_row, runs_of, webhook_target
 from tests.sink import Answer, Sink
 
@@ -93,7 +93,7 @@ def test_a_duplicated_message_causes_no_second_call(env, sink):
 
 def test_pausing_a_job_claimed_ahead_takes_its_run_back(env, sink):
     """A run claimed ahead has not started: pausing before its instant means no call."""
-    from app.jobs import pause_job, resume_job
+    from app.services.jobs import pause_job, resume_job
 
     context, registry, _ = env
     row = job_row(16, run_at=utcnow() + timedelta(seconds=5), target=webhook_target(sink.url("/paused")))
@@ -114,7 +114,7 @@ def test_pausing_a_job_claimed_ahead_takes_its_run_back(env, sink):
 
 
 def test_pausing_a_started_run_lets_it_finish(env, sink):
-    from app.jobs import pause_job
+    from app.services.jobs import pause_job
 
     context, registry, _ = env
     sink.script("/slow-pause", [Answer(200, delay_s=1.0)])
@@ -131,7 +131,7 @@ def test_pausing_a_started_run_lets_it_finish(env, sink):
 
 
 def test_a_patch_before_the_instant_applies_to_the_run_claimed_ahead(env, sink):
-    from app.jobs import patch_job
+    from app.services.jobs import patch_job
 
     context, registry, _ = env
     row = job_row(16, run_at=utcnow() + timedelta(seconds=5), target=webhook_target(sink.url("/old")))
@@ -205,7 +205,7 @@ def test_a_failed_call_is_settled_with_its_retry(env, sink):
 
 def test_the_worker_path_runs_on_sqlite(tmp_path, sink):
     """Embedded mode (`punctual dev`): claim, start, call, complete, retry on the SQLite file."""
-    from app.migrate import migrate_all
+    from app.registry.migrate import migrate_all
     from app.settings import Settings
 
     dsn = f"sqlite:///{tmp_path / 'registry.sqlite3'}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from app.registry import create_engine_for
+from app.registry.engines import create_engine_for
 
 pytestmark = pytest.mark.integration
 

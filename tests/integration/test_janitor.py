@@ -8,13 +8,13 @@ import sqlalchemy as sa
 
 from app.pollers import janitor
 from app.pollers.claim import claim_batch
-from app.registry import registry_for
-from app.retries import CallOutcome
-from app.schema import jobs
-from app.tasks import lease
-from app.tasks.completion import Finished, complete
-from app.tasks.message import DispatchRun
-from app.timefmt import utcnow
+from app.registry.engines import registry_for
+from app.core.retries import CallOutcome
+from app.registry.schema import jobs
+from app.lifecycle import lease
+from app.lifecycle.completion import Finished, complete
+from app.lifecycle.message import DispatchRun
+from app.core.timefmt import utcnow
 from tests.rows import insert_jobs, job, job_row, runs_of
 
 pytestmark = pytest.mark.integration
@@ -91,7 +91,7 @@ def test_a_paused_job_keeps_its_state_when_its_lease_expires(registry):
 
 
 def test_an_off_schedule_run_with_an_expired_lease_gets_its_next_attempt(registry):
-    from app.jobs import insert_run
+    from app.services.jobs import insert_run
 
     row = job_row(16, run_at=utcnow() + timedelta(hours=1), shard=6)
     insert_jobs(registry, [row])

@@ -6,8 +6,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from app.limits.keys import LimitKeyDirectory, record_limit_key
-from app.migrate import migrate_all
-from app.registry import Registry
+from app.registry.migrate import migrate_all
+from app.registry.engines import Registry
 from app.settings import Settings
 
 pytestmark = pytest.mark.integration

@@ -10,9 +10,9 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from app.migrate import head_revision
-from app.registry import create_engine_for
-from app.schema import metadata
+from app.registry.migrate import head_revision
+from app.registry.engines import create_engine_for
+from app.registry.schema import metadata
 from tests.conftest import _pg_url, create_database, drop_database
 
 pytestmark = pytest.mark.integration

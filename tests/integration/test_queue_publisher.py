@@ -13,7 +13,7 @@ import pytest
 from kombu import Connection, Queue
 
 from app.sdk.signature import verify_signature
-from app.tasks.publish import EXCHANGE, QueueCall, QueuePublisher
+from app.worker.queue_publisher import EXCHANGE, QueueCall, QueuePublisher
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,9 @@ from kombu import Connection
 from app.pollers import relay
 from app.pollers.beat import DISPATCH_TASK, route_task, shard_queues
 from app.pollers.claim import claim_batch, relay_grace_s
-from app.registry import registry_for
-from app.tasks.message import DispatchRun
-from app.timefmt import parse_instant, utcnow
+from app.registry.engines import registry_for
+from app.lifecycle.message import DispatchRun
+from app.core.timefmt import parse_instant, utcnow
 from tests.rows import insert_jobs, job, job_row, runs_of
 
 pytestmark = pytest.mark.integration
@@ -102,7 +102,7 @@ def test_a_crash_between_claim_commit_and_publish_loses_nothing(registry, broker
 
 
 def test_triggered_runs_are_swept_at_once(registry, broker):
-    from app.jobs import trigger_job
+    from app.services.jobs import trigger_job
 
     send, drain = broker
     row = job_row(16, run_at=utcnow() + timedelta(hours=1), shard=10)
@@ -117,8 +117,8 @@ def test_triggered_runs_are_swept_at_once(registry, broker):
 
 def test_one_poll_tick_drains_a_burst_and_sweeps(registry, broker):
     """A poll keeps claiming while batches come back full (within the budget), then sweeps."""
-    from app.jobs import trigger_job
-    from app.tasks.poll import poll_shard
+    from app.services.jobs import trigger_job
+    from app.tasks.shard import poll_shard
 
     send, drain = broker
     now = utcnow()

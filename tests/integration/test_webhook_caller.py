@@ -10,9 +10,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from app.addresses import resolve_target
+from app.services.addresses import resolve_target
 from app.sdk.signature import verify_signature
-from app.tasks.webhook import WebhookCall, WebhookCaller
+from app.worker.webhook import WebhookCall, WebhookCaller
 
 pytestmark = pytest.mark.integration
 

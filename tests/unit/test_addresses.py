@@ -1,11 +1,11 @@
-"""The private-address policy (API.md "Private addresses")."""
+"""The private-address policy (docs/api.md "Private addresses")."""
 from __future__ import annotations
 
 import socket
 
 import pytest
 
-from app.addresses import (
+from app.services.addresses import (
     PrivateAddress,
     TargetAddressError,
     UnresolvableHost,

@@ -1,4 +1,4 @@
-"""app.pagination: opaque cursors, validated limits, exact merges across shards."""
+"""app.services.pagination: opaque cursors, validated limits, exact merges across shards."""
 from __future__ import annotations
 
 import uuid
@@ -6,8 +6,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from app.errors import ValidationError
-from app.pagination import decode_cursor, encode_cursor, merge_newest, parse_limit
+from app.core.errors import ValidationError
+from app.services.pagination import decode_cursor, encode_cursor, merge_newest, parse_limit
 
 UTC = timezone.utc
 

@@ -65,7 +65,7 @@ def test_celeryconfig_is_json_only_with_deliberate_acks_and_no_retries(monkeypat
 
 
 def test_no_punctual_task_retries_through_celery():
-    from app.tasks import dispatch, poll
+    from app.tasks import dispatch, shard
 
-    for task in (dispatch.dispatch, poll.poll, poll.sweep):
+    for task in (dispatch.dispatch, shard.poll, shard.sweep):
         assert not getattr(task, "autoretry_for", ()) and task.max_retries == 0

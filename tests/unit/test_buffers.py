@@ -5,8 +5,8 @@ import threading
 import time
 import uuid
 
-from app.tasks.buffer import CompletionBuffer
-from app.tasks.inflight import InFlight
+from app.worker.buffer import CompletionBuffer
+from app.worker.inflight import InFlight
 
 
 def test_the_buffer_flushes_after_a_short_delay_without_waiting_for_more():
@@ -31,7 +31,7 @@ def test_a_full_buffer_flushes_in_one_batch():
 
 
 def test_a_failed_flush_keeps_its_items(monkeypatch):
-    import app.tasks.buffer as module
+    import app.worker.buffer as module
 
     monkeypatch.setattr(module, "RETRY_PAUSE_S", 0.01)
     calls: list[list] = []

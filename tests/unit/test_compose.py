@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from app.cli import main
 from app.settings import VARIABLES, Settings
-from app.sharding import queue_name
+from app.registry.sharding import queue_name
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())

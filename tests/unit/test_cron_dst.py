@@ -13,9 +13,9 @@ from zoneinfo import ZoneInfo
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from app.cron import parse_cron
-from app.schedules import DstPolicy, Schedule, next_fire, preview
-from app.timefmt import UTC, parse_instant
+from app.core.cron import parse_cron
+from app.core.schedules import DstPolicy, Schedule, next_fire, preview
+from app.core.timefmt import UTC, parse_instant
 
 SHIFT_ONCE = DstPolicy(gap="shift", overlap="once")
 SHIFT_TWICE = DstPolicy(gap="shift", overlap="twice")

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from app.devserver import banner, stack
-from app.owners import NewKey
+from app.services.owners import NewKey
 from app.settings import Settings
 
 

@@ -10,8 +10,8 @@ from datetime import timedelta
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from app.jitter import fire_at, jitter_offset, parse_jitter_s
-from app.timefmt import parse_instant
+from app.core.jitter import fire_at, jitter_offset, parse_jitter_s
+from app.core.timefmt import parse_instant
 
 JOB = uuid.UUID("7f0c2a4e-1b9d-4c61-9a53-2f3e8d1c0b7a")
 MIDNIGHT = parse_instant("2026-06-01T00:00:00Z")

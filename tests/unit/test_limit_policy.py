@@ -1,4 +1,4 @@
-"""Which limits apply to a run (API.md "Limits"): app.limits.policy, pure."""
+"""Which limits apply to a run (docs/api.md "Limits"): app.limits.policy, pure."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 from hypothesis import given, strategies as st
 
-from app.tasks.message import ETA_STEP, DispatchRun, chunks, eta_of, to_messages
+from app.lifecycle.message import ETA_STEP, DispatchRun, chunks, eta_of, to_messages
 
 NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)
 

@@ -7,8 +7,8 @@ from datetime import datetime, timedelta
 
 import pytest
 
-import app.jitter
-from app.misfire import (
+import app.core.jitter
+from app.core.misfire import (
     MISFIRE_POLICIES,
     Backlog,
     MisfireDecision,
@@ -18,8 +18,8 @@ from app.misfire import (
     is_missed,
     parse_misfire,
 )
-from app.schedules import DstPolicy, Schedule
-from app.timefmt import parse_instant
+from app.core.schedules import DstPolicy, Schedule
+from app.core.timefmt import parse_instant
 
 JOB = uuid.UUID("00000000-0000-4000-8000-000000000042")
 DST = DstPolicy()
@@ -44,7 +44,7 @@ def occ(k: int) -> Occurrence:
 
 def backlog_of(schedule: Schedule, now: datetime, *, jitter_s: int = 0, first: Occurrence | None = None, anchor=START) -> Backlog:
     if first is None:
-        first = Occurrence(START, app.jitter.fire_at(JOB, START, jitter_s))
+        first = Occurrence(START, app.core.jitter.fire_at(JOB, START, jitter_s))
     return find_backlog(schedule, DST, anchor, JOB, jitter_s, first, now)
 
 
@@ -100,7 +100,7 @@ def test_jitter_decides_what_is_due():
     # With jitter, an occurrence is due at nominal + its own offset.
     jitter_s = 3600
     schedule = Schedule(kind="interval", interval_s=7200, start_at=START)
-    offsets = [app.jitter.jitter_offset(JOB, START + timedelta(hours=2 * k), jitter_s) for k in range(3)]
+    offsets = [app.core.jitter.jitter_offset(JOB, START + timedelta(hours=2 * k), jitter_s) for k in range(3)]
     fire = [START + timedelta(hours=2 * k) + offsets[k] for k in range(3)]
     just_before = backlog_of(schedule, fire[1] - timedelta(milliseconds=1), jitter_s=jitter_s)
     assert [o.fire_at for o in just_before.oldest] == fire[:1]
@@ -118,7 +118,7 @@ def test_overtaken_occurrence_stays_in_the_backlog():
     assert nominals == [START + timedelta(seconds=k) for k in range(len(nominals))]
     assert backlog.latest == backlog.oldest[-1] and backlog.latest.fire_at <= now
     later = [START + timedelta(seconds=k) for k in range(len(nominals), 91)]
-    assert all(app.jitter.fire_at(JOB, t, 60) > now for t in later)  # nothing later is due
+    assert all(app.core.jitter.fire_at(JOB, t, 60) > now for t in later)  # nothing later is due
     assert backlog.count == len(nominals)
 
 
@@ -148,13 +148,13 @@ def test_huge_cron_backlog_count_is_unknown_but_bounded_work():
 def test_week_down_one_second_job_does_not_enumerate(schedule, jitter_s, monkeypatch):
     # 604,800 occurrences are due. Enumerating them would take ~10 s and 600k jitter
     # hashes; find_backlog must touch only `limit` of them plus the jitter window.
-    real_fire_at, calls = app.jitter.fire_at, []
+    real_fire_at, calls = app.core.jitter.fire_at, []
 
     def counting_fire_at(*args):
         calls.append(1)
         return real_fire_at(*args)
 
-    monkeypatch.setattr(app.jitter, "fire_at", counting_fire_at)
+    monkeypatch.setattr(app.core.jitter, "fire_at", counting_fire_at)
     created = Z("2026-03-25T00:00:00Z")
     first_nominal = created + timedelta(seconds=1)
     first = Occurrence(first_nominal, real_fire_at(JOB, first_nominal, jitter_s))

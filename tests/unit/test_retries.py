@@ -6,8 +6,8 @@ from datetime import timedelta
 
 import pytest
 
-from app.errors import ValidationError
-from app.retries import (
+from app.core.errors import ValidationError
+from app.core.retries import (
     CallOutcome,
     RetryDecision,
     RetryPolicy,
@@ -17,7 +17,7 @@ from app.retries import (
     parse_retry,
     parse_retry_after,
 )
-from app.timefmt import parse_instant
+from app.core.timefmt import parse_instant
 
 NOW = parse_instant("2026-06-01T12:00:00Z")  # a Monday
 POLICY = RetryPolicy()  # 5 attempts, 10 s, capped at 3600 s

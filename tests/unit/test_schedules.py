@@ -7,8 +7,8 @@ from datetime import datetime, timedelta
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from app.errors import ValidationError
-from app.schedules import (
+from app.core.errors import ValidationError
+from app.core.schedules import (
     DstPolicy,
     Schedule,
     count_fires,
@@ -20,7 +20,7 @@ from app.schedules import (
     parse_schedule,
     preview,
 )
-from app.timefmt import parse_instant
+from app.core.timefmt import parse_instant
 
 DEFAULT_DST = DstPolicy()
 

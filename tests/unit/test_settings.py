@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from app.errors import SettingsError
+from app.core.errors import SettingsError
 from app.settings import VARIABLES, Settings
 
 

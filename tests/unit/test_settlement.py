@@ -4,9 +4,9 @@ from __future__ import annotations
 import uuid
 from datetime import datetime, timedelta, timezone
 
-from app.jitter import fire_at
-from app.retries import CallOutcome
-from app.tasks.settlement import Attempt, settle
+from app.core.jitter import fire_at
+from app.core.retries import CallOutcome
+from app.lifecycle.settlement import Attempt, settle
 
 NOW = datetime(2026, 6, 1, 12, 0, 30, tzinfo=timezone.utc)
 NOMINAL = datetime(2026, 6, 1, 12, 0, 0, tzinfo=timezone.utc)

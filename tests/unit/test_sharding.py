@@ -9,7 +9,7 @@ from collections import Counter
 
 from hypothesis import given, settings, strategies as st
 
-from app.sharding import physical_index, queue_name, shard_for, shards_on
+from app.registry.sharding import physical_index, queue_name, shard_for, shards_on
 
 
 def test_uniform_within_five_percent_over_100k_ids():
@@ -24,7 +24,7 @@ def test_stable_across_processes_not_pythons_salted_hash():
     ids = [uuid.UUID(int=i * 7919 + 12345) for i in range(50)]
     here = [shard_for(i, 16) for i in ids]
     code = (
-        "import uuid; from app.sharding import shard_for; "
+        "import uuid; from app.registry.sharding import shard_for; "
         f"print([shard_for(uuid.UUID(int=i * 7919 + 12345), 16) for i in range(50)])"
     )
     for seed in ("1", "2"):

@@ -7,7 +7,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from app.timefmt import format_instant, format_local, parse_instant, truncate_to_ms
+from app.core.timefmt import format_instant, format_local, parse_instant, truncate_to_ms
 
 UTC = timezone.utc
 

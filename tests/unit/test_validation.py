@@ -1,13 +1,13 @@
-"""app.validation: one validator for create and patch, every bad field at once."""
+"""app.services.validation: one validator for create and patch, every bad field at once."""
 from __future__ import annotations
 
 import pytest
 
-from app import addresses
-from app.errors import ValidationError
-from app.retries import RetryPolicy
-from app.schedules import DstPolicy
-from app.validation import JOB_FIELDS, validate_changes, validate_job
+from app.services import addresses
+from app.core.errors import ValidationError
+from app.core.retries import RetryPolicy
+from app.core.schedules import DstPolicy
+from app.services.validation import JOB_FIELDS, validate_changes, validate_job
 
 PUBLIC_URL = "http://93.184.215.14/hook"  # an IP literal: no DNS needed
 
@@ -183,7 +183,7 @@ def test_instants_outside_years_1000_to_9999_are_422(schedule, field):
 
 
 def test_idempotency_keys_name_one_job_per_owner_and_equal_json_hashes_alike():
-    from app.idempotency import body_hash, job_id_for
+    from app.services.idempotency import body_hash, job_id_for
 
     assert job_id_for("alice", "k") == job_id_for("alice", "k") != job_id_for("bob", "k")
     assert body_hash({"a": 1, "b": [1.0, {"c": 2}]}) == body_hash({"b": [1, {"c": 2.0}], "a": 1.0})

@@ -1,0 +1,89 @@
+"""RFC 3339 instants: the one place that parses and prints them.
+
+Every instant Punctual stores or sends is UTC. Parsing rejects naive times (no
+offset): docs/api.md requires an explicit `Z` or `+hh:mm`. Printing uses `Z` and writes
+a fraction only when the instant has one, so `Idempotency-Key`,
+`Punctual-Scheduled-For` and a run's `scheduled_for` are the same string.
+"""
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta, timezone
+
+UTC = timezone.utc
+
+# RFC 3339 date-time: a 'T' (or space, or lowercase t), seconds required, offset required.
+_RFC3339 = re.compile(
+    r"^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
+)
+
+
+def parse_instant(text: object) -> datetime:
+    """Parse an RFC 3339 date-time with an offset into an aware UTC datetime.
+
+    Raises ValueError with a message fit for a 422 when the text is not one.
+    """
+    if not isinstance(text, str):
+        raise ValueError("must be an RFC 3339 date-time string")
+    match = _RFC3339.match(text)
+    if not match:
+        if re.match(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?$", text):
+            raise ValueError("must carry a UTC offset ('Z' or '+01:00'); naive times are rejected")
+        raise ValueError("must be an RFC 3339 date-time such as 2026-12-01T00:00:00Z")
+    year, month, day, hour, minute, second, fraction, offset = match.groups()
+    micros = int((fraction[1:] + "000000")[:6]) if fraction else 0
+    if offset in ("Z", "z"):
+        tz = UTC
+    else:
+        sign = 1 if offset[0] == "+" else -1
+        hours, minutes = int(offset[1:3]), int(offset[4:6])
+        if hours > 23 or minutes > 59:
+            raise ValueError("has an invalid UTC offset")
+        tz = timezone(sign * timedelta(hours=hours, minutes=minutes))
+    try:
+        local = datetime(int(year), int(month), int(day), int(hour), int(minute), int(second), micros, tzinfo=tz)
+        return local.astimezone(UTC)
+    except ValueError as exc:  # 2026-02-30, hour 24, leap second 60
+        raise ValueError(f"is not a valid date-time ({exc})") from None
+    except OverflowError:  # 0001-01-01T00:00:00+01:00 is before datetime.min in UTC
+        raise ValueError("is out of the supported range of instants") from None
+
+
+def format_instant(moment: datetime) -> str:
+    """Print an aware datetime as RFC 3339 UTC with `Z`.
+
+    A fraction is written only when the instant has one: milliseconds when that is
+    exact (trigger instants), microseconds otherwise.
+    """
+    if moment.tzinfo is None:
+        raise ValueError("naive datetime: every instant in Punctual is aware UTC")
+    moment = moment.astimezone(UTC)
+    # Not strftime("%Y"): glibc does not pad years below 1000 to four digits.
+    text = f"{moment.year:04d}-{moment:%m-%dT%H:%M:%S}"
+    if moment.microsecond:
+        if moment.microsecond % 1000 == 0:
+            text += f".{moment.microsecond // 1000:03d}"
+        else:
+            text += f".{moment.microsecond:06d}"
+    return text + "Z"
+
+
+def format_local(moment: datetime) -> str:
+    """Print an aware datetime as RFC 3339 with its own offset (schedule previews)."""
+    text = f"{moment.year:04d}-{moment:%m-%dT%H:%M:%S}"
+    if moment.microsecond:
+        text += f".{moment.microsecond:06d}".rstrip("0")
+    offset = moment.utcoffset() or timedelta(0)
+    total = int(offset.total_seconds())
+    sign = "+" if total >= 0 else "-"
+    total = abs(total)
+    return f"{text}{sign}{total // 3600:02d}:{total % 3600 // 60:02d}"
+
+
+def utcnow() -> datetime:
+    """The wall clock, aware UTC. Pure modules never call this: `now` is an argument."""
+    return datetime.now(UTC)
+
+
+def truncate_to_ms(moment: datetime) -> datetime:
+    return moment.replace(microsecond=moment.microsecond - moment.microsecond % 1000)

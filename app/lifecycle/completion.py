@@ -1,0 +1,153 @@
+"""Completion: finished attempts written back, batched, fenced by the lease token.
+
+`complete` takes a batch of finished attempts (as a worker's completion buffer
+flushes them) and writes them in ONE transaction per physical DSN:
+
+1. lock the batch's job rows and run rows (SELECT ... FOR UPDATE, in key order so
+   two batches never deadlock);
+2. fence: an attempt whose run is no longer `running` with its lease_token, or
+   whose job (schedule runs) no longer holds that token, is stale: it changes
+   nothing and is counted in STALE_COMPLETIONS (invariant 1);
+3. settle each attempt (app.lifecycle.settlement, pure) and write the results with one
+   statement per shape (app.registry.bulk): runs, jobs (`WHERE job_id = ? AND
+   lease_token = ?`), and new run rows for off-schedule retries.
+
+The janitor settles expired leases through `apply` too, with the run states it
+may take back (`claimed` as well as `running`) and retry_now.
+"""
+from __future__ import annotations
+
+import random
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Callable, Iterable, Sequence
+
+import sqlalchemy as sa
+
+from app import metrics
+from app.registry.bulk import insert_many, key_in, update_many
+from app.registry.records import run_row
+from app.registry.engines import Registry
+from app.core.retries import CallOutcome
+from app.registry.schema import jobs, runs
+from app.lifecycle.message import DispatchRun
+from app.lifecycle.settlement import Attempt, Settlement, settle
+from app.registry.dialect import locks_rows
+
+
+@dataclass(frozen=True)
+class Finished:
+    run: DispatchRun
+    outcome: CallOutcome
+    finished_at: datetime
+
+
+@dataclass(frozen=True)
+class CompletionReport:
+    applied: int = 0
+    stale: int = 0
+
+    def __add__(self, other: "CompletionReport") -> "CompletionReport":
+        return CompletionReport(self.applied + other.applied, self.stale + other.stale)
+
+
+def complete(registry: Registry, finished: Sequence[Finished], now: datetime,
+             rand: Callable[[], float] = random.random) -> CompletionReport:
+    """Write a batch of finished attempts: one transaction per physical DSN."""
+    by_engine: dict[int, list[Finished]] = defaultdict(list)
+    engines = registry.engines
+    for item in finished:
+        by_engine[registry.database_index(item.run.shard)].append(item)
+    report = CompletionReport()
+    for index, batch in by_engine.items():
+        with engines[index].begin() as conn:
+            report += apply(conn, batch, now, rand, registry.settings.lease_s)
+    return report
+
+
+def apply(conn: sa.Connection, batch: Sequence[Finished], now: datetime, rand: Callable[[], float],
+          lease_s: float, run_states: tuple[str, ...] = ("running",), retry_now: bool = False) -> CompletionReport:
+    """Fence, settle and write `batch` inside the caller's transaction."""
+    job_rows = _lock_jobs(conn, {f.run.job_id for f in batch if not f.run.off_schedule})
+    run_rows = _lock_runs(conn, {f.run.run_id for f in batch})
+    run_writes, job_writes, retry_rows = [], [], []
+    stale = 0
+    for item in batch:
+        run = item.run
+        current = run_rows.get(run.run_id)
+        job = job_rows.get(run.job_id)
+        if (current is None or current["lease_token"] != run.lease_token or current["state"] not in run_states
+                or (not run.off_schedule and (job is None or job["lease_token"] != run.lease_token))):
+            stale += 1
+            continue
+        attempt = Attempt(run.job_id, run.origin, run.scheduled_for, run.attempt, run.retry)
+        settled = settle(attempt, item.outcome, job, now, rand, retry_now=retry_now)
+        run_writes.append({
+            "run_id": run.run_id, "state": settled.run_state, "finished_at": item.finished_at,
+            "status_code": item.outcome.status_code, "error": settled.error,
+        })
+        if settled.job is not None:
+            job_writes.append({**settled.job, "job_id": run.job_id, "_token": run.lease_token})
+        if settled.retry_at is not None:
+            retry_rows.append(_retry_row(run, settled, now, lease_s))
+        _count(settled)
+    update_many(conn, runs, run_writes, match=("run_id",), columns=("state", "finished_at", "status_code", "error"),
+                constants={"leased_until": None, "updated_at": now})
+    for shape, rows in _by_shape(job_writes):
+        # The lease fence, written into the statement: WHERE job_id = ? AND lease_token = ?
+        fenced = [{**row, "lease_token": row["_token"]} for row in rows]
+        update_many(conn, jobs, fenced, match=("job_id", "lease_token"), columns=[c for c in shape if c != "lease_token"],
+                    constants={"updated_at": now, **({"lease_token": None} if "lease_token" in shape else {})})
+    insert_many(conn, runs, retry_rows)
+    if stale:
+        metrics.STALE_COMPLETIONS.inc(stale)
+    return CompletionReport(applied=len(run_writes), stale=stale)
+
+
+# What settling needs from a job row: not its target or payload (JSON to decode).
+_SETTLE_COLUMNS = [c for c in jobs.c if c.name not in ("target", "payload", "name", "idempotency_key", "request_hash")]
+
+
+def _lock_jobs(conn: sa.Connection, job_ids: set) -> dict:
+    if not job_ids:
+        return {}
+    stmt = sa.select(*_SETTLE_COLUMNS).where(key_in(conn, jobs.c.job_id, sorted(job_ids))).order_by(jobs.c.job_id)
+    if locks_rows(conn):
+        stmt = stmt.with_for_update()
+    return {row["job_id"]: row for row in conn.execute(stmt).mappings()}
+
+
+def _lock_runs(conn: sa.Connection, run_ids: set) -> dict:
+    stmt = (
+        sa.select(runs.c.run_id, runs.c.lease_token, runs.c.state)
+        .where(key_in(conn, runs.c.run_id, sorted(run_ids)))
+        .order_by(runs.c.run_id)
+    )
+    if locks_rows(conn):
+        stmt = stmt.with_for_update()
+    return {row["run_id"]: row for row in conn.execute(stmt).mappings()}
+
+
+def _by_shape(rows: Iterable[dict]) -> list[tuple[tuple[str, ...], list[dict]]]:
+    """Group job writes by which columns they set: executemany needs one shape."""
+    groups: dict[tuple[str, ...], list[dict]] = defaultdict(list)
+    for row in rows:
+        groups[tuple(sorted(k for k in row if not k.startswith("_") and k != "job_id"))].append(row)
+    return list(groups.items())
+
+
+def _retry_row(run: DispatchRun, settled: Settlement, now: datetime, lease_s: float) -> dict:
+    """An off-schedule run's next attempt: its own lease, published by the relay sweep when due."""
+    return run_row(job_id=run.job_id, shard=run.shard, owner=run.owner, origin=run.origin,
+                   scheduled_for=run.scheduled_for, attempt=run.attempt + 1, state="claimed",
+                   target=run.target, retry=dict(run.retry), now=now, lease_token=uuid.uuid4(),
+                   leased_until=settled.retry_at + timedelta(seconds=lease_s), due_at=settled.retry_at,
+                   published=False)
+
+
+def _count(settled: Settlement) -> None:
+    metrics.RUNS.labels(settled.run_state).inc()
+    if settled.dead:
+        metrics.DEAD_LETTERS.inc()

@@ -1,0 +1,53 @@
+"""A job's cursor: which occurrence comes next. Pure; reads a job row, writes nothing.
+
+Used by the claim (a misfire that runs nothing moves the cursor), the completion
+and the janitor (a finished occurrence moves it on). The next occurrence is always
+computed from a nominal instant (the run's scheduled_for), never from now
+(invariant 6), with the job row's schedule as it is at that moment, so a PATCH
+during a run applies from the next occurrence.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Mapping
+
+from app.core import jitter
+from app.core.misfire import Occurrence
+from app.registry.records import dst_of, schedule_of
+from app.core.schedules import next_fire
+
+
+@dataclass(frozen=True)
+class Advance:
+    """Where the cursor goes: `next` (None when the schedule is over), and whether
+    the run_all skipped range has now been stepped over and can be forgotten."""
+
+    next: Occurrence | None
+    clear_skipped_range: bool
+
+
+def occurrence(job: Mapping[str, Any], nominal: datetime) -> Occurrence:
+    """An occurrence of this job: its nominal instant and its jittered fire instant."""
+    return Occurrence(nominal, jitter.fire_at(job["job_id"], nominal, job["jitter_s"]))
+
+
+def advance(job: Mapping[str, Any], after: datetime) -> Advance:
+    """The occurrence after nominal instant `after`.
+
+    run_all's cap recorded occurrences in (skipped_after, skipped_through] as
+    skipped; when the next occurrence falls in that range the cursor jumps past it.
+    """
+    schedule = schedule_of(job)
+    dst = dst_of(job)
+    anchor = job["created_at"]
+    nominal = next_fire(schedule, dst, after, anchor)
+    skipped_after, skipped_through = job.get("skipped_after"), job.get("skipped_through")
+    clear = False
+    if skipped_through is not None:
+        if nominal is not None and skipped_after is not None and skipped_after < nominal <= skipped_through:
+            nominal = next_fire(schedule, dst, skipped_through, anchor)
+            clear = True
+        elif nominal is None or nominal > skipped_through:
+            clear = True
+    return Advance(None if nominal is None else occurrence(job, nominal), clear)

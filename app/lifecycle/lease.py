@@ -1,0 +1,138 @@
+"""The worker's fenced writes before completion: start, hold, heartbeat.
+
+Each takes a batch and writes it with one statement (or one executemany) per
+physical DSN, and each is fenced by the lease token, so a duplicated or stale
+dispatch message changes nothing (invariants 1, 3, 4):
+
+- start: claimed -> running, `WHERE (run_id, lease_token) IN (...) AND state =
+  'claimed'`; the runs it returns are the only ones the worker may call. The lease
+  is renewed with it.
+- hold: a limit said "not yet". A schedule run's row is deleted (no attempt spent)
+  and its job goes back to `scheduled` at the time the limit allows, misfire_exempt,
+  lease cleared; an off-schedule run stays `claimed` under a new token and is due
+  (for the relay sweep) at that time.
+- heartbeat: leased_until = now + lease_s on the job (schedule runs) or the run
+  (off-schedule runs) while the call is in flight.
+"""
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from datetime import datetime, timedelta
+from typing import Iterable, Sequence
+
+import sqlalchemy as sa
+
+from app.registry.bulk import update_many
+from app.registry.engines import Registry
+from app.registry.schema import jobs, runs
+from app.lifecycle.message import DispatchRun
+from app.registry.dialect import locks_rows
+
+
+def _by_engine(registry: Registry, items: Iterable, run_of=lambda item: item) -> dict[int, list]:
+    count = len(registry.engines)
+    grouped: dict[int, list] = defaultdict(list)
+    for item in items:
+        grouped[run_of(item).shard % count].append(item)
+    return grouped
+
+
+def start(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -> set[uuid.UUID]:
+    """Mark runs running, fenced; returns the run_ids that this call started.
+
+    The start also renews the lease (leased_until = now + lease_s), in the same
+    transaction: a run that waited in the broker for most of its lease must not be
+    taken back by the janitor before its first heartbeat. Job rows are written
+    before run rows, the janitor's lock order, so the two never deadlock.
+    """
+    started: set[uuid.UUID] = set()
+    until = now + timedelta(seconds=registry.settings.lease_s)
+    for index, group in _by_engine(registry, batch).items():
+        on_jobs = sorted(({"job_id": run.job_id, "lease_token": run.lease_token} for run in group if not run.off_schedule),
+                         key=lambda row: row["job_id"])
+        rows = [{
+            "run_id": run.run_id,
+            "lease_token": run.lease_token,
+            "lateness_ms": int((now - run.scheduled_for).total_seconds() * 1000),
+            # Off-schedule runs hold their own lease; schedule runs' lease is the job's.
+            "leased_until": until if run.off_schedule else None,
+        } for run in group]
+        with registry.engines[index].begin() as conn:
+            update_many(conn, jobs, on_jobs, match=("job_id", "lease_token"), constants={"leased_until": until})
+            started.update(update_many(
+                conn, runs, rows, match=("run_id", "lease_token"), columns=("lateness_ms", "leased_until"),
+                constants={"state": "running", "started_at": now, "updated_at": now},
+                where="runs.state = 'claimed'", returning="run_id",
+            ))
+    return started
+
+
+def hold(registry: Registry, held: Sequence[tuple[DispatchRun, datetime]], now: datetime) -> int:
+    """Put runs a limit held back off until their retry time; returns how many were held."""
+    count = 0
+    for index, group in _by_engine(registry, held, run_of=lambda item: item[0]).items():
+        until = {run.run_id: at for run, at in group}
+        scheduled = [(run, at) for run, at in group if not run.off_schedule]
+        off = [(run, at) for run, at in group if run.off_schedule]
+        with registry.engines[index].begin() as conn:
+            if scheduled:
+                # Jobs are locked before runs, the janitor's and the completion's order.
+                lock = sa.select(jobs.c.job_id).where(
+                    sa.tuple_(jobs.c.job_id, jobs.c.lease_token).in_(sorted((r.job_id, r.lease_token) for r, _ in scheduled))
+                ).order_by(jobs.c.job_id)
+                if locks_rows(conn):
+                    conn.execute(lock.with_for_update()).all()
+                deleted = conn.execute(
+                    sa.delete(runs)
+                    .where(
+                        sa.tuple_(runs.c.run_id, runs.c.lease_token).in_([(r.run_id, r.lease_token) for r, _ in scheduled]),
+                        runs.c.state == "claimed",
+                    )
+                    .returning(runs.c.run_id, runs.c.job_id, runs.c.lease_token)
+                ).all()
+                if deleted:
+                    conn.execute(_RELEASE_JOB, [
+                        {"b_job_id": row.job_id, "b_token": row.lease_token, "b_at": until[row.run_id], "b_now": now}
+                        for row in sorted(deleted, key=lambda r: r.job_id)
+                    ])
+                count += len(deleted)
+            for run, at in off:
+                result = conn.execute(
+                    sa.update(runs)
+                    .where(runs.c.run_id == run.run_id, runs.c.lease_token == run.lease_token, runs.c.state == "claimed")
+                    .values(lease_token=uuid.uuid4(), due_at=at, published=False, updated_at=now,
+                            leased_until=at + timedelta(seconds=registry.settings.lease_s))
+                )
+                count += result.rowcount
+    return count
+
+
+# A held job is due again when the limit allows; paused and cancelled jobs keep
+# their state, and a cancelled job keeps next_run_at null.
+_RELEASE_JOB = (
+    sa.update(jobs)
+    .where(jobs.c.job_id == sa.bindparam("b_job_id"), jobs.c.lease_token == sa.bindparam("b_token"))
+    .values(
+        state=sa.case((jobs.c.state == "running", "scheduled"), else_=jobs.c.state),
+        next_run_at=sa.case((jobs.c.state == "cancelled", jobs.c.next_run_at), else_=sa.bindparam("b_at")),
+        misfire_exempt=True,
+        lease_token=None,
+        leased_until=None,
+        updated_at=sa.bindparam("b_now"),
+    )
+)
+
+
+def heartbeat(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -> None:
+    """Extend the leases of runs whose calls are in flight (fenced; a lost lease stays lost)."""
+    until = {"leased_until": now + timedelta(seconds=registry.settings.lease_s)}
+    for index, group in _by_engine(registry, batch).items():
+        on_jobs = sorted(({"job_id": r.job_id, "lease_token": r.lease_token} for r in group if not r.off_schedule),
+                         key=lambda row: row["job_id"])
+        on_runs = sorted(({"run_id": r.run_id, "lease_token": r.lease_token} for r in group if r.off_schedule),
+                         key=lambda row: row["run_id"])
+        with registry.engines[index].begin() as conn:
+            update_many(conn, jobs, on_jobs, match=("job_id", "lease_token"), constants=until)
+            update_many(conn, runs, on_runs, match=("run_id", "lease_token"), constants=until,
+                        where="runs.state = 'running'")

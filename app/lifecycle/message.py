@@ -1,0 +1,142 @@
+"""The dispatch message: one Celery message carries a batch of runs.
+
+Each entry holds all a worker needs without reading the job (docs/design.md, "The
+dispatch message"): run_id, job_id, shard, owner, origin, lease_token,
+scheduled_for, attempt, the target and retry snapshots and the payload, and
+fire_at when the run was claimed ahead of its fire instant. The signing secret is
+never on the broker; the worker looks it up.
+
+A run claimed ahead (PUNCTUAL_CLAIM_AHEAD_S) travels in a message whose Celery eta
+is its fire instant, rounded up to ETA_STEP (100 ms): the worker holds the message,
+unacknowledged, and runs the task then, so a run never starts before its instant
+and at most one step after it, while runs due within one step share a message.
+
+Pure: building entries from run rows, grouping them into messages, parsing them back.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterable, Iterator, Mapping
+
+from app.core.timefmt import format_instant, parse_instant
+
+# Runs per dispatch message. A claim batch of 500 becomes 5 messages, so the
+# processes of one or several workers start a burst in parallel, while the broker
+# still sees ~100x fewer messages than runs.
+CHUNK_RUNS = 100
+# Runs claimed ahead whose fire instants fall in one step of this many seconds share
+# a message (and are up to this late); a finer step means more messages per second
+# at steady load.
+ETA_STEP = timedelta(milliseconds=100)
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+@dataclass(frozen=True)
+class DispatchRun:
+    run_id: uuid.UUID
+    job_id: uuid.UUID
+    shard: int
+    owner: str
+    origin: str  # schedule | trigger | replay
+    lease_token: uuid.UUID
+    scheduled_for: datetime
+    attempt: int
+    target: dict
+    retry: dict
+    payload: Any
+    fire_at: datetime | None = None  # set when claimed ahead: not to start before it
+
+    @property
+    def off_schedule(self) -> bool:
+        """Trigger and replay runs hold their lease on the run row, not the job."""
+        return self.origin != "schedule"
+
+    def to_message(self) -> dict:
+        return {
+            "run_id": str(self.run_id),
+            "job_id": str(self.job_id),
+            "shard": self.shard,
+            "owner": self.owner,
+            "origin": self.origin,
+            "lease_token": str(self.lease_token),
+            "scheduled_for": format_instant(self.scheduled_for),
+            "attempt": self.attempt,
+            "target": self.target,
+            "retry": self.retry,
+            "payload": self.payload,
+            **({"fire_at": format_instant(self.fire_at)} if self.fire_at is not None else {}),
+        }
+
+    @classmethod
+    def from_message(cls, entry: Mapping[str, Any]) -> "DispatchRun":
+        return cls(
+            run_id=uuid.UUID(entry["run_id"]),
+            job_id=uuid.UUID(entry["job_id"]),
+            shard=int(entry["shard"]),
+            owner=entry["owner"],
+            origin=entry["origin"],
+            lease_token=uuid.UUID(entry["lease_token"]),
+            scheduled_for=parse_instant(entry["scheduled_for"]),
+            attempt=int(entry["attempt"]),
+            target=entry["target"],
+            retry=entry["retry"] or {},
+            payload=entry.get("payload"),
+            fire_at=parse_instant(entry["fire_at"]) if entry.get("fire_at") else None,
+        )
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any], payload: Any, fire_at: datetime | None = None) -> "DispatchRun":
+        """From a runs row (plus the job's payload, which runs do not store, and the
+        fire instant of a run claimed ahead, which is the job's next_run_at)."""
+        return cls(
+            run_id=row["run_id"],
+            job_id=row["job_id"],
+            shard=row["shard"],
+            owner=row["owner"],
+            origin=row["origin"],
+            lease_token=row["lease_token"],
+            scheduled_for=row["scheduled_for"],
+            attempt=row["attempt"],
+            target=row["target"],
+            retry=row["retry"] or {},
+            payload=payload,
+            fire_at=fire_at,
+        )
+
+
+def chunks(items: list, size: int = CHUNK_RUNS) -> Iterator[list]:
+    """`items` in consecutive slices of at most `size`, spread evenly.
+
+    501 runs become six slices of 83-84 rather than 5 x 100 + 1, so no message is a
+    straggler.
+    """
+    if not items:
+        return
+    count = -(-len(items) // size)
+    base, extra = divmod(len(items), count)
+    start = 0
+    for index in range(count):
+        end = start + base + (1 if index < extra else 0)
+        yield items[start:end]
+        start = end
+
+
+def eta_of(fire_at: datetime | None, now: datetime) -> datetime | None:
+    """When a message holding a run that fires at `fire_at` should run: None (at
+    once) when the instant has come, else the instant rounded up to ETA_STEP."""
+    if fire_at is None or fire_at <= now:
+        return None
+    steps = -(-(fire_at - _EPOCH) // ETA_STEP)  # ceiling division of timedeltas
+    return _EPOCH + steps * ETA_STEP
+
+
+def to_messages(runs: Iterable[DispatchRun], now: datetime, size: int = CHUNK_RUNS) -> list[tuple[datetime | None, list[dict]]]:
+    """The messages that carry `runs`: (eta, entries) pairs, runs grouped by eta and
+    then in slices of at most `size`; the ones due now come first."""
+    by_eta: dict[datetime | None, list[DispatchRun]] = {}
+    for run in runs:
+        by_eta.setdefault(eta_of(run.fire_at, now), []).append(run)
+    order = sorted(by_eta, key=lambda eta: (eta is not None, eta or now))
+    return [(eta, [run.to_message() for run in chunk]) for eta in order for chunk in chunks(by_eta[eta], size)]

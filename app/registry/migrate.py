@@ -1,0 +1,60 @@
+"""`punctual migrate`: bring every physical shard to the newest schema revision.
+
+Safe to repeat: Alembic records the revision in each database, so a second run
+finds nothing to do. Migrations are forward-only and live in migrations/.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+import migrations
+from app.registry.engines import create_engine_for
+
+SCRIPT_LOCATION = str(Path(migrations.__file__).parent)
+
+
+def _config(connection: sa.Connection) -> Config:
+    config = Config()
+    config.set_main_option("script_location", SCRIPT_LOCATION)
+    config.attributes["connection"] = connection
+    return config
+
+
+def head_revision() -> str:
+    config = Config()
+    config.set_main_option("script_location", SCRIPT_LOCATION)
+    return ScriptDirectory.from_config(config).get_current_head()
+
+
+def current_revision(engine: sa.Engine) -> str | None:
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()
+
+
+def migrate_engine(engine: sa.Engine) -> tuple[str | None, str]:
+    """Upgrade one database to head; returns (revision before, revision after)."""
+    before = current_revision(engine)
+    with engine.begin() as connection:
+        command.upgrade(_config(connection), "head")
+    return before, current_revision(engine)
+
+
+def migrate_all(dsns: tuple[str, ...]) -> list[tuple[str, str | None, str]]:
+    """Upgrade every DSN; returns (dsn, before, after) for each."""
+    results = []
+    for dsn in dsns:
+        if dsn.startswith("sqlite:///"):
+            Path(dsn.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine_for(dsn, pool_size=1)
+        try:
+            before, after = migrate_engine(engine)
+        finally:
+            engine.dispose()
+        results.append((dsn, before, after))
+    return results

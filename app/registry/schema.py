@@ -1,0 +1,216 @@
+"""The registry schema: SQLAlchemy Core metadata for jobs, runs and owners.
+
+The same metadata runs on PostgreSQL (production, sharded) and SQLite (the embedded
+default of `punctual dev`). Migrations in migrations/ must produce exactly this; a
+test compares them.
+
+jobs is the schedule cursor: `next_run_at` (the jittered fire instant) and
+`nominal_at` (the occurrence it stands for) say what is due next. A claim sets
+state 'running' with a fresh `lease_token`; every later write to the job is fenced
+by that token, so a stale worker's completion changes nothing. Pause and cancel
+while a run is in flight change `state` but keep the lease: the run finishes, and
+its completion leaves the job paused or cancelled.
+
+runs is the history and the outbox in one: a claim inserts one row per run with
+`published` false; the relay publishes it and sets `published`. Runs triggered or
+replayed off-schedule carry their own lease (`origin` 'trigger' or 'replay') and
+their retries are new rows with a later `due_at`.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.types import TypeDecorator
+
+UTC = timezone.utc
+
+
+class UTCDateTime(TypeDecorator):
+    """An aware UTC datetime on both dialects.
+
+    PostgreSQL keeps timestamptz; SQLite has no time zones, so instants are stored
+    as naive UTC (whose text form sorts like time, which the due-range scan needs)
+    and made aware again on the way out. Naive input is a bug and is refused.
+    """
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect):
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the registry; instants must be aware UTC")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect):
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+JSONType = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+
+metadata = sa.MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+JOB_STATES = ("scheduled", "running", "paused", "completed", "cancelled", "dead")
+RUN_STATES = ("claimed", "running", "succeeded", "failed", "dead", "skipped", "replayed")
+RUN_ORIGINS = ("schedule", "trigger", "replay")
+
+jobs = sa.Table(
+    "jobs",
+    metadata,
+    sa.Column("job_id", sa.Uuid(), primary_key=True),
+    sa.Column("shard", sa.SmallInteger(), nullable=False),
+    sa.Column("owner", sa.Text(), nullable=False),
+    sa.Column("name", sa.Text(), nullable=False),
+    sa.Column("target", JSONType, nullable=False),
+    sa.Column("payload", JSONType, nullable=True),
+    # The schedule as columns, so operators can query it; the pure core reads them back.
+    sa.Column("schedule_kind", sa.Text(), nullable=False),  # once | cron | interval
+    sa.Column("run_at", UTCDateTime(), nullable=True),
+    sa.Column("cron", sa.Text(), nullable=True),
+    sa.Column("interval_s", sa.Integer(), nullable=True),
+    sa.Column("timezone", sa.Text(), nullable=False, server_default="UTC"),
+    sa.Column("start_at", UTCDateTime(), nullable=True),
+    sa.Column("end_at", UTCDateTime(), nullable=True),
+    sa.Column("retry_max_attempts", sa.Integer(), nullable=False),
+    sa.Column("retry_backoff_s", sa.Float(), nullable=False),
+    sa.Column("retry_max_backoff_s", sa.Float(), nullable=False),
+    sa.Column("misfire", sa.Text(), nullable=False),
+    sa.Column("dst_gap", sa.Text(), nullable=False),
+    sa.Column("dst_overlap", sa.Text(), nullable=False),
+    sa.Column("jitter_s", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("state", sa.Text(), nullable=False),
+    sa.Column("next_run_at", UTCDateTime(), nullable=True),  # jittered fire instant; null when nothing is due any more
+    sa.Column("nominal_at", UTCDateTime(), nullable=True),  # the occurrence next_run_at stands for
+    sa.Column("attempt", sa.Integer(), nullable=False, server_default="0"),  # attempts spent on nominal_at
+    # next_run_at is a retry, a run held back by a limit, or a replay: never a misfire.
+    sa.Column("misfire_exempt", sa.Boolean(), nullable=False, server_default=sa.false()),
+    # run_all's cap: occurrences in (skipped_after, skipped_through] were recorded skipped.
+    sa.Column("skipped_after", UTCDateTime(), nullable=True),
+    sa.Column("skipped_through", UTCDateTime(), nullable=True),
+    sa.Column("lease_token", sa.Uuid(), nullable=True),
+    sa.Column("leased_until", UTCDateTime(), nullable=True),
+    sa.Column("idempotency_key", sa.Text(), nullable=True),
+    sa.Column("request_hash", sa.Text(), nullable=True),
+    sa.Column("created_at", UTCDateTime(), nullable=False),
+    sa.Column("updated_at", UTCDateTime(), nullable=False),
+    sa.CheckConstraint(sa.column("state").in_(JOB_STATES), name="state"),
+)
+
+# "What is due" is a short range scan: only scheduled rows are in this index.
+sa.Index(
+    "ix_jobs_due",
+    jobs.c.shard,
+    jobs.c.next_run_at,
+    postgresql_where=jobs.c.state == "scheduled",
+    sqlite_where=jobs.c.state == "scheduled",
+)
+# "Whose lease expired": only rows holding a lease (running, or paused/cancelled in flight).
+sa.Index(
+    "ix_jobs_leased",
+    jobs.c.shard,
+    jobs.c.leased_until,
+    postgresql_where=jobs.c.lease_token.isnot(None),
+    sqlite_where=jobs.c.lease_token.isnot(None),
+)
+# Listing, newest first, per owner; and the exact-name filter.
+sa.Index("ix_jobs_owner_created", jobs.c.owner, jobs.c.created_at, jobs.c.job_id)
+sa.Index("ix_jobs_owner_name", jobs.c.owner, jobs.c.name, jobs.c.created_at, jobs.c.job_id)
+
+runs = sa.Table(
+    "runs",
+    metadata,
+    sa.Column("run_id", sa.Uuid(), primary_key=True),
+    sa.Column("job_id", sa.Uuid(), nullable=False),
+    sa.Column("shard", sa.SmallInteger(), nullable=False),
+    sa.Column("owner", sa.Text(), nullable=False),
+    sa.Column("origin", sa.Text(), nullable=False, server_default="schedule"),
+    sa.Column("scheduled_for", UTCDateTime(), nullable=False),  # nominal occurrence: the idempotency key's time
+    sa.Column("attempt", sa.Integer(), nullable=False),  # 1-based
+    sa.Column("state", sa.Text(), nullable=False),
+    sa.Column("lease_token", sa.Uuid(), nullable=True),
+    sa.Column("leased_until", UTCDateTime(), nullable=True),
+    # Outbox: when the relay sweep publishes it if nobody did (a claim publishes at once).
+    sa.Column("due_at", UTCDateTime(), nullable=True),
+    sa.Column("published", sa.Boolean(), nullable=False, server_default=sa.false()),
+    # What this occurrence was claimed with: PATCH during a run does not change it.
+    sa.Column("target", JSONType, nullable=True),
+    sa.Column("retry", JSONType, nullable=True),
+    sa.Column("started_at", UTCDateTime(), nullable=True),
+    sa.Column("finished_at", UTCDateTime(), nullable=True),
+    sa.Column("lateness_ms", sa.BigInteger(), nullable=True),
+    sa.Column("status_code", sa.Integer(), nullable=True),
+    sa.Column("error", sa.Text(), nullable=True),
+    sa.Column("created_at", UTCDateTime(), nullable=False),
+    sa.Column("updated_at", UTCDateTime(), nullable=False),
+    sa.CheckConstraint(sa.column("state").in_(RUN_STATES), name="state"),
+    sa.CheckConstraint(sa.column("origin").in_(RUN_ORIGINS), name="origin"),
+)
+
+sa.Index("ix_runs_job_created", runs.c.job_id, runs.c.created_at, runs.c.run_id)
+sa.Index(
+    "ix_runs_outbox",
+    runs.c.shard,
+    runs.c.due_at,
+    postgresql_where=runs.c.published == sa.false(),
+    sqlite_where=runs.c.published == sa.false(),
+)
+# Off-schedule runs (trigger, replay) hold their own lease; the janitor scans these.
+sa.Index(
+    "ix_runs_leased",
+    runs.c.shard,
+    runs.c.leased_until,
+    postgresql_where=runs.c.state.in_(("claimed", "running")),
+    sqlite_where=runs.c.state.in_(("claimed", "running")),
+)
+sa.Index(
+    "ix_runs_dead",
+    runs.c.owner,
+    runs.c.created_at,
+    runs.c.run_id,
+    postgresql_where=runs.c.state == "dead",
+    sqlite_where=runs.c.state == "dead",
+)
+
+# Owners and keys live on the physical DSN of logical shard 0 (the "home" DSN).
+owners = sa.Table(
+    "owners",
+    metadata,
+    sa.Column("owner", sa.Text(), primary_key=True),
+    sa.Column("signing_secret", sa.Text(), nullable=False),
+    sa.Column("created_at", UTCDateTime(), nullable=False),
+)
+
+api_keys = sa.Table(
+    "api_keys",
+    metadata,
+    sa.Column("key_hash", sa.Text(), primary_key=True),  # sha256 hex of the key; the key itself is never stored
+    sa.Column("owner", sa.Text(), sa.ForeignKey("owners.owner"), nullable=False),
+    sa.Column("created_at", UTCDateTime(), nullable=False),
+)
+
+# The limits of a named limits key: those of the job most recently created or
+# updated with it (docs/api.md "Limits"). On the home DSN, like owners.
+limit_keys = sa.Table(
+    "limit_keys",
+    metadata,
+    sa.Column("owner", sa.Text(), primary_key=True),
+    sa.Column("name", sa.Text(), primary_key=True),
+    sa.Column("rate_per_s", sa.Float(), nullable=True),
+    sa.Column("max_concurrency", sa.Integer(), nullable=True),
+    sa.Column("updated_at", UTCDateTime(), nullable=False),
+)

@@ -1,0 +1,18 @@
+"""What a service call can answer besides its result: no such resource, or a conflict.
+
+The API maps them to problems (app.api.problems): NotFound is 404, Conflict 409.
+"""
+from __future__ import annotations
+
+
+class NotFound(LookupError):
+    """No such job or run for this owner (another owner's counts as none)."""
+
+
+class Conflict(Exception):
+    """The request cannot apply to the resource's current state (409)."""
+
+    def __init__(self, detail: str, kind: str = "state-conflict"):
+        super().__init__(detail)
+        self.detail = detail
+        self.kind = kind

@@ -1,0 +1,116 @@
+"""Run service: a job's history, the owner's dead letters, and replay.
+
+A run row lives on its job's shard. History is one job's runs, newest first by
+(created_at, run_id); dead letters are the owner's `dead` runs merged over every
+DSN. Replay follows docs/design.md ("API verbs"): the dead run becomes
+`replayed` and is fired again with a fresh retry budget and the same scheduled_for
+(so the same idempotency key). Lock order as in app.services.jobs: job row, then run row.
+"""
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, Mapping
+
+import sqlalchemy as sa
+
+from app.services.errors import Conflict, NotFound
+from app.services.jobs import insert_run, locate, select_job
+from app.services.pagination import Page, decode_cursor, merge_newest, newest_first
+from app.registry.engines import Registry
+from app.registry.schema import jobs, runs
+
+
+def list_runs(registry: Registry, owner: str, job_id: str, *, limit: int, cursor: str | None) -> Page:
+    """A job's runs, newest first; NotFound for another owner's job."""
+    position = decode_cursor("r", cursor)
+    engine, key = locate(registry, job_id)
+    query = newest_first(
+        sa.select(runs).where(runs.c.job_id == key, runs.c.owner == owner),
+        runs.c.created_at, runs.c.run_id, position, limit,
+    )
+    with engine.connect() as conn:
+        if conn.execute(sa.select(jobs.c.job_id).where(jobs.c.job_id == key, jobs.c.owner == owner)).first() is None:
+            raise NotFound("job")
+        rows = list(conn.execute(query).mappings())
+    return merge_newest("r", [rows], limit, "created_at", "run_id")
+
+
+def list_dead_letters(registry: Registry, owner: str, *, limit: int, cursor: str | None) -> Page:
+    """The owner's runs in state `dead`, newest first, over every DSN."""
+    position = decode_cursor("d", cursor)
+    query = newest_first(
+        sa.select(runs).where(runs.c.owner == owner, runs.c.state == "dead"),
+        runs.c.created_at, runs.c.run_id, position, limit,
+    )
+    pages = []
+    for engine in registry.engines:
+        with engine.connect() as conn:
+            pages.append(list(conn.execute(query).mappings()))
+    return merge_newest("d", pages, limit, "created_at", "run_id")
+
+
+def count_dead(registry: Registry) -> int:
+    """Runs in state `dead` over every DSN (operator metrics; not owner-scoped)."""
+    total = 0
+    for engine in registry.engines:
+        with engine.connect() as conn:
+            total += conn.execute(sa.select(sa.func.count()).select_from(runs).where(runs.c.state == "dead")).scalar_one()
+    return total
+
+
+def replay_run(registry: Registry, owner: str, run_id: str, now: datetime) -> Mapping[str, Any]:
+    """Fire a dead run again; answers the run, now `replayed`.
+
+    A dead one-off job whose schedule run died goes back to `scheduled` (due now,
+    nominal_at = the run's scheduled_for, misfire-exempt) and the poller claims it;
+    otherwise a new off-schedule run (origin `replay`) is inserted for the relay.
+    Conflict when the run is not dead, or its job was cancelled (no new run starts
+    for a cancelled job). NotFound for another owner's run.
+    """
+    try:
+        key = uuid.UUID(run_id)
+    except ValueError:
+        raise NotFound("run") from None
+    found = _find_run(registry, owner, key)
+    if found is None:
+        raise NotFound("run")
+    engine, job_id = found
+    with engine.begin() as conn:
+        job = select_job(conn, owner, job_id, lock=True)
+        run = conn.execute(_run_query(owner, key).with_for_update()).mappings().first()
+        if job is None or run is None:
+            raise NotFound("run")
+        if run["state"] != "dead":
+            raise Conflict(f"the run is {run['state']}; only a dead run can be replayed")
+        if job["state"] == "cancelled":
+            raise Conflict("the run's job is cancelled; no new run starts for it")
+        replayed = conn.execute(
+            runs.update().where(runs.c.run_id == key, runs.c.state == "dead")
+            .values(state="replayed", updated_at=now).returning(*runs.c)
+        ).mappings().one()
+        if job["schedule_kind"] == "once" and job["state"] == "dead" and run["origin"] == "schedule":
+            conn.execute(
+                jobs.update().where(jobs.c.job_id == job_id, jobs.c.state == "dead").values(
+                    state="scheduled", next_run_at=now, nominal_at=run["scheduled_for"], attempt=0,
+                    misfire_exempt=True, updated_at=now,
+                )
+            )
+        else:
+            insert_run(conn, job, origin="replay", scheduled_for=run["scheduled_for"], now=now,
+                       lease_s=registry.settings.lease_s)
+    return replayed
+
+
+def _run_query(owner: str, run_id: uuid.UUID) -> sa.Select:
+    return sa.select(runs).where(runs.c.run_id == run_id, runs.c.owner == owner)
+
+
+def _find_run(registry: Registry, owner: str, run_id: uuid.UUID) -> tuple[sa.Engine, uuid.UUID] | None:
+    """Which DSN holds a run (run ids are random: each DSN is asked by primary key)."""
+    for engine in registry.engines:
+        with engine.connect() as conn:
+            job_id = conn.execute(sa.select(runs.c.job_id).where(runs.c.run_id == run_id, runs.c.owner == owner)).scalar()
+        if job_id is not None:
+            return engine, job_id
+    return None

@@ -1,0 +1,58 @@
+"""The beat-driven tasks of a shard: `punctual.poll` and `punctual.sweep`.
+
+poll (every PUNCTUAL_POLL_INTERVAL_S): claim due jobs batch after batch while the
+batches come back full, within PUNCTUAL_POLL_BUDGET_S, publishing each batch right
+after its COMMIT, so one tick drains a burst; then the relay sweep publishes
+outbox rows that are due (triggered and replayed runs, off-schedule retries, runs a
+crashed poller left unpublished), so those wait at most about one poll interval.
+
+sweep (slower, see app.pollers.beat): the janitor takes back expired leases, and
+the relay sweep runs once more.
+"""
+from __future__ import annotations
+
+import time
+
+from celery import shared_task
+
+from app.pollers import janitor, relay
+from app.pollers.beat import POLL_TASK, SWEEP_TASK
+from app.pollers.claim import claim_batch
+from app.settings import Settings
+from app.worker.context import get_context
+from app.core.timefmt import utcnow
+
+
+def poll_shard(settings: Settings, engine, shard: int, send) -> dict:
+    """One poll tick of one shard; returns what it did (for logs and tests)."""
+    deadline = time.monotonic() + settings.poll_budget_s
+    claimed = batches = 0
+    while True:
+        result = claim_batch(engine, shard, utcnow(), settings)
+        relay.publish_claimed(engine, shard, result.runs, send)
+        claimed += len(result.runs)
+        batches += 1
+        if not result.full or time.monotonic() >= deadline:
+            break
+    swept = relay.sweep(engine, shard, utcnow(), send)
+    return {"shard": shard, "claimed": claimed, "batches": batches, "swept": swept}
+
+
+@shared_task(name=POLL_TASK, acks_late=False, ignore_result=True, max_retries=0)
+def poll(shard: int) -> dict:
+    # acks_late off: a poll lost with its worker is replaced by the next tick.
+    from app.tasks.dispatch import send_dispatch
+
+    context = get_context()
+    return poll_shard(context.settings, context.registry.engine_for_shard(shard), shard, send_dispatch)
+
+
+@shared_task(name=SWEEP_TASK, acks_late=False, ignore_result=True, max_retries=0)
+def sweep(shard: int) -> dict:
+    from app.tasks.dispatch import send_dispatch
+
+    context = get_context()
+    engine = context.registry.engine_for_shard(shard)
+    expired = janitor.expire(engine, shard, utcnow(), context.settings)
+    swept = relay.sweep(engine, shard, utcnow(), send_dispatch)
+    return {"shard": shard, "expired": expired, "swept": swept}

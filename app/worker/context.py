@@ -1,0 +1,120 @@
+"""A worker process's long-lived parts, made lazily after fork, one set per process.
+
+The registry's engine pools, the owner directory (signing secrets, cached), the
+limiter, the pooled HTTP session, the AMQP publisher for queue targets and the
+dispatcher with its call threads must never cross a fork: a prefork child starts
+with none (`reset_after_fork`) and builds its own on first use.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from functools import cached_property
+
+from app.services.owners import OwnerDirectory
+from app.registry.engines import Registry, registry_for
+from app.settings import Settings, get_settings
+
+
+class WorkerContext:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.pid = os.getpid()
+
+    @cached_property
+    def registry(self) -> Registry:
+        return registry_for(self.settings)
+
+    @cached_property
+    def owners(self) -> OwnerDirectory:
+        return OwnerDirectory(self.registry)
+
+    @cached_property
+    def limiter(self):
+        from app.limits import limiter_for
+
+        return limiter_for(self.settings)
+
+    @cached_property
+    def limit_keys(self):
+        from app.limits.keys import LimitKeyDirectory
+
+        return LimitKeyDirectory(self.registry)
+
+    @cached_property
+    def webhooks(self):
+        from app.worker.webhook import WebhookCaller
+
+        return WebhookCaller(allow_private=self.settings.allow_private_targets, pool_maxsize=self.settings.dispatch_threads)
+
+    @cached_property
+    def queues(self):
+        from celery import current_app
+
+        from app.worker.queue_publisher import QueuePublisher
+
+        # The broker exactly as Celery reaches it: in `punctual dev` that is the
+        # embedded transport under the data dir, not kombu's stock filesystem one.
+        conf = current_app.conf
+        return QueuePublisher(
+            self.settings.broker(),
+            transport=conf.broker_transport,
+            transport_options=dict(conf.broker_transport_options or {}),
+        )
+
+    @cached_property
+    def dispatcher(self):
+        from app.worker.engine import Dispatcher
+
+        return Dispatcher(
+            self.settings,
+            self.registry,
+            self.owners,
+            self.limiter,
+            self.limit_keys,
+            self.webhooks,
+            queues=lambda: self.queues,
+        )
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        if "dispatcher" in self.__dict__:
+            self.dispatcher.close(timeout_s)
+        if "webhooks" in self.__dict__:
+            self.webhooks.close()
+        if "queues" in self.__dict__:
+            self.queues.close()
+
+
+_context: WorkerContext | None = None
+_lock = threading.Lock()
+
+
+def get_context() -> WorkerContext:
+    """This process's context for the process's settings (rebuilt in a forked child)."""
+    global _context
+    with _lock:
+        if _context is None or _context.pid != os.getpid():
+            _context = WorkerContext(get_settings())
+        return _context
+
+
+def reset_after_fork() -> None:
+    """In a fresh child: forget the parent's context and its connection pools."""
+    global _context
+    from app.registry import engines as registry
+
+    _context = None
+    for reg in list(registry._registries.values()):
+        if "engines" in reg.__dict__:
+            for engine in reg.engines:
+                engine.dispose(close=False)
+    registry._registries.clear()
+
+
+def shutdown_context(timeout_s: float = 30.0) -> None:
+    """Let calls in flight finish and their completions flush (worker shutdown)."""
+    global _context
+    with _lock:
+        context, _context = _context, None
+    if context is not None and context.pid == os.getpid():
+        context.close(timeout_s)

@@ -1,0 +1,199 @@
+"""Webhook calls: one HTTP request per attempt, turned into a CallOutcome.
+
+A worker process holds one `WebhookCaller`: one urllib3 PoolManager shared by all
+of its dispatch threads. urllib3 directly, not requests: on the burst the call is
+the worker's hot path, and requests' session machinery (hooks, cookie jars,
+environment merging) cost about three times urllib3's own per-call CPU here. The caller never retries (retries live in the
+registry, docs/design.md invariant 3), never follows a redirect (a 3xx comes back as a
+status, which the retry policy treats as fatal), and never raises for anything the
+target does: every answer, timeout or connection failure is a CallOutcome.
+
+Private targets are refused where it cannot be dodged: on the socket. Unless
+private targets are allowed, every new connection checks the address it actually
+connected to (`getpeername()`), before a single byte of HTTP or TLS is sent, so a
+host whose DNS answer changed since the API checked it (DNS rebinding) is refused.
+"""
+from __future__ import annotations
+
+import re
+import socket
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import urllib3
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.exceptions import HTTPError, LocationValueError, NewConnectionError, TimeoutError as Urllib3Timeout
+
+from app import __version__
+from app.services.addresses import PrivateAddress, is_public_address
+from app.core.retries import CallOutcome
+from app.core.delivery import delivery_headers, encode_payload, is_reserved_header
+
+__all__ = ["WebhookCall", "WebhookCaller", "PrivatePeer"]
+
+# Methods that send no body, no Content-Type, and sign the empty string (docs/api.md).
+_BODYLESS = frozenset({"GET", "DELETE"})
+# Enough of an answer's body to keep the connection reusable; the body itself is
+# never used, and a target must not be able to keep a thread busy streaming one.
+_DRAIN_BYTES = 64 * 1024
+# How urllib3 prefixes a connection error with the connection object.
+_CONNECTION_PREFIX = re.compile(r"^(<[^>]*>|\w+\(host=[^)]*\)): ")
+# Distinct hosts whose connection pools are kept (each pool opens connections lazily).
+_HOST_POOLS = 512
+_BASE_HEADERS = {"User-Agent": f"Punctual/{__version__}", "Accept": "*/*"}
+
+
+@dataclass(frozen=True)
+class WebhookCall:
+    """One attempt of one run against a webhook target (a snapshot: no lookups)."""
+
+    job_id: str
+    scheduled_for: datetime
+    attempt: int
+    target: dict  # {"url", "method"?, "headers"?, "timeout_s"?, "limits"?}
+    payload: Any
+    signing_secret: str
+
+
+class PrivatePeer(PrivateAddress):
+    """The socket connected to an address that is not public."""
+
+
+def _refuse_private_peer(sock: socket.socket, host: str) -> None:
+    peer = sock.getpeername()[0]
+    if not is_public_address(peer):
+        sock.close()
+        raise PrivatePeer(f"target address {peer} of host {host!r} is not public")
+
+
+class _PublicHTTPConnection(HTTPConnection):
+    def _new_conn(self) -> socket.socket:
+        sock = super()._new_conn()
+        _refuse_private_peer(sock, self.host)
+        return sock
+
+
+class _PublicHTTPSConnection(HTTPSConnection):
+    # HTTPSConnection.connect() gets its raw socket from _new_conn() too, so the
+    # check runs before the TLS handshake.
+    def _new_conn(self) -> socket.socket:
+        sock = super()._new_conn()
+        _refuse_private_peer(sock, self.host)
+        return sock
+
+
+class _PublicHTTPConnectionPool(HTTPConnectionPool):
+    ConnectionCls = _PublicHTTPConnection
+
+
+class _PublicHTTPSConnectionPool(HTTPSConnectionPool):
+    ConnectionCls = _PublicHTTPSConnection
+
+
+class WebhookCaller:
+    """Calls webhook targets for one worker process; safe to share across threads."""
+
+    def __init__(self, allow_private: bool, pool_maxsize: int = 256):
+        self.allow_private = allow_private
+        # retries=False: the registry is the only layer that retries, and errors
+        # surface as themselves. block=False: a burst beyond pool_maxsize opens
+        # extra connections rather than queueing calls behind each other (they
+        # are simply not kept afterwards). urllib3 keeps no cookies and reads no
+        # proxy from the environment, so the peer check sees the real target and
+        # nothing one target sets reaches another owner's call.
+        self._pool = urllib3.PoolManager(num_pools=_HOST_POOLS, maxsize=pool_maxsize, block=False, retries=False)
+        if not allow_private:
+            self._pool.pool_classes_by_scheme = {
+                "http": _PublicHTTPConnectionPool,
+                "https": _PublicHTTPSConnectionPool,
+            }
+
+    def close(self) -> None:
+        self._pool.clear()
+
+    def call(self, call: WebhookCall) -> CallOutcome:
+        """Make one attempt; never raises for a target-side problem."""
+        target = call.target
+        try:
+            method = str(target.get("method") or "POST").upper()
+            timeout_s = float(target.get("timeout_s") or 30)
+            body = b"" if method in _BODYLESS else encode_payload(call.payload)
+            headers = _request_headers(call, method, body)
+        except (TypeError, ValueError) as exc:  # a payload that is not JSON, a bad timeout_s
+            return CallOutcome(error=f"cannot build the request: {exc}", retryable_error=False)
+        url = target.get("url") or ""
+        if not url.lower().startswith(("http://", "https://")):
+            return CallOutcome(error=f"invalid request: {url!r} is not an http(s) URL", retryable_error=False)
+        try:
+            response = self._pool.request(
+                method,
+                url,
+                body=body if method not in _BODYLESS else None,
+                headers=headers,
+                timeout=urllib3.Timeout(connect=timeout_s, read=timeout_s),
+                redirect=False,
+                retries=False,
+                preload_content=False,
+            )
+        except PrivatePeer as exc:
+            return CallOutcome(error=str(exc), retryable_error=False)
+        except NewConnectionError as exc:  # before timeouts: urllib3 makes it a ConnectTimeoutError subclass
+            return CallOutcome(error=_connection_error_text(exc))
+        except Urllib3Timeout:
+            return CallOutcome(error=f"timeout after {timeout_s:g}s")
+        except (LocationValueError, ValueError) as exc:
+            return CallOutcome(error=f"invalid request: {exc}", retryable_error=False)
+        except (HTTPError, OSError) as exc:
+            return CallOutcome(error=_connection_error_text(exc))
+        except Exception as exc:  # the contract: a CallOutcome, whatever the target did
+            return CallOutcome(error=f"{type(exc).__name__}: {exc}")
+        try:
+            return CallOutcome(status_code=response.status, retry_after=response.headers.get("Retry-After"))
+        finally:
+            _drain_and_release(response)
+
+
+def _request_headers(call: WebhookCall, method: str, body: bytes) -> dict[str, str]:
+    headers = dict(_BASE_HEADERS)
+    headers.update(
+        (str(name), str(value))
+        for name, value in (call.target.get("headers") or {}).items()
+        if not is_reserved_header(str(name))
+    )
+    headers.update(
+        delivery_headers(
+            job_id=call.job_id,
+            scheduled_for=call.scheduled_for,
+            attempt=call.attempt,
+            body=body,
+            signing_secret=call.signing_secret,
+        )
+    )
+    if method not in _BODYLESS:
+        headers["Content-Type"] = "application/json"
+    return headers
+
+
+def _drain_and_release(response: urllib3.BaseHTTPResponse) -> None:
+    """Read a small body so the connection can be reused; drop the connection otherwise."""
+    try:
+        read = 0
+        for chunk in response.stream(8192, decode_content=False):
+            read += len(chunk)
+            if read > _DRAIN_BYTES:
+                response.close()
+                break
+    except Exception:  # the status is known already; a broken body changes nothing
+        response.close()
+    finally:
+        response.release_conn()
+
+
+def _connection_error_text(exc: BaseException) -> str:
+    """The innermost reason of a connection failure, without urllib3's wrapping."""
+    reason = getattr(exc, "reason", None) or exc  # MaxRetryError / ProtocolError -> the cause
+    # "HTTPConnection(host='h', port=80): Failed to ..." -> "Failed to ..."
+    text = _CONNECTION_PREFIX.sub("", str(reason))
+    return f"connection failed: {text}"
