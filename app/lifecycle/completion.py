@@ -69,7 +69,39 @@ def complete(registry: Registry, finished: Sequence[Finished], now: datetime,
 
 def apply(conn: sa.Connection, batch: Sequence[Finished], now: datetime, rand: Callable[[], float],
           lease_s: float, run_states: tuple[str, ...] = ("running",), retry_now: bool = False) -> CompletionReport:
-    """Fence, settle and write `batch` inside the caller's transaction."""
+    """Fence, settle and write `batch` inside the caller's transaction.
+
+    The runs:
+
+    UPDATE runs SET state = v.state, finished_at = v.finished_at, status_code = v.status_code, error
+    = v.error, leased_until = :leased_until, updated_at = :updated_at FROM jsonb_to_recordset(:rows)
+    AS v(run_id uuid, state text, finished_at timestamptz, status_code integer, error text) WHERE
+    runs.run_id = v.run_id;
+
+    The jobs of schedule runs, fenced by the token, one statement per shape (a settlement
+    sets only the columns it changes; this is the widest):
+
+    UPDATE jobs SET attempt = v.attempt, leased_until = v.leased_until, misfire_exempt =
+    v.misfire_exempt, next_run_at = v.next_run_at, nominal_at = v.nominal_at, skipped_after =
+    v.skipped_after, skipped_through = v.skipped_through, state = v.state, updated_at = :updated_at,
+    lease_token = :lease_token FROM jsonb_to_recordset(:rows) AS v(job_id uuid, lease_token uuid,
+    attempt integer, leased_until timestamptz, misfire_exempt boolean, next_run_at timestamptz,
+    nominal_at timestamptz, skipped_after timestamptz, skipped_through timestamptz, state text)
+    WHERE jobs.job_id = v.job_id AND jobs.lease_token = v.lease_token;
+
+    The next attempts of off-schedule runs (app.registry.records.run_row):
+
+    INSERT INTO runs (run_id, job_id, shard, owner, origin, scheduled_for, attempt, state,
+    lease_token, leased_until, due_at, published, target, retry, started_at, finished_at,
+    lateness_ms, status_code, error, created_at, updated_at) SELECT v.run_id, v.job_id, v.shard,
+    v.owner, v.origin, v.scheduled_for, v.attempt, v.state, v.lease_token, v.leased_until, v.due_at,
+    v.published, v.target, v.retry, v.started_at, v.finished_at, v.lateness_ms, v.status_code,
+    v.error, v.created_at, v.updated_at FROM jsonb_to_recordset(:rows) AS v(run_id uuid, job_id
+    uuid, shard smallint, owner text, origin text, scheduled_for timestamptz, attempt integer, state
+    text, lease_token uuid, leased_until timestamptz, due_at timestamptz, published boolean, target
+    jsonb, retry jsonb, started_at timestamptz, finished_at timestamptz, lateness_ms bigint,
+    status_code integer, error text, created_at timestamptz, updated_at timestamptz);
+    """
     job_rows = _lock_jobs(conn, {f.run.job_id for f in batch if not f.run.off_schedule})
     run_rows = _lock_runs(conn, {f.run.run_id for f in batch})
     run_writes, job_writes, retry_rows = [], [], []

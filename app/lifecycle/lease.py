@@ -44,7 +44,15 @@ def start(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -> se
     The start also renews the lease (leased_until = now + lease_s), in the same
     transaction: a run that waited in the broker for most of its lease must not be
     taken back by the janitor before its first heartbeat. Job rows are written
-    before run rows, the janitor's lock order, so the two never deadlock.
+    before run rows, the janitor's lock order, so the two never deadlock:
+
+    UPDATE jobs SET leased_until = :leased_until FROM jsonb_to_recordset(:rows) AS v(job_id uuid,
+    lease_token uuid) WHERE jobs.job_id = v.job_id AND jobs.lease_token = v.lease_token;
+
+    UPDATE runs SET lateness_ms = v.lateness_ms, leased_until = v.leased_until, state = :state,
+    started_at = :started_at, updated_at = :updated_at FROM jsonb_to_recordset(:rows) AS v(run_id
+    uuid, lease_token uuid, lateness_ms bigint, leased_until timestamptz) WHERE runs.run_id =
+    v.run_id AND runs.lease_token = v.lease_token AND runs.state = 'claimed' RETURNING runs.run_id;
     """
     started: set[uuid.UUID] = set()
     until = now + timedelta(seconds=registry.settings.lease_s)
@@ -125,7 +133,17 @@ _RELEASE_JOB = (
 
 
 def heartbeat(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -> None:
-    """Extend the leases of runs whose calls are in flight (fenced; a lost lease stays lost)."""
+    """Extend the leases of runs whose calls are in flight (fenced; a lost lease stays lost).
+
+    Schedule runs hold their lease on the job, off-schedule runs on the run:
+
+    UPDATE jobs SET leased_until = :leased_until FROM jsonb_to_recordset(:rows) AS v(job_id uuid,
+    lease_token uuid) WHERE jobs.job_id = v.job_id AND jobs.lease_token = v.lease_token;
+
+    UPDATE runs SET leased_until = :leased_until FROM jsonb_to_recordset(:rows) AS v(run_id uuid,
+    lease_token uuid) WHERE runs.run_id = v.run_id AND runs.lease_token = v.lease_token AND
+    runs.state = 'running';
+    """
     until = {"leased_until": now + timedelta(seconds=registry.settings.lease_s)}
     for index, group in _by_engine(registry, batch).items():
         on_jobs = sorted(({"job_id": r.job_id, "lease_token": r.lease_token} for r in group if not r.off_schedule),

@@ -86,7 +86,37 @@ _MOVED_COLUMNS = ("state", "nominal_at", "next_run_at")
 
 def claim_batch(engine: sa.Engine, shard: int, now: datetime, settings: Settings, limit: int | None = None) -> ClaimResult:
     """Claim at most `limit` (settings.claim_batch) jobs of `shard` due by now +
-    settings.claim_ahead_s, and commit."""
+    settings.claim_ahead_s, and commit. After the SELECT (`due_jobs`), the batch is written with:
+
+    Claimed jobs (a run to start):
+
+    UPDATE jobs SET lease_token = v.lease_token, leased_until = v.leased_until, nominal_at =
+    v.nominal_at, next_run_at = v.next_run_at, attempt = v.attempt, skipped_after = v.skipped_after,
+    skipped_through = v.skipped_through, state = :state, updated_at = :updated_at FROM
+    jsonb_to_recordset(:rows) AS v(job_id uuid, lease_token uuid, leased_until timestamptz,
+    nominal_at timestamptz, next_run_at timestamptz, attempt integer, skipped_after timestamptz,
+    skipped_through timestamptz) WHERE jobs.job_id = v.job_id;
+
+    Jobs whose misfire plan runs nothing (the cursor moves on):
+
+    UPDATE jobs SET state = v.state, nominal_at = v.nominal_at, next_run_at = v.next_run_at, attempt
+    = :attempt, misfire_exempt = :misfire_exempt, skipped_after = :skipped_after, skipped_through =
+    :skipped_through, updated_at = :updated_at FROM jsonb_to_recordset(:rows) AS v(job_id uuid,
+    state text, nominal_at timestamptz, next_run_at timestamptz) WHERE jobs.job_id = v.job_id;
+
+    The run rows (the outbox, and skipped occurrences):
+
+    INSERT INTO runs (run_id, job_id, shard, owner, origin, scheduled_for, attempt, state,
+    lease_token, leased_until, due_at, published, target, retry, started_at, finished_at,
+    lateness_ms, status_code, error, created_at, updated_at) SELECT v.run_id, v.job_id, v.shard,
+    v.owner, v.origin, v.scheduled_for, v.attempt, v.state, v.lease_token, v.leased_until, v.due_at,
+    v.published, v.target, v.retry, v.started_at, v.finished_at, v.lateness_ms, v.status_code,
+    v.error, v.created_at, v.updated_at FROM jsonb_to_recordset(:rows) AS v(run_id uuid, job_id
+    uuid, shard smallint, owner text, origin text, scheduled_for timestamptz, attempt integer, state
+    text, lease_token uuid, leased_until timestamptz, due_at timestamptz, published boolean, target
+    jsonb, retry jsonb, started_at timestamptz, finished_at timestamptz, lateness_ms bigint,
+    status_code integer, error text, created_at timestamptz, updated_at timestamptz);
+    """
     limit = limit or settings.claim_batch
     lock = locks_rows(engine)
     horizon = now + timedelta(seconds=settings.claim_ahead_s)

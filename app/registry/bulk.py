@@ -12,13 +12,23 @@ statement is
 so a batch is one statement with one parameter, whatever its size. SQLite
 (embedded mode) gets the same writes as an executemany: it has no arrays, and one
 process writing in-process does not need them.
+
+Every function that calls `update_many` or `insert_many` shows the statement in its
+docstring, in the form `update_sql` / `insert_sql` render (every column travelling in
+the recordset, constants as `:name`, ending in `;`), so that `grep "UPDATE jobs"` finds
+every write. Where one call writes rows of several shapes (the completion sets only
+the columns a settlement changes), the docstring shows the widest form, and a
+statement whose SET and recordset columns are a subset of it is that form.
+The test suite pins it: while a test runs, each statement issued here is checked
+against its caller's docstring (tests/conftest.py, `observe`).
 """
 from __future__ import annotations
 
 import json
 import uuid
 from datetime import datetime
-from typing import Any, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import sqlalchemy as sa
 from app.registry.dialect import is_postgres
@@ -72,6 +82,46 @@ def _recordset(table: sa.Table, columns: Sequence[str], rows: Sequence[Mapping[s
     return f"jsonb_to_recordset(CAST(:rows AS jsonb)) AS v({spec})", {"rows": payload}
 
 
+def update_sql(table: sa.Table, match: Sequence[str], columns: Sequence[str] = (), constants: Sequence[str] = (),
+               where: str | None = None, returning: str | None = None) -> str:
+    """The statement `update_many` issues, as its callers' docstrings show it."""
+    names = list(match) + [c for c in columns if c not in match]
+    sets = [f"{c} = v.{c}" for c in columns] + [f"{c} = :{c}" for c in constants]
+    conditions = [f"{table.name}.{k} = v.{k}" for k in match] + ([where] if where else [])
+    sql = (f"UPDATE {table.name} SET {', '.join(sets)} FROM {_source_sql(table, names)} "
+           f"WHERE {' AND '.join(conditions)}")
+    return sql + (f" RETURNING {table.name}.{returning}" if returning else "") + ";"
+
+
+def insert_sql(table: sa.Table, columns: Sequence[str]) -> str:
+    """The statement `insert_many` issues, as its callers' docstrings show it."""
+    return (f"INSERT INTO {table.name} ({', '.join(columns)}) SELECT {', '.join(f'v.{c}' for c in columns)} "
+            f"FROM {_source_sql(table, columns)};")
+
+
+def _source_sql(table: sa.Table, columns: Sequence[str]) -> str:
+    return f"jsonb_to_recordset(:rows) AS v({', '.join(f'{c} {_pg_type(table.c[c])}' for c in columns)})"
+
+
+_observers: list[Callable[[str], None]] = []
+
+
+@contextmanager
+def observe(callback: Callable[[str], None]) -> Iterator[None]:
+    """Call `callback(sql)` with the documented form of every bulk statement issued
+    meanwhile, in the issuing thread (the tests check it against the caller's docstring)."""
+    _observers.append(callback)
+    try:
+        yield
+    finally:
+        _observers.remove(callback)
+
+
+def _observed(sql: str) -> None:
+    for callback in list(_observers):
+        callback(sql)
+
+
 def update_many(
     conn: sa.Connection,
     table: sa.Table,
@@ -90,6 +140,8 @@ def update_many(
     constants = dict(constants or {})
     if not rows:
         return []
+    if _observers:
+        _observed(update_sql(table, match, columns, list(constants), where, returning))
     if not is_postgres(conn):
         return _update_each(conn, table, rows, match, columns, constants, where, returning)
     shared = _shared_scalars(table, [c for c in columns if c not in match], rows)
@@ -114,6 +166,8 @@ def insert_many(conn: sa.Connection, table: sa.Table, rows: Sequence[Mapping[str
     """Insert rows that all have the same keys, in one statement."""
     if not rows:
         return
+    if _observers:
+        _observed(insert_sql(table, list(rows[0])))
     if not is_postgres(conn):
         conn.execute(table.insert(), list(rows))
         return

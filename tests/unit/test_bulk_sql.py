@@ -1,0 +1,54 @@
+"""Every bulk write can be found by its SQL (app.registry.bulk).
+
+The integration tier checks each statement a test issues against its caller's
+docstring (tests/conftest.py); this checks, without a database, that every call of
+update_many / insert_many in app/ sits in a function whose docstring shows a statement
+on the same table, and that the documented form is what update_many sends.
+"""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+from app.registry.bulk import insert_sql, update_sql
+from app.registry.schema import jobs, runs
+
+APP = pathlib.Path(__file__).resolve().parents[2] / "app"
+
+
+def _bulk_calls():
+    for path in sorted(APP.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for func in ast.walk(tree):
+            if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(func):
+                if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("update_many", "insert_many"):
+                    table = node.args[1].id if len(node.args) > 1 and isinstance(node.args[1], ast.Name) else None
+                    yield path.relative_to(APP.parent), func, node.func.id, table
+
+
+def test_every_bulk_call_shows_its_statement_in_the_docstring():
+    calls = list(_bulk_calls())
+    assert len(calls) >= 8  # claim (3), start (2), heartbeat (2), completion (3)
+    for path, func, verb, table in calls:
+        doc = " ".join((ast.get_docstring(func) or "").split())
+        wanted = f"UPDATE {table} SET" if verb == "update_many" else f"INSERT INTO {table} ("
+        assert table and wanted in doc, f"{path}:{func.lineno} {func.name}: docstring lacks `{wanted} ...`"
+
+
+def test_update_sql_is_the_shape_update_many_sends():
+    sql = update_sql(runs, ("run_id", "lease_token"), ("lateness_ms",), ("state",), "runs.state = 'claimed'", "run_id")
+    assert sql == (
+        "UPDATE runs SET lateness_ms = v.lateness_ms, state = :state "
+        "FROM jsonb_to_recordset(:rows) AS v(run_id uuid, lease_token uuid, lateness_ms bigint) "
+        "WHERE runs.run_id = v.run_id AND runs.lease_token = v.lease_token AND runs.state = 'claimed' "
+        "RETURNING runs.run_id;"
+    )
+
+
+def test_insert_sql_lists_every_column_it_sends():
+    assert insert_sql(jobs, ["job_id", "shard"]) == (
+        "INSERT INTO jobs (job_id, shard) SELECT v.job_id, v.shard "
+        "FROM jsonb_to_recordset(:rows) AS v(job_id uuid, shard smallint);"
+    )
