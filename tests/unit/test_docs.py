@@ -28,10 +28,16 @@ HTTP_METHODS = ("get", "put", "post", "delete", "patch", "head", "options", "tra
 # Options documented once for every command that has them, not in each row.
 COMMON_OPTIONS = {"--help", "--json", "--url", "--api-key"}
 # Built from pieces so that this file does not itself contain what it looks for.
-OUTSIDE_REFERENCES = ("../" + "shared", "shared/" + "API.md", "shared/" + "DESIGN.md")
-# Where no tracked file may point outside the repository. Only docs/ and README.md
-# for now: the code still cites the old contract until its citations are replaced.
-NO_OUTSIDE_REFERENCES_UNDER = ("docs/", "README.md")
+OUTSIDE_REFERENCES = ("../" + "shared", "shared/" + "API" + ".md", "shared/" + "DESIGN" + ".md")
+# The documents the code used to cite, which the repository does not have (the old
+# contract outside it, and the two files merged into docs/api.md and docs/design.md).
+GONE_DOCUMENTS = re.compile(r"\b(?:" + "|".join(re.escape(name) for name in (
+    "API" + ".md", "DESIGN" + ".md", "internals" + ".md", "api-decisions" + ".md")) + r")")
+# The `layout:` commit moves the modules into app/core/, app/registry/, ... and
+# replaces the code's citations of the old documents. Until it is in, the module map
+# of docs/design.md describes a tree that does not exist yet and the code still
+# cites the old names. TODO once it is in: drop LAYOUT_DONE and its two uses.
+LAYOUT_DONE = (ROOT / "app" / "core").is_dir()
 
 
 def section(text: str, heading: str) -> str:
@@ -224,10 +230,31 @@ def tracked_text_files(prefixes: tuple[str, ...]) -> list[Path]:
 
 
 def test_no_tracked_file_points_outside_the_repository():
-    files = tracked_text_files(NO_OUTSIDE_REFERENCES_UNDER)
-    assert files, "git ls-files found nothing: the check would pass vacuously"
+    files = tracked_text_files(())
+    assert len(files) > 100, "git ls-files found too little: the check would pass vacuously"
     offending = []
     for path in files:
         text = path.read_text(encoding="utf-8", errors="replace")
         offending += [f"{path.relative_to(ROOT)}: {ref}" for ref in OUTSIDE_REFERENCES if ref in text]
     assert not offending, "files that point outside the repository:\n" + "\n".join(offending)
+
+
+def test_no_tracked_file_cites_a_document_the_repository_does_not_have():
+    files = tracked_text_files(() if LAYOUT_DONE else ("docs/", "README.md"))
+    offending = []
+    for path in files:
+        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            offending += [f"{path.relative_to(ROOT)}:{number}: {m.group()}" for m in GONE_DOCUMENTS.finditer(line)]
+    assert not offending, "cite docs/api.md or docs/design.md instead:\n" + "\n".join(offending)
+
+
+def test_every_module_the_docs_name_exists():
+    if not LAYOUT_DONE:
+        pytest.skip("docs/design.md's module map describes the tree after the layout: commit")
+    missing = []
+    for doc in (API_MD, DESIGN_MD):
+        text = doc.read_text(encoding="utf-8")
+        for name in sorted(set(re.findall(r"\b(?:app|tests|bench|migrations)/[\w/.]*\w", text))):
+            if not (ROOT / name).exists():
+                missing.append(f"{doc.relative_to(ROOT)}: {name}")
+    assert not missing, "the docs name modules that do not exist:\n" + "\n".join(missing)
