@@ -4,8 +4,9 @@ docs/api.md is the reference of the HTTP API, the CLI and the configuration. The
 tests read its tables and compare them with what the code builds: the routes of the
 OpenAPI document, the PUNCTUAL_* variables of app.settings, the options the client
 commands read from the environment, and the commands of the `punctual` click group.
-docs/design.md names the tests that pin each invariant; they must exist. No tracked
-file may point outside the repository.
+docs/design.md names the tests that pin each invariant; they must exist, as must
+every module the two documents name and every section the code cites. No tracked
+file may point outside the repository or cite a document it does not have.
 """
 from __future__ import annotations
 
@@ -33,11 +34,10 @@ OUTSIDE_REFERENCES = ("../" + "shared", "shared/" + "API" + ".md", "shared/" + "
 # contract outside it, and the two files merged into docs/api.md and docs/design.md).
 GONE_DOCUMENTS = re.compile(r"\b(?:" + "|".join(re.escape(name) for name in (
     "API" + ".md", "DESIGN" + ".md", "internals" + ".md", "api-decisions" + ".md")) + r")")
-# The `layout:` commit moves the modules into app/core/, app/registry/, ... and
-# replaces the code's citations of the old documents. Until it is in, the module map
-# of docs/design.md describes a tree that does not exist yet and the code still
-# cites the old names. TODO once it is in: drop LAYOUT_DONE and its two uses.
-LAYOUT_DONE = (ROOT / "app" / "core").is_dir()
+# How the code cites a section: docs/api.md "Limits", docs/design.md ("API verbs"),
+# docs/design.md's "Off-schedule runs", docs/design.md invariant 3.
+SECTION_CITATION = re.compile(r"docs/(api|design)\.md(?:'s)?,? \(?\"([^\"]+)\"")
+INVARIANT_CITATION = re.compile(r"docs/design\.md,? invariants? (\d+)")
 
 
 def section(text: str, heading: str) -> str:
@@ -240,17 +240,16 @@ def test_no_tracked_file_points_outside_the_repository():
 
 
 def test_no_tracked_file_cites_a_document_the_repository_does_not_have():
-    files = tracked_text_files(() if LAYOUT_DONE else ("docs/", "README.md"))
+    files = tracked_text_files(())
     offending = []
     for path in files:
         for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-            offending += [f"{path.relative_to(ROOT)}:{number}: {m.group()}" for m in GONE_DOCUMENTS.finditer(line)]
+            offending += [f"{path.relative_to(ROOT)}:{number}: {match.group()}"
+                          for match in GONE_DOCUMENTS.finditer(line)]
     assert not offending, "cite docs/api.md or docs/design.md instead:\n" + "\n".join(offending)
 
 
 def test_every_module_the_docs_name_exists():
-    if not LAYOUT_DONE:
-        pytest.skip("docs/design.md's module map describes the tree after the layout: commit")
     missing = []
     for doc in (API_MD, DESIGN_MD):
         text = doc.read_text(encoding="utf-8")
@@ -258,3 +257,43 @@ def test_every_module_the_docs_name_exists():
             if not (ROOT / name).exists():
                 missing.append(f"{doc.relative_to(ROOT)}: {name}")
     assert not missing, "the docs name modules that do not exist:\n" + "\n".join(missing)
+
+
+def flat(text: str) -> str:
+    """`text` on one line: wrapped comments and docstrings joined, spaces collapsed."""
+    return " ".join(re.sub(r"\n\s*#\s?", " ", text).split())
+
+
+def anchors(text: str) -> set[str]:
+    """What a citation can name: a heading, a table row's first cell, or the words a
+    paragraph begins with (design.md's "Completion of a schedule run ...")."""
+    found = set()
+    for paragraph in re.split(r"\n\s*\n", text):
+        first = paragraph.strip().splitlines()[0] if paragraph.strip() else ""
+        if first.startswith("#"):
+            found.add(first.lstrip("#").strip())
+        elif not first.startswith("|"):
+            found.add(first)
+    found |= {unquote(row[0]) for row in table_rows(text)}
+    found |= {line.split("|")[1].strip() for line in text.splitlines() if line.startswith("|")}
+    return found
+
+
+def test_every_section_the_code_cites_exists():
+    design = DESIGN_MD.read_text(encoding="utf-8")
+    docs = {"api": anchors(API_MD.read_text(encoding="utf-8")), "design": anchors(design)}
+    invariants = re.findall(r"^(\d+)\. \*\*", section(design, "## Invariants"), flags=re.M)
+    cited, missing = 0, []
+    sources = ("app/", "tests/", "bench/", "migrations/", "celeryconfig.py", "README.md")
+    for path in tracked_text_files(sources):
+        text = flat(path.read_text(encoding="utf-8", errors="replace"))
+        for doc, title in SECTION_CITATION.findall(text):
+            cited += 1
+            if not any(anchor == title or anchor.startswith(title + " ") for anchor in docs[doc]):
+                missing.append(f'{path.relative_to(ROOT)}: docs/{doc}.md "{title}"')
+        for number in INVARIANT_CITATION.findall(text):
+            cited += 1
+            if number not in invariants:
+                missing.append(f"{path.relative_to(ROOT)}: docs/design.md invariant {number}")
+    assert cited >= 10, "found too few citations: the patterns no longer match how the code cites"
+    assert not missing, "citations of sections the docs do not have:\n" + "\n".join(missing)
