@@ -297,3 +297,19 @@ def test_every_section_the_code_cites_exists():
                 missing.append(f"{path.relative_to(ROOT)}: docs/design.md invariant {number}")
     assert cited >= 10, "found too few citations: the patterns no longer match how the code cites"
     assert not missing, "citations of sections the docs do not have:\n" + "\n".join(missing)
+
+
+def test_the_module_map_names_every_module():
+    module_map = section(DESIGN_MD.read_text(encoding="utf-8"), "## Module map")
+    rows = [" ".join(row) for row in table_rows(module_map)]
+    unnamed = []
+    for path in tracked_text_files(("app/",)):
+        relative = path.relative_to(ROOT)
+        if relative.suffix != ".py" or relative.name in ("__init__.py", "__main__.py"):
+            continue
+        # A row names a module in full (app/api/jobs.py) or after its package's first
+        # module in the same row ("app/api/jobs.py, runs.py").
+        package, name = relative.parent.as_posix(), re.escape(relative.name)
+        if not any(re.search(rf"\b{re.escape(package)}/(?:[\w.]+, )*{name}\b", row) for row in rows):
+            unnamed.append(relative.as_posix())
+    assert not unnamed, "modules missing from docs/design.md 'Module map':\n" + "\n".join(unnamed)
