@@ -1,0 +1,315 @@
+"""docs/api.md and docs/design.md stay in step with the code, and the repository stands alone.
+
+docs/api.md is the reference of the HTTP API, the CLI and the configuration. These
+tests read its tables and compare them with what the code builds: the routes of the
+OpenAPI document, the PUNCTUAL_* variables of app.settings, the options the client
+commands read from the environment, and the commands of the `punctual` click group.
+docs/design.md names the tests that pin each invariant; they must exist, as must
+every module the two documents name and every section the code cites. No tracked
+file may point outside the repository or cite a document it does not have.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import click
+import pytest
+
+from app.api.openapi import document
+from app.cli import main as punctual
+from app.settings import VARIABLES
+
+ROOT = Path(__file__).resolve().parents[2]
+API_MD = ROOT / "docs" / "api.md"
+DESIGN_MD = ROOT / "docs" / "design.md"
+
+HTTP_METHODS = ("get", "put", "post", "delete", "patch", "head", "options", "trace")
+# Options documented once for every command that has them, not in each row.
+COMMON_OPTIONS = {"--help", "--json", "--url", "--api-key"}
+# Built from pieces so that this file does not itself contain what it looks for.
+OUTSIDE_REFERENCES = ("../" + "shared", "shared/" + "API" + ".md", "shared/" + "DESIGN" + ".md")
+# The documents the code used to cite, which the repository does not have (the old
+# contract outside it, and the two files merged into docs/api.md and docs/design.md).
+GONE_DOCUMENTS = re.compile(r"\b(?:" + "|".join(re.escape(name) for name in (
+    "API" + ".md", "DESIGN" + ".md", "internals" + ".md", "api-decisions" + ".md")) + r")")
+# How the code cites a section: docs/api.md "Limits", docs/design.md ("API verbs"),
+# docs/design.md's "Off-schedule runs", docs/design.md invariant 3.
+SECTION_CITATION = re.compile(r"docs/(api|design)\.md(?:'s)?,? \(?\"([^\"]+)\"")
+INVARIANT_CITATION = re.compile(r"docs/design\.md,? invariants? (\d+)")
+
+
+def section(text: str, heading: str) -> str:
+    """The body of the section that starts with `heading` (a whole line), up to the
+    next heading of the same or a higher level."""
+    level = len(heading) - len(heading.lstrip("#"))
+    lines = text.splitlines()
+    start = lines.index(heading) + 1
+    end = next((i for i in range(start, len(lines))
+                if re.match(rf"^#{{1,{level}}} ", lines[i])), len(lines))
+    return "\n".join(lines[start:end])
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The cells of every table row in `text`, header and separator rows left out."""
+    rows = []
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            continue
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if set("".join(cells)) <= set("-: "):
+            continue
+        rows.append(cells)
+    return rows[1:] if rows else rows  # the first row is the header
+
+
+def unquote(cell: str) -> str:
+    return cell.strip("`")
+
+
+@pytest.fixture(scope="module")
+def api_md() -> str:
+    return API_MD.read_text(encoding="utf-8")
+
+
+# --- routes -------------------------------------------------------------------------
+
+
+def openapi_routes() -> set[tuple[str, str]]:
+    return {(method.upper(), path) for path, item in document()["paths"].items()
+            for method in item if method in HTTP_METHODS}
+
+
+def documented_routes(api_md: str) -> set[tuple[str, str]]:
+    rows = table_rows(section(api_md, "## Routes"))
+    return {(unquote(method), unquote(path)) for method, path, *_ in rows}
+
+
+def test_the_routes_table_has_every_route_of_the_openapi_document(api_md):
+    missing = openapi_routes() - documented_routes(api_md)
+    assert not missing, f"in the OpenAPI document but not in docs/api.md 'Routes': {sorted(missing)}"
+
+
+def test_every_route_in_the_routes_table_is_in_the_openapi_document(api_md):
+    extra = documented_routes(api_md) - openapi_routes()
+    assert not extra, f"in docs/api.md 'Routes' but not in the OpenAPI document: {sorted(extra)}"
+
+
+def test_every_route_is_described_below_the_table(api_md):
+    # The table is not the only mention: each route has its prose, as `METHOD /path`.
+    below = api_md.split("## Routes", 1)[1].split("\n## ", 1)[1]
+    undescribed = sorted(f"{method} {path}" for method, path in openapi_routes()
+                         if f"`{method} {path}" not in below)
+    assert not undescribed, f"routes with no description below the table: {undescribed}"
+
+
+# --- configuration ------------------------------------------------------------------
+
+
+def documented_variables(api_md: str, heading: str) -> list[str]:
+    return [unquote(row[0]) for row in table_rows(section(api_md, heading))]
+
+
+def test_the_configuration_table_lists_exactly_the_settings_variables(api_md):
+    documented = documented_variables(api_md, "### Configuration")
+    assert sorted(documented) == sorted(v.name for v in VARIABLES)
+    assert len(documented) == len(set(documented)), "a variable is listed twice"
+
+
+def test_the_configuration_table_gives_each_default_as_the_code_has_it(api_md):
+    defaults = {unquote(row[0]): row[2] for row in table_rows(section(api_md, "### Configuration"))}
+    for variable in VARIABLES:
+        if variable.default:  # an empty default is an embedded one, described in words
+            assert defaults[variable.name].split()[0].strip("`") == variable.default, variable.name
+
+
+def test_every_punctual_name_in_the_settings_module_is_documented(api_md):
+    import app.settings
+
+    source = Path(app.settings.__file__).read_text(encoding="utf-8")
+    names = set(re.findall(r"PUNCTUAL_[A-Z_]*[A-Z]", source))
+    documented = set(documented_variables(api_md, "### Configuration"))
+    documented |= set(documented_variables(api_md, "### The client commands' variables"))
+    undocumented = sorted(name for name in names - documented if not name.startswith("PUNCTUAL_TEST"))
+    assert not undocumented, f"read or allowed by app.settings but not in docs/api.md: {undocumented}"
+
+
+def walk(command: click.Command, path: tuple[str, ...] = ()):
+    """(path, command) for every command under `command`, the group itself left out."""
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            yield from walk(sub, path + (name,))
+    elif path:
+        yield path, command
+
+
+def test_the_client_variables_table_lists_exactly_what_the_commands_read(api_md):
+    envvars = set()
+    for _path, command in walk(punctual):
+        envvars |= {p.envvar for p in command.params if isinstance(p.envvar, str)}
+    for group in punctual.commands.values():
+        envvars |= {p.envvar for p in group.params if isinstance(p.envvar, str)}
+    settings_names = {v.name for v in VARIABLES}
+    client = sorted(envvars - settings_names)  # --data-dir reads PUNCTUAL_DATA_DIR, a setting
+    assert client, "walking the click group found no client variables: the walk is broken"
+    assert sorted(documented_variables(api_md, "### The client commands' variables")) == client
+
+
+# --- commands -----------------------------------------------------------------------
+
+
+def documented_commands(api_md: str) -> dict[str, str]:
+    """'jobs get' -> its whole row, for every row of the Commands table."""
+    commands = {}
+    for row in table_rows(section(api_md, "### Commands")):
+        match = re.fullmatch(r"`punctual ([a-z ]+?)(?: [A-Z_]+)?`", row[0])
+        assert match, f"not a `punctual ...` command: {row[0]}"
+        commands[match.group(1)] = " | ".join(row)
+    return commands
+
+
+def test_the_commands_table_lists_exactly_the_punctual_commands(api_md):
+    built = sorted(" ".join(path) for path, _command in walk(punctual))
+    assert len(built) >= 10, "walking the click group found too few commands: the walk is broken"
+    assert sorted(documented_commands(api_md)) == built
+
+
+def test_each_command_row_names_every_option_of_the_command(api_md):
+    rows = documented_commands(api_md)
+    for path, command in walk(punctual):
+        row = rows[" ".join(path)]
+        for param in command.params:
+            for option in getattr(param, "opts", ()):
+                if option.startswith("--") and option not in COMMON_OPTIONS:
+                    assert f"`{option}" in row, f"punctual {' '.join(path)}: {option} is not in its row"
+
+
+def test_the_processes_table_names_every_process(api_md):
+    commands = " ".join(row[1] for row in table_rows(section(api_md, "### Processes")))
+    for expected in ("punctual migrate", "punctual api", "celery -A app beat", "celery -A app worker",
+                     "celery -A app flower", "punctual dev"):
+        assert expected in commands
+
+
+# --- design.md ----------------------------------------------------------------------
+
+
+def test_design_names_each_invariant_with_tests_that_exist():
+    text = DESIGN_MD.read_text(encoding="utf-8")
+    invariants = section(text, "## Invariants")
+    numbers = [int(n) for n in re.findall(r"^(\d+)\. \*\*", invariants, flags=re.M)]
+    assert numbers == list(range(1, 9))
+    for block in re.split(r"^\d+\. \*\*", invariants, flags=re.M)[1:]:
+        cited = re.findall(r"(tests/[\w/]+\.py)::(\w+)", block)
+        assert cited, f"an invariant without a test: {block.splitlines()[0]}"
+        for path, name in cited:
+            source = ROOT / path
+            assert source.is_file(), f"{path} does not exist"
+            assert re.search(rf"^\s*def {name}\(", source.read_text(encoding="utf-8"), flags=re.M), \
+                f"{path} has no test {name}"
+
+
+# --- the repository stands alone ----------------------------------------------------
+
+
+def tracked_text_files(prefixes: tuple[str, ...]) -> list[Path]:
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    listed = subprocess.run(["git", "ls-files", "-z", "--", *prefixes], cwd=ROOT, check=True,
+                            capture_output=True).stdout.decode().split("\0")
+    files = []
+    for name in filter(None, listed):
+        path = ROOT / name
+        if not path.is_file():
+            continue
+        head = path.read_bytes()[:8192]
+        if b"\0" not in head:  # text, not an image
+            files.append(path)
+    return files
+
+
+def test_no_tracked_file_points_outside_the_repository():
+    files = tracked_text_files(())
+    assert len(files) > 100, "git ls-files found too little: the check would pass vacuously"
+    offending = []
+    for path in files:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        offending += [f"{path.relative_to(ROOT)}: {ref}" for ref in OUTSIDE_REFERENCES if ref in text]
+    assert not offending, "files that point outside the repository:\n" + "\n".join(offending)
+
+
+def test_no_tracked_file_cites_a_document_the_repository_does_not_have():
+    files = tracked_text_files(())
+    offending = []
+    for path in files:
+        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            offending += [f"{path.relative_to(ROOT)}:{number}: {match.group()}"
+                          for match in GONE_DOCUMENTS.finditer(line)]
+    assert not offending, "cite docs/api.md or docs/design.md instead:\n" + "\n".join(offending)
+
+
+def test_every_module_the_docs_name_exists():
+    missing = []
+    for doc in (API_MD, DESIGN_MD):
+        text = doc.read_text(encoding="utf-8")
+        for name in sorted(set(re.findall(r"\b(?:app|tests|bench|migrations)/[\w/.]*\w", text))):
+            if not (ROOT / name).exists():
+                missing.append(f"{doc.relative_to(ROOT)}: {name}")
+    assert not missing, "the docs name modules that do not exist:\n" + "\n".join(missing)
+
+
+def flat(text: str) -> str:
+    """`text` on one line: wrapped comments and docstrings joined, spaces collapsed."""
+    return " ".join(re.sub(r"\n\s*#\s?", " ", text).split())
+
+
+def anchors(text: str) -> set[str]:
+    """What a citation can name: a heading, a table row's first cell, or the words a
+    paragraph begins with (design.md's "Completion of a schedule run ...")."""
+    found = set()
+    for paragraph in re.split(r"\n\s*\n", text):
+        first = paragraph.strip().splitlines()[0] if paragraph.strip() else ""
+        if first.startswith("#"):
+            found.add(first.lstrip("#").strip())
+        elif not first.startswith("|"):
+            found.add(first)
+    found |= {unquote(row[0]) for row in table_rows(text)}
+    found |= {line.split("|")[1].strip() for line in text.splitlines() if line.startswith("|")}
+    return found
+
+
+def test_every_section_the_code_cites_exists():
+    design = DESIGN_MD.read_text(encoding="utf-8")
+    docs = {"api": anchors(API_MD.read_text(encoding="utf-8")), "design": anchors(design)}
+    invariants = re.findall(r"^(\d+)\. \*\*", section(design, "## Invariants"), flags=re.M)
+    cited, missing = 0, []
+    sources = ("app/", "tests/", "bench/", "migrations/", "celeryconfig.py", "README.md")
+    for path in tracked_text_files(sources):
+        text = flat(path.read_text(encoding="utf-8", errors="replace"))
+        for doc, title in SECTION_CITATION.findall(text):
+            cited += 1
+            if not any(anchor == title or anchor.startswith(title + " ") for anchor in docs[doc]):
+                missing.append(f'{path.relative_to(ROOT)}: docs/{doc}.md "{title}"')
+        for number in INVARIANT_CITATION.findall(text):
+            cited += 1
+            if number not in invariants:
+                missing.append(f"{path.relative_to(ROOT)}: docs/design.md invariant {number}")
+    assert cited >= 10, "found too few citations: the patterns no longer match how the code cites"
+    assert not missing, "citations of sections the docs do not have:\n" + "\n".join(missing)
+
+
+def test_the_module_map_names_every_module():
+    module_map = section(DESIGN_MD.read_text(encoding="utf-8"), "## Module map")
+    rows = [" ".join(row) for row in table_rows(module_map)]
+    unnamed = []
+    for path in tracked_text_files(("app/",)):
+        relative = path.relative_to(ROOT)
+        if relative.suffix != ".py" or relative.name in ("__init__.py", "__main__.py"):
+            continue
+        # A row names a module in full (app/api/jobs.py) or after its package's first
+        # module in the same row ("app/api/jobs.py, runs.py").
+        package, name = relative.parent.as_posix(), re.escape(relative.name)
+        if not any(re.search(rf"\b{re.escape(package)}/(?:[\w.]+, )*{name}\b", row) for row in rows):
+            unnamed.append(relative.as_posix())
+    assert not unnamed, "modules missing from docs/design.md 'Module map':\n" + "\n".join(unnamed)
