@@ -247,6 +247,7 @@ def _raw_occurrences(
         else:
             yield first, OVERLAP_FIRST
             if overlap == "twice":
+                assert second is not None  # an "overlap" always carries its second instant
                 heapq.heappush(pending, second)
     while pending:
         yield heapq.heappop(pending), OVERLAP_SECOND
@@ -264,5 +265,6 @@ def _iteration_start(after: datetime, zone: ZoneInfo) -> datetime:
     if local.fold == 0:
         kind, first, second = resolve_local(naive, zone)
         if kind == "overlap":
+            assert second is not None  # an "overlap" always carries its second instant
             return naive - (second - first)
     return naive

@@ -14,7 +14,7 @@ class FieldError:
     field: str
     message: str
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, str]:
         return {"field": self.field, "message": self.message}
 
 

@@ -156,4 +156,4 @@ def parse_misfire(value: object) -> str:
         return "run_once"
     if value not in MISFIRE_POLICIES:
         raise ValueError(f"must be one of {', '.join(MISFIRE_POLICIES)}")
-    return value  # type: ignore[return-value]
+    return value

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from email.utils import parsedate_to_datetime
-from typing import Callable
+from typing import Any, Callable
 
 from app.core.errors import FieldError, ValidationError
 from app.core.timefmt import UTC
@@ -32,7 +32,7 @@ class RetryPolicy:
     backoff_s: float = 10
     max_backoff_s: float = 3600
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"max_attempts": self.max_attempts, "backoff_s": self.backoff_s, "max_backoff_s": self.max_backoff_s}
 
 
@@ -150,6 +150,8 @@ def decide_retry(
     if outcome.error is not None:
         cause, retryable = outcome.error, outcome.retryable_error
     else:
+        # Not succeeded and no error: only a non-2xx status is left.
+        assert outcome.status_code is not None
         cause, retryable = f"HTTP {outcome.status_code}", is_retryable_status(outcome.status_code)
     if not retryable:
         return RetryDecision(retry_at=None, dead=True, reason=f"{cause}: not retried")

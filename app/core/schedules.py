@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import lru_cache
 from itertools import islice
-from typing import Iterator
+from typing import Any, Callable, Iterator
 from zoneinfo import ZoneInfo, available_timezones
 
 from app.core import cron
@@ -40,7 +40,7 @@ class DstPolicy:
     gap: str = "shift"  # "shift": run at the transition instant | "skip"
     overlap: str = "once"  # "once": the first of the two instants | "twice": both
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, str]:
         return {"gap": self.gap, "overlap": self.overlap}
 
 
@@ -54,11 +54,11 @@ class Schedule:
     start_at: datetime | None = None
     end_at: datetime | None = None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """The API form; parse_schedule(s.to_json()) == s."""
         if self.kind == "once":
-            return {"run_at": format_instant(self.run_at)}
-        data: dict = {"cron": self.cron, "timezone": self.timezone} if self.kind == "cron" else {"interval_s": self.interval_s}
+            return {"run_at": format_instant(_run_at(self))}
+        data: dict[str, Any] = {"cron": self.cron, "timezone": self.timezone} if self.kind == "cron" else {"interval_s": self.interval_s}
         if self.start_at is not None:
             data["start_at"] = format_instant(self.start_at)
         if self.end_at is not None:
@@ -102,9 +102,9 @@ def parse_schedule(data: object, field: str = "schedule") -> Schedule:
             if key in present and kind not in kinds_allowed:
                 errors.append(FieldError(f"{field}.{key}", f"is not allowed in a {kind} schedule"))
 
-    values: dict = {}
+    values: dict[str, Any] = {}
 
-    def check(key: str, parse) -> None:
+    def check(key: str, parse: Callable[[Any], object]) -> None:
         if key in present:
             try:
                 values[key] = parse(present[key])
@@ -122,6 +122,7 @@ def parse_schedule(data: object, field: str = "schedule") -> Schedule:
         errors.append(FieldError(f"{field}.end_at", "must be after start_at"))
     if errors:  # always the case when kind is None
         raise ValidationError(errors)
+    assert kind is not None
     return Schedule(kind=kind, **values)
 
 
@@ -135,8 +136,12 @@ def parse_dst(data: object, field: str = "dst") -> DstPolicy:
     unknown = sorted(str(key) for key in data if key not in ("gap", "overlap"))
     if unknown:
         errors.append(FieldError(field, f"unknown key(s): {', '.join(unknown)}"))
-    gap = data.get("gap") if data.get("gap") is not None else "shift"
-    overlap = data.get("overlap") if data.get("overlap") is not None else "once"
+    gap = data.get("gap")
+    if gap is None:
+        gap = "shift"
+    overlap = data.get("overlap")
+    if overlap is None:
+        overlap = "once"
     if gap not in GAP_POLICIES:
         errors.append(FieldError(f"{field}.gap", "must be 'shift' or 'skip'"))
     if overlap not in OVERLAP_POLICIES:
@@ -228,7 +233,7 @@ def latest_fire(schedule: Schedule, dst: DstPolicy, anchor: datetime, since: dat
         if schedule.end_at is not None:
             until = min(until, schedule.end_at)
         origin, k_min = _grid(schedule, anchor)
-        step = timedelta(seconds=schedule.interval_s)
+        step = _step(schedule)
         k = (until - origin) // step
         at = origin + k * step
         return at if k >= k_min and at > since else None
@@ -259,14 +264,14 @@ def count_fires(schedule: Schedule, dst: DstPolicy, anchor: datetime, since: dat
     if until <= since:
         return 0
     if schedule.kind == "once":
-        return int(since < schedule.run_at <= until)
+        return int(since < _run_at(schedule) <= until)
     if schedule.kind == "cron":
         return None
     last = latest_fire(schedule, dst, anchor, since, until)
     first = next_fire(schedule, dst, since, anchor)
     if last is None or first is None:
         return 0
-    return (last - first) // timedelta(seconds=schedule.interval_s) + 1
+    return (last - first) // _step(schedule) + 1
 
 
 def _flagged(schedule: Schedule, dst: DstPolicy, after: datetime, anchor: datetime) -> Iterator[tuple[datetime, str | None]]:
@@ -274,8 +279,9 @@ def _flagged(schedule: Schedule, dst: DstPolicy, after: datetime, anchor: dateti
         # astimezone() would read a naive time as the HOST's local time: a silent bug.
         raise ValueError("naive datetime: every instant in Punctual is aware UTC")
     if schedule.kind == "once":
-        if schedule.run_at > after:
-            yield schedule.run_at, None
+        run_at = _run_at(schedule)
+        if run_at > after:
+            yield run_at, None
         return
     if schedule.start_at is not None and after < schedule.start_at:
         # Occurrences must be >= start_at; "> start_at - 1 us" says that exactly.
@@ -294,6 +300,16 @@ def _flagged(schedule: Schedule, dst: DstPolicy, after: datetime, anchor: dateti
         return
 
 
+def _run_at(schedule: Schedule) -> datetime:
+    assert schedule.run_at is not None  # parse_schedule sets it on every "once" schedule
+    return schedule.run_at
+
+
+def _step(schedule: Schedule) -> timedelta:
+    assert schedule.interval_s is not None  # parse_schedule sets it on every "interval" schedule
+    return timedelta(seconds=schedule.interval_s)
+
+
 def _grid(schedule: Schedule, anchor: datetime) -> tuple[datetime, int]:
     """The interval grid's origin and its first index."""
     if schedule.start_at is not None:
@@ -303,7 +319,7 @@ def _grid(schedule: Schedule, anchor: datetime) -> tuple[datetime, int]:
 
 def _interval_occurrences(schedule: Schedule, after: datetime, anchor: datetime) -> Iterator[tuple[datetime, str | None]]:
     origin, k_min = _grid(schedule, anchor)
-    step = timedelta(seconds=schedule.interval_s)
+    step = _step(schedule)
     # timedelta // timedelta is exact integer arithmetic on microseconds: no float drift.
     k = max(k_min, (after - origin) // step + 1)
     zone = schedule.zone

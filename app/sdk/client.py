@@ -62,20 +62,20 @@ class Client:
     def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *_exc) -> None:
+    def __exit__(self, *_exc: object) -> None:
         self.close()
 
     # --- jobs ----------------------------------------------------------------------
 
-    def create_job(self, name: str, target: dict, schedule: dict, payload: Any = None, *, retry: dict | None = None,
-                   misfire: str | None = None, dst: dict | None = None, jitter_s: int | None = None,
+    def create_job(self, name: str, target: dict[str, Any], schedule: dict[str, Any], payload: Any = None, *, retry: dict[str, Any] | None = None,
+                   misfire: str | None = None, dst: dict[str, Any] | None = None, jitter_s: int | None = None,
                    idempotency_key: str | None = None) -> Job:
         """Create a job. With `idempotency_key`, a repeat with the same body returns the same job."""
         body = {"name": name, "target": target, "schedule": schedule, "payload": payload, "retry": retry,
                 "misfire": misfire, "dst": dst, "jitter_s": jitter_s}
         return self.create_job_from({k: v for k, v in body.items() if v is not None}, idempotency_key=idempotency_key)
 
-    def create_job_from(self, body: dict, *, idempotency_key: str | None = None) -> Job:
+    def create_job_from(self, body: dict[str, Any], *, idempotency_key: str | None = None) -> Job:
         """Create a job from a whole API body (as in docs/api.md)."""
         headers = {} if idempotency_key is None else {"Idempotency-Key": idempotency_key}
         return Job.from_json(self._request("POST", "/jobs", json_body=body, headers=headers))
@@ -142,9 +142,10 @@ class Client:
         data = self._request("GET", "/schedules/preview", params=params)
         return [PreviewItem.from_json(item) for item in data["items"]]
 
-    def health(self) -> dict:
+    def health(self) -> dict[str, Any]:
         """GET /healthz: {"shards": [{"shard", "ok"}...]}, also when some shard is down (503)."""
-        return self._request("GET", "/healthz", ok_statuses=(503,))
+        health: dict[str, Any] = self._request("GET", "/healthz", ok_statuses=(503,))
+        return health
 
     # --- plumbing ------------------------------------------------------------------
 
@@ -157,8 +158,8 @@ class Client:
             if cursor is None:
                 return
 
-    def _request(self, method: str, path: str, *, json_body: Any = None, params: dict | None = None,
-                 headers: dict | None = None, ok_statuses: tuple[int, ...] = ()) -> Any:
+    def _request(self, method: str, path: str, *, json_body: Any = None, params: dict[str, Any] | None = None,
+                 headers: dict[str, str] | None = None, ok_statuses: tuple[int, ...] = ()) -> Any:
         send_headers = dict(self._auth)
         send_headers.update(headers or {})
         data = None

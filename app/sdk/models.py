@@ -18,6 +18,11 @@ def parse_time(text: str | None) -> datetime | None:
     """An RFC 3339 instant from the API (always with an offset) as an aware datetime."""
     if text is None:
         return None
+    return _instant(text)
+
+
+def _instant(text: str) -> datetime:
+    """parse_time for a field the API always sets."""
     return datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
 
 
@@ -27,25 +32,25 @@ class Job:
     name: str
     state: str  # scheduled | running | paused | completed | cancelled | dead
     next_run_at: datetime | None
-    target: dict
+    target: dict[str, Any]
     payload: Any
-    schedule: dict
-    retry: dict
+    schedule: dict[str, Any]
+    retry: dict[str, Any]
     misfire: str
-    dst: dict
+    dst: dict[str, Any]
     jitter_s: int
     attempt: int
     created_at: datetime
     updated_at: datetime
-    raw: dict = field(repr=False, compare=False)
+    raw: dict[str, Any] = field(repr=False, compare=False)
 
     @classmethod
-    def from_json(cls, data: dict) -> "Job":
+    def from_json(cls, data: dict[str, Any]) -> "Job":
         return cls(
             id=data["id"], name=data["name"], state=data["state"], next_run_at=parse_time(data.get("next_run_at")),
             target=data["target"], payload=data.get("payload"), schedule=data["schedule"], retry=data["retry"],
             misfire=data["misfire"], dst=data["dst"], jitter_s=data["jitter_s"], attempt=data["attempt"],
-            created_at=parse_time(data["created_at"]), updated_at=parse_time(data["updated_at"]), raw=data,
+            created_at=_instant(data["created_at"]), updated_at=_instant(data["updated_at"]), raw=data,
         )
 
 
@@ -61,12 +66,12 @@ class Run:
     lateness_ms: int | None
     status_code: int | None
     error: str | None
-    raw: dict = field(repr=False, compare=False)
+    raw: dict[str, Any] = field(repr=False, compare=False)
 
     @classmethod
-    def from_json(cls, data: dict) -> "Run":
+    def from_json(cls, data: dict[str, Any]) -> "Run":
         return cls(
-            id=data["id"], job_id=data["job_id"], scheduled_for=parse_time(data["scheduled_for"]),
+            id=data["id"], job_id=data["job_id"], scheduled_for=_instant(data["scheduled_for"]),
             attempt=data["attempt"], state=data["state"], started_at=parse_time(data.get("started_at")),
             finished_at=parse_time(data.get("finished_at")), lateness_ms=data.get("lateness_ms"),
             status_code=data.get("status_code"), error=data.get("error"), raw=data,
@@ -94,5 +99,5 @@ class PreviewItem:
     dst: str | None  # None | gap_shifted | overlap_first | overlap_second
 
     @classmethod
-    def from_json(cls, data: dict) -> "PreviewItem":
-        return cls(at=parse_time(data["at"]), local=parse_time(data["local"]), dst=data.get("dst"))
+    def from_json(cls, data: dict[str, Any]) -> "PreviewItem":
+        return cls(at=_instant(data["at"]), local=_instant(data["local"]), dst=data.get("dst"))
