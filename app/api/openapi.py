@@ -7,6 +7,7 @@ when a route of the Flask app or a field of a body or a response is missing here
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 from app import __version__
 from app.services import validation as v
@@ -29,7 +30,7 @@ def _nullable(schema: dict) -> dict:
 
 
 def _object(properties: dict, required: tuple[str, ...] = (), closed: bool = True) -> dict:
-    schema = {"type": "object", "properties": properties}
+    schema: dict[str, Any] = {"type": "object", "properties": properties}
     if required:
         schema["required"] = list(required)
     if closed:
@@ -174,7 +175,7 @@ _ERRORS = {
 
 def _op(summary: str, answers: dict, errors: str, *, body: str | None = None, params: list | None = None,
         public: bool = False) -> dict:
-    operation = {"summary": summary, "operationId": summary.lower().replace(" ", "_").replace("'", ""),
+    operation: dict[str, Any] = {"summary": summary, "operationId": summary.lower().replace(" ", "_").replace("'", ""),
                  "responses": dict(answers)}
     for code in errors.split():
         operation["responses"][code] = _problem(_ERRORS[code])

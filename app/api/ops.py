@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Any
 
 import sqlalchemy as sa
 from flask import Blueprint, Response, current_app
@@ -43,7 +44,7 @@ def shard_health(registry: Registry) -> list[dict]:
     futures = [pool.submit(_ping, engine) for engine in engines]
     wait(futures, timeout=HEALTH_TIMEOUT_S)
     pool.shutdown(wait=False)  # a hung DSN must not hold the answer
-    status = []
+    status: list[str | None] = []
     for future in futures:
         if not future.done():
             status.append(f"no answer within {HEALTH_TIMEOUT_S:g}s")
@@ -52,7 +53,7 @@ def shard_health(registry: Registry) -> list[dict]:
     shards = []
     for shard in range(registry.settings.shards):
         error = status[registry.database_index(shard)]
-        entry = {"shard": shard, "ok": error is None}
+        entry: dict[str, Any] = {"shard": shard, "ok": error is None}
         if error is not None:
             entry["error"] = error
         shards.append(entry)

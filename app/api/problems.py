@@ -63,8 +63,9 @@ def _unauthorized(_exc: Unauthorized) -> Response:
 
 def _http(exc: HTTPException) -> Response:
     headers = {}
-    if exc.code == 405 and getattr(exc, "valid_methods", None):
-        headers["Allow"] = ", ".join(exc.valid_methods)
+    valid_methods = getattr(exc, "valid_methods", None)  # set on a MethodNotAllowed
+    if exc.code == 405 and valid_methods:
+        headers["Allow"] = ", ".join(valid_methods)
     return problem(exc.code or 500, exc.name, exc.description or exc.name, headers=headers)
 
 

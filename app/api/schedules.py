@@ -58,6 +58,7 @@ def parse_preview_query(args: Mapping[str, str]):
     elif cron is not None:
         data["cron"] = cron
     else:
+        assert interval is not None  # exactly one of the two is given
         data["interval_s"] = collect("interval_s", lambda: _integer(interval))
     zone = collect("timezone", lambda: parse_timezone(args.get("timezone", "UTC")))
     after = collect("after", lambda: _after(args.get("after")))
@@ -68,6 +69,7 @@ def parse_preview_query(args: Mapping[str, str]):
         schedule = collect("cron", lambda: schedule_in_range(parse_schedule(data, "schedule")))
     if errors:
         raise ValidationError(errors)
+    assert schedule is not None  # no errors: the schedule parsed
     # An interval grid ignores the zone, but its local times and overlap flags use it.
     return dataclasses.replace(schedule, timezone=zone), dst, after, count
 

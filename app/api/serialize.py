@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from app.services.pagination import Page
-from app.registry.records import dst_of, retry_of, schedule_of
+from app.registry.records import Row, dst_of, retry_of, schedule_of
 from app.core.schedules import PreviewItem
 from app.core.timefmt import format_instant, format_local
 
@@ -24,7 +24,7 @@ def _number(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def job_json(row: Mapping[str, Any]) -> dict:
+def job_json(row: Row) -> dict:
     retry = {key: _number(value) for key, value in retry_of(row).to_json().items()}
     return {
         "id": str(row["job_id"]),
@@ -44,7 +44,7 @@ def job_json(row: Mapping[str, Any]) -> dict:
     }
 
 
-def run_json(row: Mapping[str, Any]) -> dict:
+def run_json(row: Row) -> dict:
     return {
         "id": str(row["run_id"]),
         "job_id": str(row["job_id"]),
@@ -59,7 +59,7 @@ def run_json(row: Mapping[str, Any]) -> dict:
     }
 
 
-def page_json(page: Page, item: Callable[[Mapping[str, Any]], dict]) -> dict:
+def page_json(page: Page, item: Callable[[Row], dict]) -> dict:
     return {"items": [item(row) for row in page.items], "next_cursor": page.next_cursor}
 
 

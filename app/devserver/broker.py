@@ -51,7 +51,9 @@ class Channel(filesystem.Channel):
                        os.path.join(self.data_folder_in, TAKEN)):
             os.makedirs(folder, exist_ok=True)
 
-    def _put(self, queue, payload, **kwargs):
+    # kombu's own filesystem.Channel names the argument `payload`, AbstractChannel `message`:
+    # no name satisfies both, so keep the direct parent's.
+    def _put(self, queue, payload, **kwargs):  # type: ignore[override]
         """Write the message whole under a temporary name, then rename it into the queue."""
         folder = self.data_folder_out
         # Zero-padded, unlike kombu's, so that names sort by time whatever the digit count.
@@ -64,7 +66,7 @@ class Channel(filesystem.Channel):
         except OSError as exc:
             raise filesystem.ChannelError(f"cannot add a message to {folder!r}: {exc}") from exc
 
-    def _get(self, queue):
+    def _get(self, queue, timeout=None):  # kombu's signature; a file is there or not
         """Take the oldest message of `queue` by renaming it into `.taken/` (one taker wins)."""
         folder = self.data_folder_in
         taken = os.path.join(folder, TAKEN)

@@ -57,12 +57,17 @@ class Child:
         self.env = dict(env)
         self.cwd = cwd
         self.emit = emit
-        self.popen: subprocess.Popen | None = None
+        self.popen: subprocess.Popen[bytes] | None = None
         self._pump: threading.Thread | None = None
 
     @property
     def pid(self) -> int:
-        return self.popen.pid
+        return self._started().pid
+
+    def _started(self) -> subprocess.Popen[bytes]:
+        if self.popen is None:
+            raise RuntimeError(f"{self.name} has not been started")
+        return self.popen
 
     def start(self) -> None:
         self.popen = subprocess.Popen(
@@ -77,9 +82,11 @@ class Child:
 
     def _relay(self) -> None:
         prefix = f"{self.name:<6} | "
-        for raw in iter(self.popen.stdout.readline, b""):
+        output = self._started().stdout
+        assert output is not None  # started with stdout=PIPE
+        for raw in iter(output.readline, b""):
             self.emit(prefix + raw.decode("utf-8", errors="replace").rstrip("\n"))
-        self.popen.stdout.close()
+        output.close()
 
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
@@ -116,6 +123,6 @@ class Child:
 
     def _signal_group(self, signum: int) -> None:
         try:
-            os.killpg(self.popen.pid, signum)
+            os.killpg(self.pid, signum)
         except (ProcessLookupError, PermissionError):
             pass

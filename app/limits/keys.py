@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, Iterable, Mapping
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 
 from app.registry.engines import Registry
 from app.registry.schema import limit_keys
@@ -43,9 +44,9 @@ def record_limit_key(registry: Registry, owner: str, target: Mapping[str, Any], 
     }
     engine = registry.home
     insert = (
-        sa.dialects.postgresql.insert(limit_keys)
+        postgresql.insert(limit_keys)
         if is_postgres(engine)
-        else sa.dialects.sqlite.insert(limit_keys)
+        else sqlite.insert(limit_keys)
     )
     statement = insert.values(owner=owner, name=name, **values).on_conflict_do_update(
         index_elements=[limit_keys.c.owner, limit_keys.c.name], set_=values

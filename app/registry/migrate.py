@@ -29,7 +29,10 @@ def _config(connection: sa.Connection) -> Config:
 def head_revision() -> str:
     config = Config()
     config.set_main_option("script_location", SCRIPT_LOCATION)
-    return ScriptDirectory.from_config(config).get_current_head()
+    head = ScriptDirectory.from_config(config).get_current_head()
+    if head is None:
+        raise RuntimeError(f"{SCRIPT_LOCATION} holds no migration")
+    return head
 
 
 def current_revision(engine: sa.Engine) -> str | None:
@@ -42,7 +45,9 @@ def migrate_engine(engine: sa.Engine) -> tuple[str | None, str]:
     before = current_revision(engine)
     with engine.begin() as connection:
         command.upgrade(_config(connection), "head")
-    return before, current_revision(engine)
+    after = current_revision(engine)
+    assert after is not None  # upgraded to head: there is a revision
+    return before, after
 
 
 def migrate_all(dsns: tuple[str, ...]) -> list[tuple[str, str | None, str]]:

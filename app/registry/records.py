@@ -19,8 +19,13 @@ from app.core.jitter import fire_at
 from app.core.retries import RetryPolicy
 from app.core.schedules import DstPolicy, Schedule
 
+# A job or run row as the code reads it: a RowMapping from `.mappings()`, or a plain
+# dict (a row built in code, a test's row). Not Mapping[str, Any]: SQLAlchemy types a
+# RowMapping's keys as "a name or a column", and Mapping is invariant in its key.
+Row = Mapping[Any, Any]
 
-def schedule_of(row: Mapping[str, Any]) -> Schedule:
+
+def schedule_of(row: Row) -> Schedule:
     return Schedule(
         kind=row["schedule_kind"],
         run_at=row["run_at"],
@@ -44,7 +49,7 @@ def schedule_columns(schedule: Schedule) -> dict[str, Any]:
     }
 
 
-def dst_of(row: Mapping[str, Any]) -> DstPolicy:
+def dst_of(row: Row) -> DstPolicy:
     return DstPolicy(gap=row["dst_gap"], overlap=row["dst_overlap"])
 
 
@@ -52,7 +57,7 @@ def dst_columns(dst: DstPolicy) -> dict[str, Any]:
     return {"dst_gap": dst.gap, "dst_overlap": dst.overlap}
 
 
-def retry_of(row: Mapping[str, Any]) -> RetryPolicy:
+def retry_of(row: Row) -> RetryPolicy:
     return RetryPolicy(
         max_attempts=row["retry_max_attempts"],
         backoff_s=row["retry_backoff_s"],

@@ -117,7 +117,7 @@ def resolve_target(url: str, allow_private: bool) -> list[str]:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as exc:
         raise UnresolvableHost(f"host {host!r} cannot be resolved ({exc})") from None
-    addresses = list(dict.fromkeys(info[4][0] for info in infos))
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
     if not addresses:
         raise UnresolvableHost(f"host {host!r} has no address")
     if not allow_private:

@@ -27,7 +27,7 @@ from app.core.errors import ValidationError
 from app.services import idempotency
 from app.core.jitter import fire_at
 from app.limits.keys import record_limit_key
-from app.registry.records import run_row
+from app.registry.records import Row, run_row
 from app.services.pagination import Page, decode_cursor, merge_newest, newest_first
 from app.registry.records import dst_columns, dst_of, new_job_row, retry_columns, retry_of, schedule_columns, schedule_of
 from app.registry.engines import Registry
@@ -45,7 +45,7 @@ FINAL_STATES = ("completed", "cancelled", "dead")
 
 @dataclass(frozen=True)
 class Created:
-    job: Mapping[str, Any]
+    job: Row
     created: bool  # False: an earlier request with the same Idempotency-Key made it
 
 
@@ -94,7 +94,7 @@ def create_job(registry: Registry, owner: str, body: object, idempotency_key: st
     return Created(_same_request(existing, request_hash), created=False)
 
 
-def _same_request(existing: Mapping[str, Any], request_hash: str) -> Mapping[str, Any]:
+def _same_request(existing: Row, request_hash: str | None) -> Row:
     if existing["request_hash"] != request_hash:
         raise Conflict("this Idempotency-Key was used with a different request body", kind="idempotency-conflict")
     return existing
@@ -134,6 +134,7 @@ def _insert_postgres(engine: sa.Engine, row: dict[str, Any], idempotent: bool) -
     pooled = engine.raw_connection()  # the registry's pool: pre-ping and recycling as for Core
     try:
         driver = pooled.driver_connection
+        assert driver is not None  # None only once the pooled connection is invalidated
         driver.autocommit = True
         try:
             with driver.cursor() as cursor:
@@ -178,7 +179,7 @@ def _first_fire(schedule: Schedule, dst: DstPolicy, now: datetime, anchor: datet
 # --- read --------------------------------------------------------------------------
 
 
-def get_job(registry: Registry, owner: str, job_id: str) -> Mapping[str, Any]:
+def get_job(registry: Registry, owner: str, job_id: str) -> Row:
     engine, key = locate(registry, job_id)
     with engine.connect() as conn:
         row = select_job(conn, owner, key)
@@ -222,7 +223,7 @@ def count_by_state(registry: Registry) -> dict[str, int]:
 # --- change ------------------------------------------------------------------------
 
 
-def patch_job(registry: Registry, owner: str, job_id: str, body: object, now: datetime) -> Mapping[str, Any]:
+def patch_job(registry: Registry, owner: str, job_id: str, body: object, now: datetime) -> Row:
     """Replace the named fields; recompute the schedule cursor when it may move.
 
     Allowed on scheduled, paused and running jobs. A run claimed but not started
@@ -248,7 +249,7 @@ def patch_job(registry: Registry, owner: str, job_id: str, body: object, now: da
                 values[field] = changes[field]
         schedule = changes.get("schedule", schedule_of(row))
         dst = changes.get("dst", dst_of(row))
-        jitter_s = changes.get("jitter_s", row["jitter_s"])
+        jitter_s: int = changes["jitter_s"] if "jitter_s" in changes else row["jitter_s"]
         values.update(schedule_columns(schedule), **dst_columns(dst))
         if "retry" in changes:
             values.update(retry_columns(changes["retry"]))
@@ -272,7 +273,7 @@ def _cursor_at(job_id: uuid.UUID, schedule: Schedule, dst: DstPolicy, jitter_s: 
     return {**cursor, "state": state, "next_run_at": fire_at(job_id, first, jitter_s), "nominal_at": first}
 
 
-def cancel_job(registry: Registry, owner: str, job_id: str, now: datetime) -> Mapping[str, Any]:
+def cancel_job(registry: Registry, owner: str, job_id: str, now: datetime) -> Row:
     """Cancel: no new run starts. Runs not yet started fail ("job cancelled"); a run
     already running may finish. Repeating it answers the cancelled job again."""
     engine, key = locate(registry, job_id)
@@ -288,7 +289,7 @@ def cancel_job(registry: Registry, owner: str, job_id: str, now: datetime) -> Ma
     return row
 
 
-def pause_job(registry: Registry, owner: str, job_id: str, now: datetime) -> Mapping[str, Any]:
+def pause_job(registry: Registry, owner: str, job_id: str, now: datetime) -> Row:
     """Pause: no new run starts; a run in flight finishes (its lease is kept). A run
     claimed but not started yet is taken back (`_unclaim`): it has not begun, and a
     job paused before its instant must not fire at it."""
@@ -298,7 +299,7 @@ def pause_job(registry: Registry, owner: str, job_id: str, now: datetime) -> Map
         return _unclaim(conn, row, now) or row
 
 
-def _unclaim(conn: sa.Connection, job: Mapping[str, Any], now: datetime) -> Mapping[str, Any] | None:
+def _unclaim(conn: sa.Connection, job: Row, now: datetime) -> Row | None:
     """Take back the job's claimed schedule run if it has not started; returns the
     job row then (lease cleared, `running` back to `scheduled`), else None.
 
@@ -329,7 +330,7 @@ def _unclaim(conn: sa.Connection, job: Mapping[str, Any], now: datetime) -> Mapp
     ).mappings().one()
 
 
-def resume_job(registry: Registry, owner: str, job_id: str, now: datetime) -> Mapping[str, Any]:
+def resume_job(registry: Registry, owner: str, job_id: str, now: datetime) -> Row:
     """Resume: `running` while a lease is still held, else `scheduled`. next_run_at is
     kept, so the next claim applies the misfire policy to what was missed."""
     engine, key = locate(registry, job_id)
@@ -338,7 +339,7 @@ def resume_job(registry: Registry, owner: str, job_id: str, now: datetime) -> Ma
         return _transition(conn, owner, key, ("paused",), state, now, idempotent=("scheduled", "running"))
 
 
-def trigger_job(registry: Registry, owner: str, job_id: str, now: datetime) -> Mapping[str, Any]:
+def trigger_job(registry: Registry, owner: str, job_id: str, now: datetime) -> Row:
     """One extra run now, off-schedule: a `claimed` run row the relay sweep publishes.
 
     Neither the job's state nor its next_run_at changes. The job row is read FOR
@@ -356,7 +357,7 @@ def trigger_job(registry: Registry, owner: str, job_id: str, now: datetime) -> M
                           lease_s=registry.settings.lease_s)
 
 
-def insert_run(conn: sa.Connection, job: Mapping[str, Any], *, origin: str, scheduled_for: datetime,
+def insert_run(conn: sa.Connection, job: Row, *, origin: str, scheduled_for: datetime,
                now: datetime, lease_s: float) -> dict[str, Any]:
     """Insert an off-schedule run (trigger, replay): claimed, due now, with its own lease,
     the job's current target and retry policy, attempt 1 (a fresh retry budget)."""
@@ -383,7 +384,7 @@ def locate(registry: Registry, job_id: str | uuid.UUID) -> tuple[sa.Engine, uuid
 
 
 def select_job(conn: sa.Connection, owner: str, job_id: uuid.UUID, *, lock: bool = False,
-               share: bool = False) -> Mapping[str, Any] | None:
+               share: bool = False) -> Row | None:
     query = sa.select(jobs).where(jobs.c.job_id == job_id, jobs.c.owner == owner)
     if lock and is_postgres(conn):
         query = query.with_for_update(read=share)
@@ -393,7 +394,7 @@ def select_job(conn: sa.Connection, owner: str, job_id: uuid.UUID, *, lock: bool
 
 def _transition(conn: sa.Connection, owner: str, job_id: uuid.UUID, from_states: tuple[str, ...],
                 to_state: Any, now: datetime, *, idempotent: tuple[str, ...],
-                extra: dict[str, Any] | None = None) -> Mapping[str, Any]:
+                extra: dict[str, Any] | None = None) -> Row:
     """Move a job from one of `from_states` to `to_state` in one conditional UPDATE.
 
     When no row moves: a job already in one of the `idempotent` states is answered
@@ -407,9 +408,9 @@ def _transition(conn: sa.Connection, owner: str, job_id: uuid.UUID, from_states:
     ).mappings().first()
     if row is not None:
         return row
-    row = select_job(conn, owner, job_id)
-    if row is None:
+    current = select_job(conn, owner, job_id)
+    if current is None:
         raise NotFound("job")
-    if row["state"] in idempotent:
-        return row
-    raise Conflict(f"the job is {row['state']}")
+    if current["state"] in idempotent:
+        return current
+    raise Conflict(f"the job is {current['state']}")

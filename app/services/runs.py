@@ -15,6 +15,7 @@ from typing import Any, Mapping
 import sqlalchemy as sa
 
 from app.services.errors import Conflict, NotFound
+from app.registry.records import Row
 from app.services.jobs import insert_run, locate, select_job
 from app.services.pagination import Page, decode_cursor, merge_newest, newest_first
 from app.registry.engines import Registry
@@ -59,7 +60,7 @@ def count_dead(registry: Registry) -> int:
     return total
 
 
-def replay_run(registry: Registry, owner: str, run_id: str, now: datetime) -> Mapping[str, Any]:
+def replay_run(registry: Registry, owner: str, run_id: str, now: datetime) -> Row:
     """Fire a dead run again; answers the run, now `replayed`.
 
     A dead one-off job whose schedule run died goes back to `scheduled` (due now,

@@ -145,6 +145,8 @@ def _target(value: object, allow_private: bool) -> dict:
     if not isinstance(value, dict):
         raise ValidationError.single("target", "must be an object with type 'webhook' or 'queue'")
     kind = value.get("type")
+    allowed: tuple[str, ...]
+    check: Callable[[dict[str, Any], dict[str, Any], list[FieldError], bool], None]
     if kind == "webhook":
         allowed, check = WEBHOOK_FIELDS, _webhook
     elif kind == "queue":
@@ -165,6 +167,7 @@ def _webhook(value: dict, target: dict, errors: list[FieldError], allow_private:
     url = value.get("url")
     url_error = _url_problem(url)
     if url_error is None:
+        assert isinstance(url, str)  # _url_problem passes only a non-empty str
         try:
             addresses.resolve_target(url, allow_private)
         except addresses.TargetAddressError as exc:
@@ -194,7 +197,7 @@ def _url_problem(url: object) -> str | None:
         return f"must be at most {URL_MAX} characters"
     try:
         parts = urlsplit(url)
-        parts.port  # raises ValueError for a port that is not a number in range
+        _ = parts.port  # raises ValueError for a port that is not a number in range
     except ValueError:
         return "is not a valid URL"
     if parts.scheme.lower() not in ("http", "https"):
