@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
 from app.core.errors import SettingsError
@@ -158,7 +158,7 @@ class Settings:
         redis_url = get("PUNCTUAL_REDIS_URL")
         if redis_url and not redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise SettingsError(f"PUNCTUAL_REDIS_URL={redis_url!r}: not a redis:// URL")
-        values = dict(
+        values: dict[str, Any] = dict(
             database_urls=dsns,
             shards=shards,
             broker_url=broker_url,

@@ -123,7 +123,7 @@ def apply(conn: sa.Connection, batch: Sequence[Finished], now: datetime, rand: C
         if settled.job is not None:
             job_writes.append({**settled.job, "job_id": run.job_id, "_token": run.lease_token})
         if settled.retry_at is not None:
-            retry_rows.append(_retry_row(run, settled, now, lease_s))
+            retry_rows.append(_retry_row(run, settled.retry_at, now, lease_s))
         _count(settled)
     update_many(conn, runs, run_writes, match=("run_id",), columns=("state", "finished_at", "status_code", "error"),
                 constants={"leased_until": None, "updated_at": now})
@@ -170,12 +170,12 @@ def _by_shape(rows: Iterable[dict]) -> list[tuple[tuple[str, ...], list[dict]]]:
     return list(groups.items())
 
 
-def _retry_row(run: DispatchRun, settled: Settlement, now: datetime, lease_s: float) -> dict:
+def _retry_row(run: DispatchRun, retry_at: datetime, now: datetime, lease_s: float) -> dict:
     """An off-schedule run's next attempt: its own lease, published by the relay sweep when due."""
     return run_row(job_id=run.job_id, shard=run.shard, owner=run.owner, origin=run.origin,
                    scheduled_for=run.scheduled_for, attempt=run.attempt + 1, state="claimed",
                    target=run.target, retry=dict(run.retry), now=now, lease_token=uuid.uuid4(),
-                   leased_until=settled.retry_at + timedelta(seconds=lease_s), due_at=settled.retry_at,
+                   leased_until=retry_at + timedelta(seconds=lease_s), due_at=retry_at,
                    published=False)
 
 

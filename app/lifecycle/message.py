@@ -21,6 +21,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Iterator, Mapping
 
 from app.core.timefmt import format_instant, parse_instant
+from app.registry.records import Row
 
 # Runs per dispatch message. A claim batch of 500 becomes 5 messages, so the
 # processes of one or several workers start a burst in parallel, while the broker
@@ -87,7 +88,7 @@ class DispatchRun:
         )
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any], payload: Any, fire_at: datetime | None = None) -> "DispatchRun":
+    def from_row(cls, row: Row, payload: Any, fire_at: datetime | None = None) -> "DispatchRun":
         """From a runs row (plus the job's payload, which runs do not store, and the
         fire instant of a run claimed ahead, which is the job's next_run_at)."""
         return cls(

@@ -74,6 +74,7 @@ def settle(
     if decision.dead:
         return Settlement("dead", error, _moved_on(job, attempt, dead=True), None)
     retry_at = now if retry_now else decision.retry_at
+    assert retry_at is not None  # decide_retry times every retry that is not dead
     if attempt.origin != "schedule":
         return Settlement("failed", error, None, retry_at)
     return Settlement("failed", error, _retried(job, attempt, retry_at), None)
@@ -82,7 +83,7 @@ def settle(
 def _retried(job: Mapping[str, Any] | None, attempt: Attempt, retry_at: datetime) -> dict | None:
     if job is None:
         return None
-    values = {"attempt": attempt.attempt, "misfire_exempt": True, "lease_token": None, "leased_until": None}
+    values: dict[str, Any] = {"attempt": attempt.attempt, "misfire_exempt": True, "lease_token": None, "leased_until": None}
     if job["state"] != "cancelled":
         values["next_run_at"] = retry_at
     if job["state"] == "running":

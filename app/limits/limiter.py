@@ -47,6 +47,11 @@ class Admission:
     admitted: bool
     retry_at: float | datetime | None = None  # set when not admitted
 
+    def retry_instant(self) -> datetime:
+        """`retry_at` of a hold from acquire_many(now=<a datetime>), which answers in kind."""
+        assert isinstance(self.retry_at, datetime)
+        return self.retry_at
+
 
 ADMITTED = Admission(True, None)
 

@@ -71,14 +71,17 @@ class LocalLimiter(Limiter):
             retry_at = 0.0
             for spec, state, _, _, rate_wait, slot_wait in looks:
                 if rate_wait is not None:
+                    assert spec.rate_per_s  # only a rate makes a rate wait
                     state.rate_next = rate_wait + 1 / spec.rate_per_s
                     retry_at = max(retry_at, rate_wait)
                 if slot_wait is not None:
+                    assert spec.max_concurrency  # only a cap makes a slot wait
                     state.slot_next = slot_wait + self.hold_s / spec.max_concurrency
                     retry_at = max(retry_at, slot_wait)
             return retry_at
         for spec, state, tokens, ts, _, _ in looks:
             if spec.rate_per_s:
+                assert tokens is not None and ts is not None  # the look above set both for a rate
                 state.tokens, state.ts = tokens - 1, ts
                 state.full_at = ts + (max(spec.rate_per_s, 1.0) - state.tokens) / spec.rate_per_s
             if spec.max_concurrency:

@@ -148,7 +148,7 @@ class RedisLimiter(Limiter):
 
     def _acquire(self, requests, now, lease_s):
         keys: list[str] = []
-        args: list[object] = [now, lease_s, self.hold_s, len(requests)]
+        args: list[str | int | float] = [now, lease_s, self.hold_s, len(requests)]
         for specs, holder in requests:
             args += [holder, len(specs)]
             for spec in specs:

@@ -39,7 +39,7 @@ import sqlalchemy as sa
 
 from app import metrics
 from app.registry.bulk import insert_many, update_many
-from app.registry.records import run_row
+from app.registry.records import Row, run_row
 from app.pollers.plan import ClaimPlan, plan_claim
 from app.registry.records import retry_of
 from app.registry.schema import jobs, runs
@@ -157,8 +157,11 @@ def claim_batch(engine: sa.Engine, shard: int, now: datetime, settings: Settings
     return ClaimResult(runs=to_publish, taken=len(rows), full=len(rows) >= limit)
 
 
-def _claim_params(job: Mapping[str, Any], plan: ClaimPlan, token: uuid.UUID, leased_until: datetime,
+def _claim_params(job: Row, plan: ClaimPlan, token: uuid.UUID, leased_until: datetime,
                   now: datetime, due_at: datetime) -> tuple[dict, dict]:
+    assert plan.run is not None  # only a plan that runs something is claimed
+    skipped_after: datetime | None
+    skipped_through: datetime | None
     if plan.skipped_range is not None:
         skipped_after, skipped_through = plan.skipped_range
     elif plan.clear_skipped_range:
@@ -180,17 +183,17 @@ def _claim_params(job: Mapping[str, Any], plan: ClaimPlan, token: uuid.UUID, lea
     return params, run_row
 
 
-def _move_params(job: Mapping[str, Any], plan: ClaimPlan) -> dict:
-    over = plan.moved_to is None
+def _move_params(job: Row, plan: ClaimPlan) -> dict:
+    moved_to = plan.moved_to  # None: the schedule is over
     return {
         "job_id": job["job_id"],
-        "state": "completed" if over else "scheduled",
-        "nominal_at": job["nominal_at"] if over else plan.moved_to.nominal,
-        "next_run_at": None if over else plan.moved_to.fire_at,
+        "state": "completed" if moved_to is None else "scheduled",
+        "nominal_at": job["nominal_at"] if moved_to is None else moved_to.nominal,
+        "next_run_at": None if moved_to is None else moved_to.fire_at,
     }
 
 
-def _skipped_rows(job: Mapping[str, Any], plan: ClaimPlan, now: datetime) -> list[dict]:
+def _skipped_rows(job: Row, plan: ClaimPlan, now: datetime) -> list[dict]:
     rows = []
     for skipped in plan.skipped:
         row = _run_row(job, skipped.nominal, 1, "skipped", now)

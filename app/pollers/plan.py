@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 from app.lifecycle.cursor import advance
 from app.core.misfire import Occurrence, decide_misfire, find_backlog
-from app.registry.records import dst_of, schedule_of
+from app.registry.records import Row, dst_of, schedule_of
 
 RUN_ALL_CAP = 1000
 
@@ -42,7 +42,7 @@ class ClaimPlan:
     clear_skipped_range: bool = False
 
 
-def plan_claim(job: Mapping[str, Any], now: datetime, grace_s: float) -> ClaimPlan:
+def plan_claim(job: Row, now: datetime, grace_s: float) -> ClaimPlan:
     current = Occurrence(job["nominal_at"], job["next_run_at"])
     now = max(now, current.fire_at)  # claimed ahead: planned as at its instant
     if job["misfire_exempt"] or job["schedule_kind"] == "once":

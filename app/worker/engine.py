@@ -113,7 +113,7 @@ class Dispatcher:
             [(spec, str(run.run_id)) for run, spec in zip(part, specs)], now, settings.lease_s
         )
         admitted = [_Call(run, spec) for run, spec, admission in zip(part, specs, admissions) if admission.admitted]
-        held = [(run, admission.retry_at) for run, admission in zip(part, admissions) if not admission.admitted]
+        held = [(run, admission.retry_instant()) for run, admission in zip(part, admissions) if not admission.admitted]
         started_ids = lease.start(self.registry, [call.run for call in admitted], now) if admitted else set()
         calls, stale = [], 0
         for call in admitted:
