@@ -1,6 +1,7 @@
 """Fixtures for the API, SDK and CLI tests: the real app on two Postgres shards.
 
-Import the fixtures a module needs (`from tests.integration.api_fixtures import ...`).
+tests/integration/conftest.py hands the fixtures to every module there; modules import
+only the helpers (job_body, job_row, insert_run, ...).
 The settings are per module (one engine pool per module, not per test); each test
 gets its own owners, so tests never see each other's jobs without truncating.
 """
@@ -15,8 +16,8 @@ import pytest
 from werkzeug.serving import make_server
 
 from app.api import create_app
-from app.services.owners import create_key
 from app.registry.engines import registry_for
+from app.services.owners import create_key
 from app.settings import Settings
 
 WEBHOOK = {"type": "webhook", "url": "http://127.0.0.1:9/hook"}
@@ -146,8 +147,8 @@ def insert_run(settings: Settings, job: dict, **values) -> dict:
     """A run row as the pipeline writes it (default: a dead schedule run of `job`)."""
     from datetime import timedelta
 
-    from app.registry.schema import runs
     from app.core.timefmt import parse_instant, utcnow
+    from app.registry.schema import runs
 
     engine, key = engine_of(settings, job["id"])
     now = utcnow()

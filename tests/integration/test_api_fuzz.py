@@ -18,12 +18,14 @@ from hypothesis import HealthCheck, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
-    content_type_conformance, response_schema_conformance, status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
 )
 
-from app.services import addresses
 from app.api.openapi import document
-from tests.integration.api_fixtures import api_app, api_settings, live_server, new_caller  # noqa: F401
+from app.services import addresses
+from tests.integration.api_fixtures import new_caller
 
 pytestmark = pytest.mark.integration
 FUZZ_EXAMPLES = int(os.environ.get("PUNCTUAL_FUZZ_EXAMPLES", "12"))

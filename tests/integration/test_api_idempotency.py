@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from app.registry.engines import registry_for
 from app.registry.schema import jobs
-from tests.integration.api_fixtures import alice, api_app, api_settings, job_body, live_server  # noqa: F401
+from tests.integration.api_fixtures import job_body
 
 pytestmark = pytest.mark.integration
 

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.api_fixtures import (  # noqa: F401  (fixtures)
-    alice, api_app, api_settings, bob, insert_run, job_body, job_row, run_rows,
-)
+from tests.integration.api_fixtures import insert_run, job_body, job_row, run_rows
 
 pytestmark = pytest.mark.integration
 

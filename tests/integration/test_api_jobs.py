@@ -3,19 +3,15 @@ pause, resume, trigger, with every status docs/api.md gives them."""
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from app.api import create_app
 from app.core.timefmt import parse_instant, utcnow
-from tests.integration.api_fixtures import (  # noqa: F401  (fixtures)
-    alice, api_app, api_settings, bob, job_body, job_row, run_rows, set_job,
-)
+from tests.integration.api_fixtures import job_body, job_row, run_rows, set_job
 
 pytestmark = pytest.mark.integration
-UTC = timezone.utc
-
 
 def iso(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -338,8 +334,8 @@ def test_trigger_of_a_finished_job_is_409(alice, api_settings, state):
 
 
 def test_jobs_sharing_a_cron_get_the_same_first_fire_and_it_moves_with_now(alice):
-    from app.services import jobs
     from app.core.schedules import DstPolicy, Schedule
+    from app.services import jobs
 
     a = alice.create(schedule={"cron": "*/5 * * * *"})
     b = alice.create(schedule={"cron": "*/5 * * * *"})
@@ -352,9 +348,9 @@ def test_jobs_sharing_a_cron_get_the_same_first_fire_and_it_moves_with_now(alice
 
 def test_the_embedded_sqlite_registry_creates_idempotently_too(tmp_path):
     """Postgres takes the driver-level INSERT; the SQLite of `punctual dev` goes through Core."""
+    from app.registry.engines import registry_for
     from app.registry.migrate import migrate_all
     from app.services.owners import create_key
-    from app.registry.engines import registry_for
     from app.settings import Settings
 
     settings = Settings.from_env({"PUNCTUAL_DATA_DIR": str(tmp_path), "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1"})

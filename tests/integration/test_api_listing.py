@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from tests.integration.api_fixtures import alice, api_app, api_settings, bob, job_row, set_job  # noqa: F401
+from tests.integration.api_fixtures import job_row, set_job
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ from app.api import create_app
 from app.api.openapi import document
 from app.api.serialize import job_json, run_json
 from app.services.validation import JOB_FIELDS, LIMITS_FIELDS, QUEUE_FIELDS, REQUIRED_FIELDS, WEBHOOK_FIELDS
-from tests.integration.api_fixtures import alice, api_app, api_settings, insert_run, job_row  # noqa: F401
+from tests.integration.api_fixtures import insert_run, job_row
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +40,7 @@ def test_metrics_are_prometheus_text_with_registry_gauges(alice, api_settings):
     for name in ("punctual_jobs{state=\"scheduled\"}", "punctual_dead_letter_runs", "punctual_claims_total",
                  "punctual_runs_total", "punctual_start_lateness_seconds", "punctual_dead_letters_total"):
         assert name in text or name.split("{")[0] in text, name
-    scheduled = float(next(l for l in text.splitlines() if l.startswith('punctual_jobs{state="scheduled"}')).split()[-1])
+    scheduled = float(next(line for line in text.splitlines() if line.startswith('punctual_jobs{state="scheduled"}')).split()[-1])
     assert scheduled >= 1
 
 
@@ -50,7 +50,7 @@ def test_metrics_gauges_are_cached(api_settings, alice):
     first = app.test_client().get("/metrics").get_data(as_text=True)
     alice.create()
     second = app.test_client().get("/metrics").get_data(as_text=True)
-    pick = lambda text: next(l for l in text.splitlines() if l.startswith('punctual_jobs{state="scheduled"}'))  # noqa: E731
+    pick = lambda text: next(line for line in text.splitlines() if line.startswith('punctual_jobs{state="scheduled"}'))  # noqa: E731
     assert pick(first) == pick(second)  # within the TTL: no second count over every DSN
     gauges._expires = 0
     assert pick(app.test_client().get("/metrics").get_data(as_text=True)) != pick(first)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tests.integration.api_fixtures import alice, api_app, api_settings, job_body  # noqa: F401
+from tests.integration.api_fixtures import job_body
 
 pytestmark = pytest.mark.integration
 

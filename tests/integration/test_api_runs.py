@@ -7,9 +7,7 @@ from datetime import timedelta
 import pytest
 
 from app.core.timefmt import format_instant, parse_instant, utcnow
-from tests.integration.api_fixtures import (  # noqa: F401  (fixtures)
-    alice, api_app, api_settings, bob, insert_run, job_row, run_rows, set_job,
-)
+from tests.integration.api_fixtures import insert_run, job_row, run_rows, set_job
 
 pytestmark = pytest.mark.integration
 

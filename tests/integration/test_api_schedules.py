@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.api_fixtures import alice, api_app, api_settings  # noqa: F401
-
 pytestmark = pytest.mark.integration
 
 

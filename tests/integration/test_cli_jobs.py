@@ -15,7 +15,6 @@ import requests
 from click.testing import CliRunner
 
 from app.cli import main
-from tests.integration.api_fixtures import alice, api_app, api_settings, live_server  # noqa: F401
 
 pytestmark = pytest.mark.integration
 

@@ -2,19 +2,25 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 import requests
 
 from app.sdk import (
-    AuthenticationError, Client, ConflictError, Job, NotFoundError, PayloadTooLargeError, Run, TransportError,
-    ValidationError, verify_signature,
+    AuthenticationError,
+    Client,
+    ConflictError,
+    Job,
+    NotFoundError,
+    PayloadTooLargeError,
+    Run,
+    TransportError,
+    ValidationError,
+    verify_signature,
 )
 from app.sdk.signature import signature_header
-from tests.integration.api_fixtures import (  # noqa: F401  (fixtures)
-    WEBHOOK, alice, api_app, api_settings, bob, insert_run, live_server,
-)
+from tests.integration.api_fixtures import WEBHOOK, insert_run
 
 pytestmark = pytest.mark.integration
 CRON = {"cron": "0 0 * * *", "timezone": "Europe/Berlin"}
@@ -29,14 +35,14 @@ def client(live_server, alice):
 def test_create_get_update_and_typed_results(client):
     job = client.create_job("sdk-job", WEBHOOK, CRON, {"k": 1}, retry={"max_attempts": 2}, jitter_s=5)
     assert isinstance(job, Job) and job.state == "scheduled" and job.payload == {"k": 1}
-    assert job.next_run_at.tzinfo is not None and job.created_at <= datetime.now(timezone.utc)
+    assert job.next_run_at.tzinfo is not None and job.created_at <= datetime.now(UTC)
     assert client.get_job(job.id) == job
     updated = client.update_job(job.id, name="renamed", schedule={"interval_s": 60})
     assert updated.name == "renamed" and updated.schedule == {"interval_s": 60}
 
 
 def test_datetimes_are_sent_as_rfc3339(client):
-    at = datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)
+    at = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
     job = client.create_job("one-off", WEBHOOK, {"run_at": at})
     assert job.next_run_at == at and job.schedule == {"run_at": "2030-01-01T12:00:00Z"}
     with pytest.raises(ValidationError) as exc:
@@ -85,9 +91,9 @@ def test_dead_letters_and_replay(client, api_settings):
 
 def test_preview(client):
     items = client.preview_schedule("30 2 * * *", timezone="Europe/Berlin", count=2,
-                                    after=datetime(2026, 3, 28, 12, tzinfo=timezone.utc))
+                                    after=datetime(2026, 3, 28, 12, tzinfo=UTC))
     assert [i.dst for i in items] == ["gap_shifted", None]
-    assert items[0].at == datetime(2026, 3, 29, 1, tzinfo=timezone.utc)
+    assert items[0].at == datetime(2026, 3, 29, 1, tzinfo=UTC)
     assert items[0].local.utcoffset().total_seconds() == 7200
 
 
