@@ -17,7 +17,7 @@ if broker_url == "filesystem://":
     # Embedded mode (`punctual dev`): folders under the data dir stand in for the
     # broker. app.devserver.broker says why this transport, and why kombu's own
     # filesystem channel is replaced by one that writes and takes files atomically.
-    from app.devserver.broker import TRANSPORT as broker_transport
+    from app.devserver.broker import TRANSPORT as broker_transport  # noqa: F401  (a Celery setting)
 
     _broker_dir = (_settings.data_dir / "broker").resolve()
     broker_transport_options = {

@@ -7,8 +7,9 @@ Every test injects `now`; none sleeps.
 """
 from __future__ import annotations
 
-import threading
 from datetime import datetime, timedelta, timezone
+from itertools import pairwise
+import threading
 
 import pytest
 
@@ -42,7 +43,7 @@ class LimiterContract:
         assert sum(got) == 20
         # And never two in the same 200 ms.
         times = [i for i, ok in enumerate(got, 1) if ok]
-        assert all(b - a >= 4 for a, b in zip(times, times[1:]))
+        assert all(b - a >= 4 for a, b in pairwise(times))
 
     def test_never_more_than_the_rate_over_any_window(self, limiter):
         spec = [LimitSpec("b", rate_per_s=10)]
@@ -71,7 +72,7 @@ class LimiterContract:
         assert retry_at == sorted(retry_at)
         assert retry_at[0] == pytest.approx(T0 + 0.2)
         assert retry_at[-1] == pytest.approx(T0 + 9.0)
-        assert all(b - a == pytest.approx(0.2) for a, b in zip(retry_at, retry_at[1:]))
+        assert all(b - a == pytest.approx(0.2) for a, b in pairwise(retry_at))
 
     def test_held_runs_that_come_back_on_time_are_admitted(self, limiter):
         spec = [LimitSpec("b", rate_per_s=5)]

@@ -21,14 +21,13 @@ from __future__ import annotations
 import heapq
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Iterator
 from zoneinfo import ZoneInfo
 
 from croniter import CroniterBadDateError, CroniterError, croniter
 
-from app.core.timefmt import UTC
 
 GAP_SHIFTED = "gap_shifted"
 OVERLAP_FIRST = "overlap_first"
@@ -101,7 +100,7 @@ def _parse_cron_cached(text: str) -> CronExpr:
     if len(fields) not in (5, 6):
         raise ValueError(f"must have 5 fields (or 6 with seconds first), not {len(fields)}")
     specs = _FIELDS if len(fields) == 6 else _FIELDS[1:]
-    for field, spec in zip(fields, specs):
+    for field, spec in zip(fields, specs, strict=True):
         _check_field(field.lower(), *spec)
     # croniter's 6-field form puts seconds last; Punctual's (and Quartz's) puts them first.
     form = " ".join(fields[1:] + fields[:1]) if len(fields) == 6 else " ".join(fields)

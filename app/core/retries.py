@@ -14,12 +14,11 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import Any, Callable
 
 from app.core.errors import FieldError, ValidationError
-from app.core.timefmt import UTC
 
 MAX_ATTEMPTS = 100
 MAX_BACKOFF_S = 86_400

@@ -21,7 +21,7 @@ from zoneinfo import ZoneInfo, available_timezones
 
 from app.core import cron
 from app.core.errors import FieldError, ValidationError
-from app.core.timefmt import UTC, format_instant, parse_instant
+from app.core.timefmt import format_instant, parse_instant
 
 KINDS = ("once", "cron", "interval")
 GAP_POLICIES = ("shift", "skip")

@@ -8,9 +8,7 @@ a fraction only when the instant has one, so `Idempotency-Key`,
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta, timezone
-
-UTC = timezone.utc
+from datetime import UTC, datetime, timedelta, timezone
 
 # RFC 3339 date-time: a 'T' (or space, or lowercase t), seconds required, offset required.
 _RFC3339 = re.compile(

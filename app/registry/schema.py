@@ -18,13 +18,11 @@ their retries are new rows with a later `due_at`.
 """
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime, timezone
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.types import TypeDecorator
-
-UTC = timezone.utc
 
 
 class UTCDateTime(TypeDecorator):

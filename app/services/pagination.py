@@ -17,13 +17,12 @@ import binascii
 import heapq
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, Iterable, Sequence, TypeVar
 
 import sqlalchemy as sa
 
 from app.core.errors import ValidationError
-from app.core.timefmt import UTC
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 500

@@ -148,7 +148,7 @@ class DevProcess:
             return self.popen.wait(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise RuntimeError(f"punctual dev did not stop within {STOP_TIMEOUT_S:g}s:\n{self.output[-4000:]}")
+            raise RuntimeError(f"punctual dev did not stop within {STOP_TIMEOUT_S:g}s:\n{self.output[-4000:]}") from None
 
     def kill(self) -> None:
         """Teardown of last resort: SIGKILL the shell's group and anything left in the workdir."""

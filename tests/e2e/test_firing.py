@@ -3,8 +3,9 @@ replay, limits, pause/resume/cancel/trigger, and a poller crash between commit a
 publish. Times are generous ceilings, never exact."""
 from __future__ import annotations
 
-import time
 from datetime import timedelta
+from itertools import pairwise
+import time
 
 import pytest
 
@@ -102,8 +103,8 @@ def test_a_6_field_cron_every_2s_fires_on_even_seconds_without_drift(stack, api,
     api.request("DELETE", f"/jobs/{job['id']}", expect=200)
     instants = [parse_instant(c.header("Punctual-Scheduled-For")) for c in calls[:5]]
     assert all(i.second % 2 == 0 and i.microsecond == 0 for i in instants)
-    assert [(b - a).total_seconds() for a, b in zip(instants, instants[1:])] == [2.0] * 4
-    for call, instant in zip(calls, instants):
+    assert [(b - a).total_seconds() for a, b in pairwise(instants)] == [2.0] * 4
+    for call, instant in zip(calls, instants, strict=False):  # calls may hold more than five
         assert 0 <= call.at - instant.timestamp() < 5.0  # a generous ceiling: this is about drift
 
 

@@ -50,7 +50,10 @@ def test_metrics_gauges_are_cached(api_settings, alice):
     first = app.test_client().get("/metrics").get_data(as_text=True)
     alice.create()
     second = app.test_client().get("/metrics").get_data(as_text=True)
-    pick = lambda text: next(line for line in text.splitlines() if line.startswith('punctual_jobs{state="scheduled"}'))  # noqa: E731
+
+    def pick(text: str) -> str:
+        return next(line for line in text.splitlines() if line.startswith('punctual_jobs{state="scheduled"}'))
+
     assert pick(first) == pick(second)  # within the TTL: no second count over every DSN
     gauges._expires = 0
     assert pick(app.test_client().get("/metrics").get_data(as_text=True)) != pick(first)

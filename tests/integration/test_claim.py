@@ -193,7 +193,7 @@ def test_misfire_skip_with_every_occurrence_late_records_them_and_moves_on(regis
 def test_less_than_the_grace_late_runs_late_under_every_policy(registry, grace_1s):
     now = utcnow()
     rows = []
-    for index, policy in enumerate(("run_once", "run_all", "skip")):
+    for policy in ("run_once", "run_all", "skip"):
         first = now - timedelta(seconds=0.5)
         row = job_row(16, interval_s=60, start_at=first, first=first, misfire=policy, shard=13, created_at=first)
         rows.append(row)

@@ -2,14 +2,12 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from app.core.errors import ValidationError
 from app.services.pagination import decode_cursor, encode_cursor, merge_newest, parse_limit
-
-UTC = timezone.utc
 
 
 def test_cursor_round_trips_to_the_microsecond():

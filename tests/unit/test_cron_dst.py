@@ -6,8 +6,8 @@ end check the resolution against an independent brute-force oracle.
 """
 from __future__ import annotations
 
-from datetime import datetime, timedelta
-from itertools import islice
+from datetime import UTC, datetime, timedelta
+from itertools import islice, pairwise
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from app.core.cron import parse_cron
 from app.core.schedules import DstPolicy, Schedule, next_fire, preview
-from app.core.timefmt import UTC, parse_instant
+from app.core.timefmt import parse_instant
 
 SHIFT_ONCE = DstPolicy(gap="shift", overlap="once")
 SHIFT_TWICE = DstPolicy(gap="shift", overlap="twice")
@@ -466,7 +466,7 @@ def test_property_fire_times_increase_never_land_in_a_gap_and_repeat_only_when_t
     items = preview(cron(text, zone_name), dst, after, 40)
     assert items, text  # every generated expression fires within 100 years
     ats = [i.at for i in items]
-    assert all(a < b for a, b in zip(ats, ats[1:]))
+    assert all(a < b for a, b in pairwise(ats))
     assert ats[0] > after
     per_wall_time: dict[datetime, int] = {}
     for item in items:
@@ -483,7 +483,7 @@ def test_property_fire_times_increase_never_land_in_a_gap_and_repeat_only_when_t
         else:
             assert matches(wall), (text, item)
         per_wall_time[wall] = per_wall_time.get(wall, 0) + 1
-    for wall, n in per_wall_time.items():
+    for n in per_wall_time.values():
         assert n <= 2
         if n == 2:
             assert dst.overlap == "twice"

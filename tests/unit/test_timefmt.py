@@ -1,15 +1,13 @@
 """RFC 3339 instants: what is accepted, what is refused, and the one printed form."""
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from app.core.timefmt import format_instant, format_local, parse_instant, truncate_to_ms
-
-UTC = timezone.utc
 
 
 @pytest.mark.parametrize(
