@@ -257,7 +257,8 @@ def document() -> dict:
     return {
         "openapi": "3.1.0",
         "info": {"title": "Punctual", "version": __version__,
-                 "description": "A distributed job scheduler: webhooks and queue messages fired on time, at least once."},
+                 "description": "A distributed job scheduler: webhooks and queue messages fired on time,"
+                                " at least once."},
         "servers": [{"url": "/"}],
         "security": [{"bearer": []}],
         "paths": _paths(),

@@ -94,7 +94,10 @@ class Client:
         return self._follow(lambda cursor: self.list_jobs(state=state, name=name, limit=page_size, cursor=cursor))
 
     def update_job(self, job_id: str, **fields: Any) -> Job:
-        """PATCH: each named field (name, target, payload, schedule, retry, misfire, dst, jitter_s) replaced whole."""
+        """PATCH: each named field is replaced whole.
+
+        The fields: name, target, payload, schedule, retry, misfire, dst, jitter_s.
+        """
         return Job.from_json(self._request("PATCH", f"/jobs/{quote(job_id, safe='')}", json_body=fields))
 
     def cancel_job(self, job_id: str) -> Job:

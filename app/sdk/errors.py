@@ -66,7 +66,8 @@ class NotFoundError(APIError):
 
 
 class ConflictError(APIError):
-    """409: the job or run is in a state that forbids this, or an Idempotency-Key was reused with another body."""
+    """409: the job or run is in a state that forbids this, or an Idempotency-Key was
+    reused with another body."""
 
 
 class PayloadTooLargeError(APIError):

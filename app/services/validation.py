@@ -233,7 +233,8 @@ def _headers(value: object, errors: list[FieldError]) -> dict:
 def _queue(value: dict, target: dict, errors: list[FieldError], _allow_private: bool) -> None:
     topic = value.get("topic")
     if not isinstance(topic, str) or len(topic) > TOPIC_MAX or not _TOPIC.match(topic):
-        errors.append(FieldError("target.topic", f"must be a routing key of dot-separated words (letters, digits, _ and -), at most {TOPIC_MAX} characters"))
+        errors.append(FieldError("target.topic", "must be a routing key of dot-separated words"
+                                 f" (letters, digits, _ and -), at most {TOPIC_MAX} characters"))
     target["topic"] = topic
 
 

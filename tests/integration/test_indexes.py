@@ -25,7 +25,8 @@ def big_registry(pg_dsns):
             SELECT md5(i::text)::uuid, mod(i, 16), 'owner-' || (mod(i, 50)), 'job-' || i,
                    '{{"type": "webhook", "url": "https://example.com/"}}'::jsonb, 'cron', '* * * * *', 'UTC',
                    5, 10, 3600, 'run_once', 'shift', 'once', 0,
-                   CASE WHEN mod(i, 10) = 0 THEN 'completed' WHEN mod(i, 50) = 1 THEN 'running' ELSE 'scheduled' END,
+                   CASE WHEN mod(i, 10) = 0 THEN 'completed' WHEN mod(i, 50) = 1 THEN 'running'
+                        ELSE 'scheduled' END,
                    now() + (mod(i, 86400)) * interval '1 second' - interval '60 seconds',
                    now() + (mod(i, 86400)) * interval '1 second' - interval '60 seconds', 0,
                    CASE WHEN mod(i, 50) = 1 THEN md5('lease' || i)::uuid END,

@@ -10,7 +10,8 @@ import app.sdk
 def test_importing_the_sdk_pulls_in_no_server_module():
     code = (
         "import sys, app.sdk\n"
-        "heavy = [m for m in ('flask', 'sqlalchemy', 'celery', 'werkzeug', 'psycopg', 'kombu', 'redis') if m in sys.modules]\n"
+        "heavy = [m for m in ('flask', 'sqlalchemy', 'celery', 'werkzeug', 'psycopg', 'kombu', 'redis')"
+        " if m in sys.modules]\n"
         "print(','.join(heavy))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
