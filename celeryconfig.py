@@ -7,7 +7,8 @@ import os
 
 from kombu import Exchange, Queue
 
-from app.pollers.beat import beat_schedule as _beat_schedule, route_task, shard_queues
+from app.pollers.beat import beat_schedule as _beat_schedule
+from app.pollers.beat import route_task, shard_queues
 from app.settings import get_settings
 
 _settings = get_settings()

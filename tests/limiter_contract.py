@@ -7,9 +7,9 @@ Every test injects `now`; none sleeps.
 """
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
-from itertools import pairwise
 import threading
+from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 
 import pytest
 
@@ -192,7 +192,7 @@ class LimiterContract:
         assert all(a.retry_at is None for a in answers)
 
     def test_now_may_be_a_datetime_and_retry_at_follows(self, limiter):
-        now = datetime(2026, 12, 1, tzinfo=timezone.utc)
+        now = datetime(2026, 12, 1, tzinfo=UTC)
         spec = [LimitSpec("b", rate_per_s=2)]
         answers = limiter.acquire_many([(spec, f"r{i}") for i in range(3)], now, LEASE_S)
         assert admitted(answers) == [True, True, False]

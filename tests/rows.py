@@ -8,18 +8,19 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
+from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import Any, Iterable
+from typing import Any
 
 import sqlalchemy as sa
 
-from app.registry.records import new_job_row
 from app.core.retries import RetryPolicy
 from app.core.schedules import DstPolicy, Schedule
+from app.core.timefmt import utcnow
 from app.registry.engines import Registry
+from app.registry.records import new_job_row
 from app.registry.schema import jobs, runs
 from app.registry.sharding import shard_for
-from app.core.timefmt import utcnow
 
 
 def webhook_target(url: str, **extra: Any) -> dict:

@@ -16,8 +16,8 @@ from flask import Flask
 from app.api import jobs, ops, problems, runs, schedules
 from app.api.ops import RegistryGauges
 from app.api.wire import MAX_BODY_BYTES
-from app.services.owners import OwnerDirectory
 from app.registry.engines import Registry, registry_for
+from app.services.owners import OwnerDirectory
 from app.settings import Settings, get_settings
 
 

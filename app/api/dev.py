@@ -31,10 +31,10 @@ from flask import Blueprint, current_app, request
 
 from app.api.wire import json_response
 from app.core.errors import ValidationError
-from app.registry.schema import jobs
-from app.sdk import SignatureError, verify_signature
-from app.registry.sharding import shard_for
 from app.core.timefmt import format_instant, utcnow
+from app.registry.schema import jobs
+from app.registry.sharding import shard_for
+from app.sdk import SignatureError, verify_signature
 
 bp = Blueprint("dev", __name__)
 

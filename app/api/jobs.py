@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app, g, request
 
-from app.services import jobs, runs
 from app.api.auth import protect
 from app.api.serialize import job_json, page_json, run_json
 from app.api.wire import json_body, json_response
-from app.services.pagination import parse_limit
 from app.core.timefmt import utcnow
+from app.services import jobs, runs
+from app.services.pagination import parse_limit
 
 bp = protect(Blueprint("jobs", __name__))
 

@@ -10,13 +10,13 @@ from functools import lru_cache
 from typing import Any
 
 from app import __version__
-from app.services import validation as v
 from app.core.jitter import MAX_JITTER_S
 from app.core.misfire import MISFIRE_POLICIES
-from app.services.pagination import DEFAULT_LIMIT, MAX_LIMIT
 from app.core.retries import MAX_ATTEMPTS, MAX_BACKOFF_S, MAX_MAX_BACKOFF_S
 from app.core.schedules import GAP_POLICIES, MAX_INTERVAL_S, OVERLAP_POLICIES
 from app.registry.schema import JOB_STATES, RUN_STATES
+from app.services import validation as v
+from app.services.pagination import DEFAULT_LIMIT, MAX_LIMIT
 
 INSTANT = {"type": "string", "format": "date-time"}
 

@@ -19,10 +19,10 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 import app.metrics  # noqa: F401  (defines the process's counters in the default registry)
-from app.services import jobs, runs
 from app.api.openapi import document
 from app.api.wire import json_response
 from app.registry.engines import Registry
+from app.services import jobs, runs
 
 bp = Blueprint("ops", __name__)
 

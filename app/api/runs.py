@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app, g, request
 
-from app.services import runs
 from app.api.auth import protect
 from app.api.serialize import page_json, run_json
 from app.api.wire import json_response
-from app.services.pagination import parse_limit
 from app.core.timefmt import utcnow
+from app.services import runs
+from app.services.pagination import parse_limit
 
 bp = protect(Blueprint("runs", __name__))
 

@@ -8,7 +8,7 @@ parameter is reported at once, named as the parameter (`cron`, not `schedule.cro
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from collections.abc import Mapping
 
 from flask import Blueprint, request
 

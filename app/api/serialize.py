@@ -6,12 +6,13 @@ reads is what it could send again.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable
+from typing import Any
 
-from app.services.pagination import Page
-from app.registry.records import Row, dst_of, retry_of, schedule_of
 from app.core.schedules import PreviewItem
 from app.core.timefmt import format_instant, format_local
+from app.registry.records import Row, dst_of, retry_of, schedule_of
+from app.services.pagination import Page
 
 
 def _instant(value) -> str | None:

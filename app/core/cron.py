@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import heapq
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
-from typing import Iterator
 from zoneinfo import ZoneInfo
 
 from croniter import CroniterBadDateError, CroniterError, croniter
-
 
 GAP_SHIFTED = "gap_shifted"
 OVERLAP_FIRST = "overlap_first"

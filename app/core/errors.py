@@ -26,7 +26,7 @@ class ValidationError(ValueError):
         super().__init__("; ".join(f"{e.field}: {e.message}" for e in self.errors))
 
     @classmethod
-    def single(cls, field: str, message: str) -> "ValidationError":
+    def single(cls, field: str, message: str) -> ValidationError:
         return cls([FieldError(field, message)])
 
 

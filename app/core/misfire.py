@@ -12,9 +12,9 @@ held by a limit and replays are never misfires; the caller does not ask here.
 """
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-import uuid
 
 from app.core import jitter
 from app.core.schedules import DstPolicy, Schedule, count_fires, iter_fires, latest_fire

@@ -12,11 +12,12 @@ aware UTC datetime. A job's occurrences t always satisfy start_at <= t <= end_at
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import lru_cache
 from itertools import islice
-from typing import Any, Callable, Iterator
+from typing import Any
 from zoneinfo import ZoneInfo, available_timezones
 
 from app.core import cron

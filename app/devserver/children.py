@@ -26,8 +26,8 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
 
 _PR_SET_PDEATHSIG = 1
 

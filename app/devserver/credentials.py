@@ -16,8 +16,8 @@ import os
 import shlex
 from pathlib import Path
 
-from app.services.owners import NewKey, OwnerDirectory, create_key
 from app.registry.engines import Registry
+from app.services.owners import NewKey, OwnerDirectory, create_key
 
 DEV_OWNER = "dev"
 KEY_FILE = "dev-key.json"

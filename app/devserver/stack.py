@@ -25,9 +25,9 @@ in-memory record is one record.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from app.pollers.beat import shard_queues
 from app.settings import Settings

@@ -29,12 +29,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
+from app.core.errors import SettingsError
 from app.devserver import banner, credentials, probe, stack
 from app.devserver.children import Child
-from app.core.errors import SettingsError
 
 READY_TIMEOUT_S = 60.0
 
@@ -170,8 +170,8 @@ def _url_host(host: str) -> str:
 
 
 def _prepare_registry(settings, data_dir: Path):
-    from app.registry.migrate import migrate_all
     from app.registry.engines import registry_for
+    from app.registry.migrate import migrate_all
 
     migrate_all(settings.database_urls)
     registry = registry_for(settings)

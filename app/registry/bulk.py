@@ -26,13 +26,15 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
-from app.registry.dialect import is_postgres
 from sqlalchemy.dialects import postgresql
+
+from app.registry.dialect import is_postgres
 
 _PG_TYPES = {
     sa.Uuid: "uuid",

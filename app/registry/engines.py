@@ -13,8 +13,8 @@ from functools import cached_property
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, make_url
 
-from app.settings import Settings
 from app.registry.sharding import physical_index
+from app.settings import Settings
 
 
 def engine_url(dsn: str) -> sa.URL:

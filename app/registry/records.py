@@ -11,11 +11,11 @@ claim, a skipped occurrence or an off-schedule retry writes differs only in what
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any
 
 from app.core.jitter import fire_at
-
 from app.core.retries import RetryPolicy
 from app.core.schedules import DstPolicy, Schedule
 

@@ -18,7 +18,7 @@ their retries are new rows with a later `due_at`.
 """
 from __future__ import annotations
 
-from datetime import UTC, datetime, timezone
+from datetime import UTC, datetime
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql

@@ -15,8 +15,9 @@ APIError subclasses for answers, TransportError when no answer came.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
-from typing import Any, Callable, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import requests
@@ -34,7 +35,7 @@ def _encode(value: Any) -> Any:
     """JSON-ready values: datetimes become RFC 3339 (aware ones in UTC with `Z`)."""
     if isinstance(value, datetime):
         if value.tzinfo is not None:
-            value = value.astimezone(timezone.utc)
+            value = value.astimezone(UTC)
             return value.isoformat().replace("+00:00", "Z")
         return value.isoformat()  # naive: the API refuses it, and says which field
     if isinstance(value, dict):
@@ -59,7 +60,7 @@ class Client:
         if self._own_session:
             self.session.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *_exc: object) -> None:

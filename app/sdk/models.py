@@ -5,9 +5,10 @@ so a field added to the API later is never lost to an older SDK.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Generic, Iterator, TypeVar
+from typing import Any, Generic, TypeVar
 
 __all__ = ["Job", "Run", "Page", "PreviewItem", "parse_time"]
 
@@ -45,7 +46,7 @@ class Job:
     raw: dict[str, Any] = field(repr=False, compare=False)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Job":
+    def from_json(cls, data: dict[str, Any]) -> Job:
         return cls(
             id=data["id"], name=data["name"], state=data["state"], next_run_at=parse_time(data.get("next_run_at")),
             target=data["target"], payload=data.get("payload"), schedule=data["schedule"], retry=data["retry"],
@@ -69,7 +70,7 @@ class Run:
     raw: dict[str, Any] = field(repr=False, compare=False)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Run":
+    def from_json(cls, data: dict[str, Any]) -> Run:
         return cls(
             id=data["id"], job_id=data["job_id"], scheduled_for=_instant(data["scheduled_for"]),
             attempt=data["attempt"], state=data["state"], started_at=parse_time(data.get("started_at")),
@@ -99,5 +100,5 @@ class PreviewItem:
     dst: str | None  # None | gap_shifted | overlap_first | overlap_second
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "PreviewItem":
+    def from_json(cls, data: dict[str, Any]) -> PreviewItem:
         return cls(at=_instant(data["at"]), local=_instant(data["local"]), dst=data.get("dst"))

@@ -17,27 +17,36 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Mapping
+from typing import Any
 
 import sqlalchemy as sa
 from psycopg.types.json import Jsonb
 from sqlalchemy.dialects import sqlite
 
 from app.core.errors import ValidationError
-from app.services import idempotency
 from app.core.jitter import fire_at
-from app.limits.keys import record_limit_key
-from app.registry.records import Row, run_row
-from app.services.pagination import Page, decode_cursor, merge_newest, newest_first
-from app.registry.records import dst_columns, dst_of, new_job_row, retry_columns, retry_of, schedule_columns, schedule_of
-from app.registry.engines import Registry
 from app.core.schedules import DstPolicy, Schedule, first_fire
+from app.core.timefmt import truncate_to_ms
+from app.limits.keys import record_limit_key
+from app.registry.dialect import is_postgres
+from app.registry.engines import Registry
+from app.registry.records import (
+    Row,
+    dst_columns,
+    dst_of,
+    new_job_row,
+    retry_columns,
+    retry_of,
+    run_row,
+    schedule_columns,
+    schedule_of,
+)
 from app.registry.schema import JOB_STATES, jobs, runs
 from app.registry.sharding import shard_for
-from app.core.timefmt import truncate_to_ms
+from app.services import idempotency
 from app.services.errors import Conflict, NotFound
+from app.services.pagination import Page, decode_cursor, merge_newest, newest_first
 from app.services.validation import validate_changes, validate_job
-from app.registry.dialect import is_postgres
 
 LIVE_STATES = ("scheduled", "running", "paused")  # the states a job can still change from
 FINAL_STATES = ("completed", "cancelled", "dead")

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
+from app.core.timefmt import utcnow
 from app.registry.engines import Registry
 from app.registry.schema import api_keys, owners
-from app.core.timefmt import utcnow
 
 KEY_PREFIX = "pk_"
 CACHE_TTL_S = 30.0

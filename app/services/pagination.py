@@ -16,9 +16,10 @@ import base64
 import binascii
 import heapq
 import uuid
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Generic, Iterable, Sequence, TypeVar
+from typing import Any, Generic, TypeVar
 
 import sqlalchemy as sa
 

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any, Mapping
 
 import sqlalchemy as sa
 
-from app.services.errors import Conflict, NotFound
+from app.registry.engines import Registry
 from app.registry.records import Row
+from app.registry.schema import jobs, runs
+from app.services.errors import Conflict, NotFound
 from app.services.jobs import insert_run, locate, select_job
 from app.services.pagination import Page, decode_cursor, merge_newest, newest_first
-from app.registry.engines import Registry
-from app.registry.schema import jobs, runs
 
 
 def list_runs(registry: Registry, owner: str, job_id: str, *, limit: int, cursor: str | None) -> Page:

@@ -16,17 +16,18 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
-from app.services import addresses
+from app.core.delivery import is_reserved_header
 from app.core.errors import FieldError, ValidationError
 from app.core.jitter import parse_jitter_s
-from app.core.delivery import is_reserved_header
 from app.core.misfire import MISFIRE_POLICIES, parse_misfire
 from app.core.retries import RetryPolicy, parse_retry
 from app.core.schedules import DstPolicy, Schedule, parse_dst, parse_schedule
+from app.services import addresses
 
 JOB_FIELDS = ("name", "target", "payload", "schedule", "retry", "misfire", "dst", "jitter_s")
 REQUIRED_FIELDS = ("name", "target", "schedule")

@@ -86,7 +86,7 @@ class DevProcess:
 
     @classmethod
     def start(cls, command: str, workdir: Path, port: int = 8000, path_first: Path = VENV_BIN,
-              start_timeout_s: float = START_TIMEOUT_S) -> "DevProcess":
+              start_timeout_s: float = START_TIMEOUT_S) -> DevProcess:
         wait_port_free(port)
         log_path = workdir / "dev.log"
         offset = log_path.stat().st_size if log_path.exists() else 0

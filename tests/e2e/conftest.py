@@ -12,8 +12,8 @@ import time
 import pytest
 
 from app.api import create_app
-from app.services.owners import create_key
 from app.registry.engines import registry_for
+from app.services.owners import create_key
 from app.settings import Settings
 from tests.conftest import REDIS_URL, unique_redis_prefix
 from tests.e2e.processes import start_beat, start_worker, wait_ready

@@ -3,17 +3,17 @@ replay, limits, pause/resume/cancel/trigger, and a poller crash between commit a
 publish. Times are generous ceilings, never exact."""
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from itertools import pairwise
-import time
 
 import pytest
 
+from app.core.timefmt import format_instant, parse_instant, utcnow
 from app.pollers.claim import claim_batch
 from app.registry.engines import registry_for
-from app.sdk.signature import verify_signature
 from app.registry.sharding import shard_for
-from app.core.timefmt import format_instant, parse_instant, utcnow
+from app.sdk.signature import verify_signature
 from tests.e2e.conftest import make_env
 from tests.sink import Answer
 

@@ -9,8 +9,8 @@ from datetime import timedelta
 
 import pytest
 
-from app.registry.engines import registry_for
 from app.core.timefmt import utcnow
+from app.registry.engines import registry_for
 from tests.e2e.processes import start_beat, start_worker, wait_ready
 from tests.rows import insert_jobs, job_row, runs_of, webhook_target
 

@@ -11,12 +11,12 @@ from datetime import timedelta
 import pytest
 
 from app import metrics
-from app.registry.engines import registry_for
 from app.core.retries import CallOutcome
-from app.registry.sharding import shard_for
+from app.core.timefmt import format_instant, utcnow
 from app.lifecycle.completion import Finished, complete
 from app.lifecycle.message import DispatchRun
-from app.core.timefmt import format_instant, utcnow
+from app.registry.engines import registry_for
+from app.registry.sharding import shard_for
 from tests.e2e.processes import start_beat, start_worker, wait_ready
 from tests.rows import runs_of
 from tests.sink import Answer

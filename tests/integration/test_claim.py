@@ -8,12 +8,12 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
-from app.registry.migrate import migrate_all
+from app.core.timefmt import utcnow
 from app.pollers.claim import claim_batch, due_jobs
 from app.registry.engines import registry_for
-from app.registry.schema import jobs, runs
+from app.registry.migrate import migrate_all
+from app.registry.schema import runs
 from app.settings import Settings
-from app.core.timefmt import utcnow
 from tests.rows import insert_jobs, job, job_row, runs_of
 
 pytestmark = pytest.mark.integration

@@ -1,20 +1,20 @@
 """Completion on real Postgres: batched, fenced by the lease token, no drift."""
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 import pytest
 import sqlalchemy as sa
 
 from app import metrics
 from app.core.jitter import fire_at
-from app.pollers.claim import claim_batch
-from app.registry.engines import registry_for
 from app.core.retries import CallOutcome
-from app.registry.schema import jobs
+from app.core.timefmt import utcnow
 from app.lifecycle import lease
 from app.lifecycle.completion import Finished, complete
-from app.core.timefmt import utcnow
+from app.pollers.claim import claim_batch
+from app.registry.engines import registry_for
+from app.registry.schema import jobs
 from tests.rows import insert_jobs, job, job_row, runs_of
 
 pytestmark = pytest.mark.integration
@@ -194,13 +194,13 @@ def test_run_all_catch_up_jumps_past_the_skipped_range(registry):
 
 def test_the_next_occurrence_follows_the_jobs_zone_and_is_stored_in_utc(registry):
     """Invariant 7: 09:00 in New York is 14:00Z before the spring change and 13:00Z after it."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    before_change = datetime(2026, 3, 7, 14, 0, tzinfo=timezone.utc)
+    before_change = datetime(2026, 3, 7, 14, 0, tzinfo=UTC)
     row = job_row(16, cron="0 9 * * *", first=before_change, misfire="run_all")
     row["timezone"] = "America/New_York"
     [run] = started(registry, [row])
     finish(registry, run, OK)
     after = job(registry, run.job_id)
-    assert after["nominal_at"] == datetime(2026, 3, 8, 13, 0, tzinfo=timezone.utc)
+    assert after["nominal_at"] == datetime(2026, 3, 8, 13, 0, tzinfo=UTC)
     assert after["nominal_at"].utcoffset() == timedelta(0)

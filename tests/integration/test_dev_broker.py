@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+from datetime import UTC
 
 import pytest
 from kombu import Connection, Exchange, Queue
@@ -82,7 +83,7 @@ def test_messages_come_out_oldest_first(folders):
 
 
 def test_a_queue_target_published_on_the_embedded_broker_reaches_a_bound_queue(folders):
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from app.worker.queue_publisher import EXCHANGE, QueueCall, QueuePublisher
 
@@ -91,7 +92,7 @@ def test_a_queue_target_published_on_the_embedded_broker_reaches_a_bound_queue(f
         reports(conn.default_channel).declare()
     publisher = QueuePublisher("filesystem://", transport=TRANSPORT, transport_options=folders)
     try:
-        scheduled_for = datetime(2026, 12, 1, tzinfo=timezone.utc)
+        scheduled_for = datetime(2026, 12, 1, tzinfo=UTC)
         outcome = publisher.publish(QueueCall("job-1", scheduled_for, 1, "reports.daily", {"n": 7}, "secret"))
         assert outcome.succeeded, outcome
     finally:

@@ -12,10 +12,10 @@ import pytest
 
 from app.api import create_app
 from app.devserver import credentials
-from app.registry.migrate import migrate_all
-from app.services.owners import create_key
 from app.registry.engines import registry_for
+from app.registry.migrate import migrate_all
 from app.sdk.signature import signature_header
+from app.services.owners import create_key
 from app.settings import Settings
 
 

@@ -16,10 +16,10 @@ import pytest
 import requests
 
 from app.api import create_app
-from app.services.owners import create_key
-from app.registry.engines import registry_for
-from app.settings import Settings
 from app.core.timefmt import format_instant, utcnow
+from app.registry.engines import registry_for
+from app.services.owners import create_key
+from app.settings import Settings
 from tests.e2e.processes import CELERY, Proc, start_beat, wait_ready
 from tests.sink import Sink
 

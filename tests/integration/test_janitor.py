@@ -6,15 +6,15 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
-from app.pollers import janitor
-from app.pollers.claim import claim_batch
-from app.registry.engines import registry_for
 from app.core.retries import CallOutcome
-from app.registry.schema import jobs
+from app.core.timefmt import utcnow
 from app.lifecycle import lease
 from app.lifecycle.completion import Finished, complete
 from app.lifecycle.message import DispatchRun
-from app.core.timefmt import utcnow
+from app.pollers import janitor
+from app.pollers.claim import claim_batch
+from app.registry.engines import registry_for
+from app.registry.schema import jobs
 from tests.rows import insert_jobs, job, job_row, runs_of
 
 pytestmark = pytest.mark.integration

@@ -1,18 +1,18 @@
 """Named limits keys: the last job created or updated with a key sets its limits."""
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from app.limits.keys import LimitKeyDirectory, record_limit_key
-from app.registry.migrate import migrate_all
 from app.registry.engines import Registry
+from app.registry.migrate import migrate_all
 from app.settings import Settings
 
 pytestmark = pytest.mark.integration
 
-NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 12, 1, tzinfo=UTC)
 
 
 def _target(key: str | None, **limits) -> dict:

@@ -6,12 +6,11 @@ import subprocess
 import sys
 
 import pytest
-import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from app.registry.migrate import head_revision
 from app.registry.engines import create_engine_for
+from app.registry.migrate import head_revision
 from app.registry.schema import metadata
 from tests.conftest import _pg_url, create_database, drop_database
 

@@ -7,7 +7,7 @@ import subprocess
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from kombu import Connection, Queue
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 
 SECRET = "whsec_queue_secret"
 JOB_ID = "7f0c2a1e-0000-4000-8000-000000000002"
-SCHEDULED_FOR = datetime(2026, 12, 1, 0, 0, tzinfo=timezone.utc)
+SCHEDULED_FOR = datetime(2026, 12, 1, 0, 0, tzinfo=UTC)
 
 
 def make_call(topic: str, attempt: int = 1, payload=None) -> QueueCall:

@@ -9,12 +9,12 @@ import pytest
 from celery import Celery
 from kombu import Connection
 
+from app.core.timefmt import parse_instant, utcnow
+from app.lifecycle.message import DispatchRun
 from app.pollers import relay
 from app.pollers.beat import DISPATCH_TASK, route_task, shard_queues
 from app.pollers.claim import claim_batch, relay_grace_s
 from app.registry.engines import registry_for
-from app.lifecycle.message import DispatchRun
-from app.core.timefmt import parse_instant, utcnow
 from tests.rows import insert_jobs, job, job_row, runs_of
 
 pytestmark = pytest.mark.integration

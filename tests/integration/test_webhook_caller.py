@@ -5,20 +5,20 @@ import json
 import socket
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from app.services.addresses import resolve_target
 from app.sdk.signature import verify_signature
+from app.services.addresses import resolve_target
 from app.worker.webhook import WebhookCall, WebhookCaller
 
 pytestmark = pytest.mark.integration
 
 SECRET = "whsec_test_secret"
 JOB_ID = "7f0c2a1e-0000-4000-8000-000000000001"
-SCHEDULED_FOR = datetime(2026, 12, 1, 0, 0, 0, 123000, tzinfo=timezone.utc)
+SCHEDULED_FOR = datetime(2026, 12, 1, 0, 0, 0, 123000, tzinfo=UTC)
 
 
 class _Sink(BaseHTTPRequestHandler):

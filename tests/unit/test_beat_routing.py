@@ -4,8 +4,15 @@ from __future__ import annotations
 import importlib
 from datetime import timedelta
 
-from app.pollers.beat import (DISPATCH_TASK, POLL_TASK, SWEEP_TASK, beat_schedule, route_task, shard_queues,
-                              sweep_interval_s)
+from app.pollers.beat import (
+    DISPATCH_TASK,
+    POLL_TASK,
+    SWEEP_TASK,
+    beat_schedule,
+    route_task,
+    shard_queues,
+    sweep_interval_s,
+)
 from app.settings import Settings
 
 

@@ -16,8 +16,8 @@ import yaml
 from click.testing import CliRunner
 
 from app.cli import main
-from app.settings import VARIABLES, Settings
 from app.registry.sharding import queue_name
+from app.settings import VARIABLES, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())

@@ -11,7 +11,8 @@ from itertools import islice, pairwise
 from zoneinfo import ZoneInfo
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from app.core.cron import parse_cron
 from app.core.schedules import DstPolicy, Schedule, next_fire, preview

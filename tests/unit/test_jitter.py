@@ -8,7 +8,8 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from app.core.jitter import fire_at, jitter_offset, parse_jitter_s
 from app.core.timefmt import parse_instant

@@ -3,19 +3,20 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from app.lifecycle.message import ETA_STEP, DispatchRun, chunks, eta_of, to_messages
 
-NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 12, 1, tzinfo=UTC)
 
 
 def run(**overrides) -> DispatchRun:
     values = dict(
         run_id=uuid.uuid4(), job_id=uuid.uuid4(), shard=3, owner="acme", origin="schedule",
-        lease_token=uuid.uuid4(), scheduled_for=datetime(2026, 12, 1, tzinfo=timezone.utc), attempt=2,
+        lease_token=uuid.uuid4(), scheduled_for=datetime(2026, 12, 1, tzinfo=UTC), attempt=2,
         target={"type": "webhook", "url": "https://example.com/hook"}, retry={"max_attempts": 5},
         payload={"any": ["json", 1]},
     )
@@ -24,7 +25,7 @@ def run(**overrides) -> DispatchRun:
 
 
 def test_an_entry_survives_json_both_ways():
-    original = run(scheduled_for=datetime(2026, 12, 1, 0, 0, 0, 123000, tzinfo=timezone.utc))
+    original = run(scheduled_for=datetime(2026, 12, 1, 0, 0, 0, 123000, tzinfo=UTC))
     entry = json.loads(json.dumps(original.to_message()))
     assert entry["scheduled_for"] == "2026-12-01T00:00:00.123Z"
     assert DispatchRun.from_message(entry) == original

@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from app.core.jitter import fire_at
 from app.core.retries import CallOutcome
 from app.lifecycle.settlement import Attempt, settle
 
-NOW = datetime(2026, 6, 1, 12, 0, 30, tzinfo=timezone.utc)
-NOMINAL = datetime(2026, 6, 1, 12, 0, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 6, 1, 12, 0, 30, tzinfo=UTC)
+NOMINAL = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
 RETRY = {"max_attempts": 3, "backoff_s": 10, "max_backoff_s": 100}
 
 

@@ -7,7 +7,8 @@ import sys
 import uuid
 from collections import Counter
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from app.registry.sharding import physical_index, queue_name, shard_for, shards_on
 
@@ -25,7 +26,7 @@ def test_stable_across_processes_not_pythons_salted_hash():
     here = [shard_for(i, 16) for i in ids]
     code = (
         "import uuid; from app.registry.sharding import shard_for; "
-        f"print([shard_for(uuid.UUID(int=i * 7919 + 12345), 16) for i in range(50)])"
+        "print([shard_for(uuid.UUID(int=i * 7919 + 12345), 16) for i in range(50)])"
     )
     for seed in ("1", "2"):
         out = subprocess.run(

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from app.services import addresses
 from app.core.errors import ValidationError
 from app.core.retries import RetryPolicy
 from app.core.schedules import DstPolicy
+from app.services import addresses
 from app.services.validation import JOB_FIELDS, validate_changes, validate_job
 
 PUBLIC_URL = "http://93.184.215.14/hook"  # an IP literal: no DNS needed
