@@ -1,0 +1,133 @@
+"""Logging for every Punctual process: readable text (default) or one JSON object per line.
+
+PUNCTUAL_LOG_FORMAT picks the format for the API, beat, the workers, `punctual
+migrate` and `punctual dev`'s children alike, so a log shipper parses one shape.
+A JSON line carries `ts` (UTC, ms), `level`, `logger`, `process` (api, beat, worker,
+migrate, dev), `pid`, `message`, the fields of the run being worked on (job_id,
+run_id, shard, attempt, owner) and any other `extra=` a call site passed; a
+traceback goes in `exc`, escaped, so it never breaks the one-line rule.
+
+The run's fields come from a contextvar (`log_context`) rather than from every call
+site: a dispatch binds them once around the work on one run, and whatever logs
+inside (the webhook caller, the limiter, SQLAlchemy's warnings) carries them.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import datetime, timezone
+from typing import Iterator
+
+FORMATS = ("text", "json")
+# The fields that say which piece of work a line is about, in the order shown.
+CONTEXT_FIELDS = ("job_id", "run_id", "shard", "attempt", "owner")
+
+_context: ContextVar[dict] = ContextVar("punctual_log_context", default={})
+
+# Attributes every LogRecord has; anything else on a record came from `extra=`.
+_RECORD_ATTRIBUTES = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+# Marks the handler configure() installed, so a second call replaces it.
+_HANDLER_MARK = "_punctual_handler"
+
+
+@contextmanager
+def log_context(**fields) -> Iterator[None]:
+    """Within the block, every log line of this thread (or task) carries `fields`."""
+    token = _context.set({**_context.get(), **{k: v for k, v in fields.items() if v is not None}})
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+def current_context() -> dict:
+    return dict(_context.get())
+
+
+class ContextFilter(logging.Filter):
+    """Copies the bound context onto each record (an explicit `extra=` wins)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for name, value in _context.get().items():
+            if not hasattr(record, name):
+                setattr(record, name, value)
+        return True
+
+
+def _extras(record: logging.LogRecord) -> dict:
+    return {k: v for k, v in vars(record).items() if k not in _RECORD_ATTRIBUTES and not k.startswith("_")}
+
+
+class JsonFormatter(logging.Formatter):
+    def __init__(self, process_name: str = ""):
+        super().__init__()
+        self.process_name = process_name
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "process": self.process_name,
+            "pid": record.process,
+            "message": record.getMessage(),
+        }
+        extras = _extras(record)
+        for name in CONTEXT_FIELDS:
+            if name in extras:
+                entry[name] = extras.pop(name)
+        entry.update((k, v) for k, v in extras.items() if k not in entry)
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            entry["exc"] = record.exc_text
+        return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+class TextFormatter(logging.Formatter):
+    """`2026-11-30 18:00:00,123 INFO punctual.worker [worker] message job_id=... shard=3`."""
+
+    def __init__(self, process_name: str = ""):
+        super().__init__("%(asctime)s %(levelname)s %(name)s [" + (process_name or "-") + "] %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        context = " ".join(f"{name}={getattr(record, name)}" for name in CONTEXT_FIELDS if hasattr(record, name))
+        if not context:
+            return text
+        first, newline, rest = text.partition("\n")  # keep a traceback below the line it belongs to
+        return f"{first} {context}{newline}{rest}"
+
+
+def formatter(log_format: str, process_name: str) -> logging.Formatter:
+    if log_format not in FORMATS:
+        raise ValueError(f"log format {log_format!r}: one of {', '.join(FORMATS)}")
+    return JsonFormatter(process_name) if log_format == "json" else TextFormatter(process_name)
+
+
+def handler(log_format: str, process_name: str, stream=None) -> logging.Handler:
+    """A stream handler (stderr by default) with the format and the context filter."""
+    out = logging.StreamHandler(stream or sys.stderr)
+    out.setFormatter(formatter(log_format, process_name))
+    out.addFilter(ContextFilter())
+    setattr(out, _HANDLER_MARK, True)
+    return out
+
+
+def configure(process_name: str, log_format: str, level: int | str = logging.INFO, stream=None) -> logging.Handler:
+    """Route the root logger (and so every library's logger) through one handler.
+
+    Safe to call again (a forked child, a second setup): the handler installed by an
+    earlier call is replaced, other handlers are left alone.
+    """
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, _HANDLER_MARK, False)]:
+        root.removeHandler(old)
+    new = handler(log_format, process_name, stream)
+    root.addHandler(new)
+    root.setLevel(level)
+    return new

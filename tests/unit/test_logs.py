@@ -1,0 +1,125 @@
+"""app.logs: text or one JSON object per line, with the run's fields from the context."""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import threading
+
+import pytest
+
+from app.logs import configure, current_context, handler, log_context
+
+
+def _logger(log_format: str, process: str = "worker") -> tuple[logging.Logger, io.StringIO]:
+    stream = io.StringIO()
+    logger = logging.getLogger(f"punctual.test.{log_format}.{id(stream)}")
+    logger.handlers[:] = [handler(log_format, process, stream)]
+    logger.propagate = False
+    logger.setLevel(logging.DEBUG)
+    return logger, stream
+
+
+def _json_lines(stream: io.StringIO) -> list[dict]:
+    lines = stream.getvalue().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_json_is_one_object_per_line_with_the_standard_fields():
+    logger, stream = _logger("json", "beat")
+    logger.info("tick %d", 7)
+    [entry] = _json_lines(stream)
+    assert entry["message"] == "tick 7"
+    assert entry["level"] == "INFO" and entry["process"] == "beat" and entry["logger"] == logger.name
+    assert entry["ts"].endswith("Z") and isinstance(entry["pid"], int)
+
+
+def test_json_carries_the_bound_context_and_extras():
+    logger, stream = _logger("json")
+    with log_context(job_id="j-1", run_id="r-1", shard=3, attempt=2):
+        logger.warning("call failed", extra={"status": 503})
+        with log_context(attempt=3, owner=None):  # inner binds win; None binds nothing
+            logger.warning("again")
+    logger.warning("outside")
+    first, second, third = _json_lines(stream)
+    assert {k: first[k] for k in ("job_id", "run_id", "shard", "attempt", "status")} == {
+        "job_id": "j-1", "run_id": "r-1", "shard": 3, "attempt": 2, "status": 503}
+    assert second["attempt"] == 3 and "owner" not in second
+    assert not {"job_id", "run_id", "shard", "attempt"} & set(third)
+    assert current_context() == {}
+
+
+def test_an_explicit_extra_wins_over_the_context():
+    logger, stream = _logger("json")
+    with log_context(shard=1):
+        logger.info("x", extra={"shard": 9})
+    assert _json_lines(stream)[0]["shard"] == 9
+
+
+def test_a_traceback_stays_inside_its_one_json_line():
+    logger, stream = _logger("json")
+    try:
+        raise ValueError("bad\nthing")
+    except ValueError:
+        logger.exception("failed")
+    [entry] = _json_lines(stream)  # json.loads of exactly one line
+    assert "ValueError: bad" in entry["exc"] and entry["message"] == "failed"
+
+
+def test_values_json_cannot_encode_are_written_as_text():
+    import uuid
+
+    logger, stream = _logger("json")
+    run_id = uuid.uuid4()
+    with log_context(run_id=run_id):
+        logger.info("x", extra={"payload": object()})
+    entry = _json_lines(stream)[0]
+    assert entry["run_id"] == str(run_id) and entry["payload"].startswith("<object")
+
+
+def test_text_puts_the_context_at_the_end_of_the_first_line():
+    logger, stream = _logger("text", "api")
+    with log_context(job_id="j-1", shard=3):
+        logger.info("started")
+    line = stream.getvalue().rstrip("\n")
+    assert "\n" not in line
+    assert line.endswith("started job_id=j-1 shard=3") and "[api]" in line and " INFO " in line
+
+
+def test_the_context_belongs_to_its_thread():
+    logger, stream = _logger("json")
+    seen = {}
+
+    def other() -> None:
+        seen["context"] = current_context()
+        logger.info("other thread")
+
+    with log_context(run_id="r-main"):
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+    assert seen["context"] == {}
+    assert "run_id" not in _json_lines(stream)[0]
+
+
+def test_configure_replaces_its_own_handler_and_keeps_others():
+    root = logging.getLogger()
+    before = list(root.handlers)
+    level = root.level
+    try:
+        first = io.StringIO()
+        configure("migrate", "json", stream=first)
+        second = io.StringIO()
+        configure("migrate", "json", stream=second)
+        logging.getLogger("punctual.test.configure").info("once")
+        assert first.getvalue() == ""
+        assert [e["message"] for e in _json_lines(second)] == ["once"]
+        assert all(h in root.handlers for h in before)
+    finally:
+        root.handlers[:] = before
+        root.setLevel(level)
+
+
+def test_an_unknown_format_is_refused():
+    with pytest.raises(ValueError, match="one of text, json"):
+        handler("yaml", "api")
