@@ -2,16 +2,19 @@
 
 A problem is `{"type", "title", "status", "detail", "errors": [{"field", "message"}]}`;
 `errors` is always present (empty unless fields are at fault). The service errors
-(ValidationError 422, NotFound 404, Conflict 409), authentication (401) and Flask's
-own errors (400, 404, 405, 413, 415 raised by routing or body parsing) all come out
-in this one shape, so a client parses one thing.
+(ValidationError 422, NotFound 404, Conflict 409), authentication (401), Flask's
+own errors (400, 404, 405, 413, 415 raised by routing or body parsing) and a
+database that cannot be reached (503 with Retry-After) all come out in this one
+shape, so a client parses one thing.
 """
 from __future__ import annotations
 
 import json
 import logging
 
+import psycopg
 from flask import Flask, Response
+from sqlalchemy import exc as sa_exc
 from werkzeug.exceptions import HTTPException
 
 from app.core.errors import FieldError, ValidationError
@@ -69,6 +72,21 @@ def _http(exc: HTTPException) -> Response:
     return problem(exc.code or 500, exc.name, exc.description or exc.name, headers=headers)
 
 
+# Errors that mean "a database cannot be reached now", not "this request is wrong":
+# a refused or dropped connection, a pool with no connection to give within its timeout.
+# psycopg's own OperationalError too: a reconnect inside the pool's pre-ping can raise
+# it unwrapped.
+REGISTRY_UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError,
+                        sa_exc.DisconnectionError, psycopg.OperationalError, psycopg.InterfaceError)
+RETRY_AFTER_S = 5
+
+
+def _registry_unavailable(exc: Exception) -> Response:
+    log.warning("registry unavailable: %s", type(exc).__name__, exc_info=exc)
+    return problem(503, "Service Unavailable", "the job registry cannot be reached; retry later",
+                   kind="registry-unavailable", headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
 def _unexpected(exc: Exception) -> Response:
     log.exception("unhandled error", exc_info=exc)
     return problem(500, "Internal Server Error", "the server failed to answer this request")
@@ -81,4 +99,6 @@ def install(app: Flask) -> None:
     app.register_error_handler(Conflict, _conflict)
     app.register_error_handler(Unauthorized, _unauthorized)
     app.register_error_handler(HTTPException, _http)
+    for unavailable in REGISTRY_UNAVAILABLE:
+        app.register_error_handler(unavailable, _registry_unavailable)
     app.register_error_handler(Exception, _unexpected)

@@ -18,6 +18,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -277,6 +278,22 @@ def schedule_in_range(schedule: Schedule, field: str = "schedule") -> Schedule:
               if getattr(schedule, key) is not None and getattr(schedule, key).year < MIN_YEAR]
     if errors:
         raise ValidationError(errors)
+    return schedule
+
+
+def run_at_not_past(schedule: Schedule, now: datetime, grace_s: float, field: str = "schedule") -> Schedule:
+    """`schedule`, unless it is a one-off whose run_at passed more than `grace_s` ago.
+
+    Why: such a job would be skipped as a misfire the moment it is claimed; refusing
+    it at once tells the caller (often a clock or time-zone mistake) instead.
+    Within the grace it is accepted and fires at once.
+    """
+    if schedule.kind == "once" and schedule.run_at is not None:
+        late_s = (now - schedule.run_at).total_seconds()
+        if late_s > grace_s:
+            raise ValidationError.single(
+                f"{field}.run_at",
+                f"is {late_s:.0f} s in the past; at most PUNCTUAL_MISFIRE_GRACE_S={grace_s:g} s is accepted")
     return schedule
 
 
