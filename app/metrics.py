@@ -1,19 +1,26 @@
-"""Prometheus metrics, defined once for every process.
+"""Prometheus metrics, defined once for every process; their names are part of the contract (docs/api.md).
 
-Workers and pollers count what they do (claims, runs by outcome, start lateness,
-stale completions, dead letters); the API adds registry gauges (jobs by state)
-computed at scrape time. Each process exposes its own: the API on GET /metrics,
-workers through `PUNCTUAL_METRICS_PORT` (see app.celery).
+Workers and pollers count what they do (claims and their batch sizes, runs started
+and finished by outcome, start lateness, lease expiries, stale completions, dead
+letters); the API adds registry gauges (jobs by state, backlog per shard) computed
+at scrape time. A worker serves the sum over all its processes on
+PUNCTUAL_METRICS_PORT, the API on GET /metrics (app.metrics_endpoint).
 """
 from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
 CLAIMS = Counter("punctual_claims_total", "Occurrences claimed by pollers", ["shard"])
-CLAIM_BATCHES = Counter("punctual_claim_batches_total", "Claim transactions committed", ["shard"])
+CLAIM_BATCHES = Counter("punctual_claim_batches_total", "Claim transactions that took at least one job", ["shard"])
+CLAIM_BATCH_SIZE = Histogram(
+    "punctual_claim_batch_size",
+    "Due jobs taken by one claim transaction (0: none was due); one observation per claim",
+    buckets=(0, 1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000),
+)
+RUNS_STARTED = Counter("punctual_runs_started_total", "Runs started: their target is being called", ["shard"])
 RUNS = Counter(
     "punctual_runs_total",
-    "Finished runs by outcome (succeeded, failed, dead, skipped, held)",
+    "Runs by outcome: succeeded, failed (a retry follows), dead, skipped (misfire), held (a limit deferred it)",
     ["outcome"],
 )
 STALE_COMPLETIONS = Counter(

@@ -1,10 +1,12 @@
 """Operations, no API key needed: /healthz, /metrics, /openapi.json.
 
-/healthz asks every physical DSN in parallel (bounded by HEALTH_TIMEOUT_S) and
-answers per LOGICAL shard, so an operator sees which shards a dead primary takes
-down. /metrics is Prometheus text: this process's counters (app.metrics) plus
-registry gauges (jobs by state, dead letters) that cost a count over every DSN,
-so they are cached for GAUGE_TTL_S.
+/healthz asks every physical DSN and the broker in parallel (bounded by
+HEALTH_TIMEOUT_S) and answers per LOGICAL shard, so an operator sees which shards a
+dead primary takes down, plus `broker`: with the broker down no job fires, so the
+answer is 503 then too. /metrics is Prometheus text: the counters (app.metrics,
+summed over the process group in multiprocess mode, app.metrics_endpoint) plus
+registry gauges (jobs by state, dead letters, backlog per shard) that cost a count
+over every DSN, so they are cached for GAUGE_TTL_S.
 """
 from __future__ import annotations
 
@@ -15,14 +17,17 @@ from typing import Any
 
 import sqlalchemy as sa
 from flask import Blueprint, Response, current_app
-from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 import app.metrics  # noqa: F401  (defines the process's counters in the default registry)
 from app.api.openapi import document
 from app.api.wire import json_response
+from app.core.timefmt import utcnow
+from app.metrics_endpoint import collecting_registry
 from app.registry.engines import Registry
 from app.services import jobs, runs
+from app.settings import Settings
 
 bp = Blueprint("ops", __name__)
 
@@ -33,23 +38,21 @@ GAUGE_TTL_S = 10.0
 @bp.get("/healthz")
 def healthz():
     registry = current_app.extensions["punctual"].registry
-    shards = shard_health(registry)
-    return json_response({"shards": shards}, 200 if all(s["ok"] for s in shards) else 503)
+    shards, broker = health(registry)
+    ok = all(s["ok"] for s in shards) and broker["ok"]
+    return json_response({"shards": shards, "broker": broker}, 200 if ok else 503)
 
 
-def shard_health(registry: Registry) -> list[dict]:
-    """[{"shard": s, "ok": bool}] for every logical shard, failures with an `error`."""
+def health(registry: Registry) -> tuple[list[dict], dict]:
+    """([{"shard": s, "ok": bool}] for every logical shard, {"ok": bool} for the broker),
+    failures with an `error`."""
     engines = registry.engines
-    pool = ThreadPoolExecutor(max_workers=len(engines))
+    pool = ThreadPoolExecutor(max_workers=len(engines) + 1)
     futures = [pool.submit(_ping, engine) for engine in engines]
-    wait(futures, timeout=HEALTH_TIMEOUT_S)
-    pool.shutdown(wait=False)  # a hung DSN must not hold the answer
-    status: list[str | None] = []
-    for future in futures:
-        if not future.done():
-            status.append(f"no answer within {HEALTH_TIMEOUT_S:g}s")
-        else:
-            status.append(future.result())
+    broker_future = pool.submit(_ping_broker, registry.settings)
+    wait([*futures, broker_future], timeout=HEALTH_TIMEOUT_S)
+    pool.shutdown(wait=False)  # a hung DSN or broker must not hold the answer
+    status = [_answer(future) for future in futures]
     shards = []
     for shard in range(registry.settings.shards):
         error = status[registry.database_index(shard)]
@@ -57,7 +60,27 @@ def shard_health(registry: Registry) -> list[dict]:
         if error is not None:
             entry["error"] = error
         shards.append(entry)
-    return shards
+    broker_error = _answer(broker_future)
+    broker = {"ok": broker_error is None, **({"error": broker_error} if broker_error else {})}
+    return shards, broker
+
+
+def _answer(future) -> str | None:
+    return future.result() if future.done() else f"no answer within {HEALTH_TIMEOUT_S:g}s"
+
+
+def _ping_broker(settings: Settings) -> str | None:
+    from kombu import Connection
+
+    url = settings.broker()
+    if url.startswith("filesystem://"):
+        return None  # the embedded broker (`punctual dev`) is folders on this machine
+    try:
+        with Connection(url, connect_timeout=HEALTH_TIMEOUT_S) as conn:
+            conn.connect()
+        return None
+    except Exception as exc:  # any failure is "not ok"; the class says enough, the URL stays private
+        return f"broker unreachable ({type(exc).__name__})"
 
 
 def _ping(engine: sa.Engine) -> str | None:
@@ -72,7 +95,7 @@ def _ping(engine: sa.Engine) -> str | None:
 @bp.get("/metrics")
 def metrics():
     gauges = current_app.extensions["punctual"].gauges
-    text = generate_latest(REGISTRY) + generate_latest(gauges.registry)
+    text = generate_latest(collecting_registry()) + generate_latest(gauges.registry)
     return Response(text, mimetype="text/plain", headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 
@@ -82,22 +105,23 @@ def openapi():
 
 
 class RegistryGauges:
-    """Jobs by state and dead letters, read from every DSN at most every GAUGE_TTL_S."""
+    """Jobs by state, dead letters and backlog per shard, read from every DSN at most every GAUGE_TTL_S."""
 
     def __init__(self, registry: Registry, ttl_s: float = GAUGE_TTL_S):
         self._source = registry
         self._ttl_s = ttl_s
         self._lock = threading.Lock()
         self._expires = 0.0
-        self._values: tuple[dict[str, int], int] | None = None
+        self._values: tuple[dict[str, int], int, dict[int, int]] | None = None
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
-    def _read(self) -> tuple[dict[str, int], int] | None:
+    def _read(self) -> tuple[dict[str, int], int, dict[int, int]] | None:
         with self._lock:
             if time.monotonic() >= self._expires:
                 try:
-                    self._values = (jobs.count_by_state(self._source), runs.count_dead(self._source))
+                    self._values = (jobs.count_by_state(self._source), runs.count_dead(self._source),
+                                    jobs.backlog_by_shard(self._source, utcnow()))
                 except sa.exc.SQLAlchemyError:
                     pass  # keep the last values; /healthz is where an outage shows
                 self._expires = time.monotonic() + self._ttl_s
@@ -107,9 +131,14 @@ class RegistryGauges:
         values = self._read()
         if values is None:
             return
-        by_state, dead = values
+        by_state, dead, backlog = values
         family = GaugeMetricFamily("punctual_jobs", "Jobs in the registry by state", labels=["state"])
         for state, count in sorted(by_state.items()):
             family.add_metric([state], count)
         yield family
         yield GaugeMetricFamily("punctual_dead_letter_runs", "Runs in state dead (dead letters)", value=dead)
+        family = GaugeMetricFamily("punctual_backlog_jobs", "Jobs due and not claimed yet, per logical shard",
+                                   labels=["shard"])
+        for shard, count in sorted(backlog.items()):
+            family.add_metric([str(shard)], count)
+        yield family

@@ -149,6 +149,7 @@ def claim_batch(engine: sa.Engine, shard: int, now: datetime, settings: Settings
                     constants={"attempt": 0, "misfire_exempt": False, "skipped_after": None,
                                "skipped_through": None, "updated_at": now})
         insert_many(conn, runs, new_runs)
+    metrics.CLAIM_BATCH_SIZE.observe(len(rows))
     if rows:
         metrics.CLAIM_BATCHES.labels(str(shard)).inc()
         metrics.CLAIMS.labels(str(shard)).inc(len(to_publish))

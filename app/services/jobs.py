@@ -46,7 +46,7 @@ from app.registry.sharding import shard_for
 from app.services import idempotency
 from app.services.errors import Conflict, NotFound
 from app.services.pagination import Page, decode_cursor, merge_newest, newest_first
-from app.services.validation import validate_changes, validate_job
+from app.services.validation import run_at_not_past, validate_changes, validate_job
 
 LIVE_STATES = ("scheduled", "running", "paused")  # the states a job can still change from
 FINAL_STATES = ("completed", "cancelled", "dead")
@@ -78,6 +78,7 @@ def create_job(registry: Registry, owner: str, body: object, idempotency_key: st
     engine = registry.engine_for_shard(shard)
     try:
         spec = validate_job(body, allow_private=registry.settings.allow_private_targets)
+        run_at_not_past(spec.schedule, now, registry.settings.misfire_grace_s)
         first = _first_fire(spec.schedule, spec.dst, now, now)
         if first is None:
             raise ValidationError.single("schedule", "has no occurrence left after now (check end_at)")
@@ -229,6 +230,21 @@ def count_by_state(registry: Registry) -> dict[str, int]:
     return counts
 
 
+def backlog_by_shard(registry: Registry, now: datetime) -> dict[int, int]:
+    """Jobs due by `now` and not claimed yet, per logical shard (operator metrics).
+
+    A backlog that stays above zero means the pollers and workers do not keep up.
+    """
+    counts = dict.fromkeys(range(registry.settings.shards), 0)
+    query = (sa.select(jobs.c.shard, sa.func.count())
+             .where(jobs.c.state == "scheduled", jobs.c.next_run_at <= now).group_by(jobs.c.shard))
+    for engine in registry.engines:
+        with engine.connect() as conn:
+            for shard, count in conn.execute(query):
+                counts[shard] = counts.get(shard, 0) + count
+    return counts
+
+
 # --- change ------------------------------------------------------------------------
 
 
@@ -243,6 +259,8 @@ def patch_job(registry: Registry, owner: str, job_id: str, body: object, now: da
     job is completed).
     """
     changes = validate_changes(body, allow_private=registry.settings.allow_private_targets)
+    if "schedule" in changes:
+        run_at_not_past(changes["schedule"], now, registry.settings.misfire_grace_s)
     engine, key = locate(registry, job_id)
     with engine.begin() as conn:
         row = select_job(conn, owner, key, lock=True)

@@ -120,6 +120,7 @@ class Dispatcher:
             if call.run.run_id in started_ids:
                 calls.append(call)
                 metrics.START_LATENESS.observe(max(0.0, (now - call.run.scheduled_for).total_seconds()))
+                metrics.RUNS_STARTED.labels(str(call.run.shard)).inc()
         unstarted = [(call.specs, str(call.run.run_id)) for call in admitted if call.run.run_id not in started_ids]
         if unstarted:  # a duplicated message, or a lease lost before the start: nothing is called
             stale = len(unstarted)

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.integration
 def test_healthz_lists_every_logical_shard(api_app, api_settings):
     response = api_app.test_client().get("/healthz")
     assert response.status_code == 200
-    assert response.get_json() == {"shards": [{"shard": s, "ok": True} for s in range(api_settings.shards)]}
+    assert response.get_json() == {"shards": [{"shard": s, "ok": True} for s in range(api_settings.shards)],
+                                   "broker": {"ok": True}}  # the embedded broker; RabbitMQ: test_api_outages
 
 
 def test_healthz_is_503_naming_the_shards_of_a_dead_dsn(api_settings):
@@ -96,3 +97,31 @@ def test_every_documented_error_status_has_a_problem_schema():
             for status, answer in operation["responses"].items():
                 if status.startswith("4"):
                     assert "application/problem+json" in answer["content"], f"{method} {path} {status}"
+
+
+# The names docs/api.md ("Metrics") promises, on the API's /metrics and a worker's port.
+DOCUMENTED_METRICS = (
+    "punctual_runs_started_total", "punctual_runs_total", "punctual_start_lateness_seconds",
+    "punctual_claim_batch_size", "punctual_claims_total", "punctual_leases_expired_total",
+    "punctual_dispatch_messages_total", "punctual_stale_completions_total", "punctual_dead_letters_total",
+    "punctual_jobs", "punctual_dead_letter_runs", "punctual_backlog_jobs",
+)
+
+
+def test_metrics_declare_every_documented_name(api_settings):
+    text = create_app(api_settings).test_client().get("/metrics").get_data(as_text=True)
+    declared = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+    assert set(DOCUMENTED_METRICS) <= declared, set(DOCUMENTED_METRICS) - declared
+
+
+def test_the_backlog_counts_due_jobs_per_shard(api_settings, alice):
+    from app.core.timefmt import format_instant, utcnow
+
+    app = create_app(api_settings)
+    job = alice.create(schedule={"run_at": format_instant(utcnow())})
+    shard = job_row(api_settings, job["id"])["shard"]
+    text = app.test_client().get("/metrics").get_data(as_text=True)
+    backlog = {line.split('"')[1]: float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("punctual_backlog_jobs{")}
+    assert sorted(backlog, key=int) == [str(s) for s in range(api_settings.shards)]
+    assert backlog[str(shard)] >= 1
