@@ -5,16 +5,40 @@ top-level `celeryconfig` module (which reads Settings.from_env once). Tasks live
 app/tasks and are bound with `shared_task`, so importing them never imports this
 module first.
 
-Worker processes serve Prometheus metrics when PUNCTUAL_METRICS_PORT is set: with
-the prefork pool each child process i listens on PUNCTUAL_METRICS_PORT + i (the
-children do the counting; prometheus_client keeps counters per process); with a
-solo or threads pool the worker process listens on PUNCTUAL_METRICS_PORT itself.
+This module is the first thing `celery -A app ...` imports, so it is where every
+Celery process (worker, beat, flower) checks its settings: a bad one ends the
+command with the same one line `punctual` prints, before Celery prints anything.
+
+Metrics: with PUNCTUAL_METRICS_PORT set, every process of a worker writes its
+counts to one directory (prometheus-client's multiprocess mode, app.metrics_endpoint)
+and the worker's main process serves their sum on that one port, whatever the pool
+and however many children it has.
+
+Logs: Celery's own set-up is replaced (the setup_logging signal) by app.logs, so
+beat and the workers log in PUNCTUAL_LOG_FORMAT like every other process.
 """
 from __future__ import annotations
 
 import logging
+import os
+import sys
 
 from celery import Celery, signals
+
+from app.core.errors import SettingsError
+from app.settings import get_settings
+
+try:
+    _settings = get_settings()
+except SettingsError as _exc:
+    sys.stderr.write(f"punctual: {_exc}\n")
+    raise SystemExit(2) from None
+
+if _settings.metrics_port:
+    # Before anything imports prometheus_client: it picks its value class on import.
+    from app.metrics_endpoint import use_multiprocess_dir
+
+    use_multiprocess_dir()
 
 app = Celery("punctual")
 app.config_from_object("celeryconfig")
@@ -22,47 +46,45 @@ app.config_from_object("celeryconfig")
 log = logging.getLogger("punctual.worker")
 
 
-def _serve_metrics(port: int) -> None:
-    from prometheus_client import start_http_server
+def _role() -> str:
+    """worker, beat or flower: the Celery subcommand this process runs, for the log lines."""
+    for word in sys.argv[1:]:
+        if word in ("worker", "beat", "flower"):
+            return word
+    return "celery"
 
-    try:
-        start_http_server(port)
-        log.info("metrics on :%d", port)
-    except OSError as exc:  # a port in use must not stop the worker
-        log.warning("metrics port %d: %s", port, exc)
+
+@signals.setup_logging.connect
+def _setup_logging(loglevel=None, **_kw) -> None:
+    from app.logs import configure
+
+    configure(_role(), _settings.log_format, loglevel or logging.INFO)
 
 
 @signals.worker_process_init.connect
 def _child_started(**_kw) -> None:
-    """A prefork child: forget the parent's connections, serve this child's metrics."""
-    from billiard.process import current_process
-
+    """A prefork child: forget the parent's connections."""
     from app.worker.context import reset_after_fork
-    from app.settings import get_settings
 
     reset_after_fork()
-    port = get_settings().metrics_port
-    if port:
-        _serve_metrics(port + (current_process().index or 0))
 
 
 @signals.worker_ready.connect
-def _worker_ready(sender=None, **_kw) -> None:
-    from app.settings import get_settings
+def _worker_ready(**_kw) -> None:
+    if _settings.metrics_port:
+        from app.metrics_endpoint import serve
 
-    port = get_settings().metrics_port
-    pool = getattr(sender, "pool", None)
-    prefork = pool is not None and type(pool).__module__.endswith("prefork")
-    if port and not prefork:
-        _serve_metrics(port)
+        serve(_settings.metrics_port)
 
 
 @signals.worker_process_shutdown.connect
 def _child_stopping(**_kw) -> None:
     """Let calls in flight finish and their completions flush before the child exits."""
+    from app.metrics_endpoint import process_exited
     from app.worker.context import shutdown_context
 
     shutdown_context()
+    process_exited(os.getpid())
 
 
 @signals.worker_shutdown.connect
@@ -70,3 +92,10 @@ def _worker_stopping(**_kw) -> None:
     from app.worker.context import shutdown_context
 
     shutdown_context()
+
+
+@signals.beat_init.connect
+def _beat_started(**_kw) -> None:
+    from app.pollers import beat_process
+
+    beat_process.start(_settings, _settings.beat_alive_file)

@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
 from app.core.errors import SettingsError
+from app.logs import FORMATS as LOG_FORMATS
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("PUNCTUAL_DISPATCH_THREADS", "256", "concurrent target calls per worker process"),
     Variable("PUNCTUAL_DB_POOL_SIZE", "10", "connections per physical shard per process"),
     Variable("PUNCTUAL_REDIS_PREFIX", "punctual", "prefix of every Redis key Punctual writes"),
-    Variable("PUNCTUAL_METRICS_PORT", "0", "port where a worker serves Prometheus metrics (0 = off)"),
+    Variable("PUNCTUAL_METRICS_PORT", "0", "port where a worker serves Prometheus metrics for all its processes (0 = off)"),
+    Variable("PUNCTUAL_LOG_FORMAT", "text", "text, or json for one JSON object per line (every process)"),
+    Variable("PUNCTUAL_BEAT_ALIVE_FILE", "", "a file beat touches whenever it has sent tasks, for health checks (default: none)"),
     Variable("PUNCTUAL_DEV_MODE", "0", "set by `punctual dev` for its children: serves the /dev/echo target"),
 )
 
@@ -66,6 +69,13 @@ def _flag(name: str, raw: str) -> bool:
     if lowered in ("0", "false", "no", "off", ""):
         return False
     raise SettingsError(f"{name}={raw!r}: must be 0 or 1")
+
+
+def _choice(name: str, raw: str, choices: tuple[str, ...]) -> str:
+    value = raw.strip().lower()
+    if value not in choices:
+        raise SettingsError(f"{name}={raw!r}: must be {' or '.join(choices)}")
+    return value
 
 
 def _dsns(raw: str) -> tuple[str, ...]:
@@ -115,6 +125,8 @@ class Settings:
     db_pool_size: int = 10
     redis_prefix: str = "punctual"
     metrics_port: int = 0
+    log_format: str = "text"
+    beat_alive_file: Path | None = None
     # Set only by `punctual dev`: serves /dev/echo and allows the embedded defaults.
     dev_mode: bool = False
 
@@ -178,6 +190,8 @@ class Settings:
             db_pool_size=int(_number("PUNCTUAL_DB_POOL_SIZE", get("PUNCTUAL_DB_POOL_SIZE"), int, minimum=1)),
             redis_prefix=get("PUNCTUAL_REDIS_PREFIX"),
             metrics_port=int(_number("PUNCTUAL_METRICS_PORT", get("PUNCTUAL_METRICS_PORT"), int, minimum=0)),
+            log_format=_choice("PUNCTUAL_LOG_FORMAT", get("PUNCTUAL_LOG_FORMAT"), LOG_FORMATS),
+            beat_alive_file=Path(get("PUNCTUAL_BEAT_ALIVE_FILE")) if get("PUNCTUAL_BEAT_ALIVE_FILE") else None,
             dev_mode=_flag("PUNCTUAL_DEV_MODE", get("PUNCTUAL_DEV_MODE")),
         )
         values.update(overrides)

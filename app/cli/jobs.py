@@ -35,13 +35,28 @@ def _connect(url: str, api_key: str | None):
 
 
 def _call(action: Callable[[], Any]) -> Any:
-    from app.sdk import PunctualError
+    from app.sdk import PunctualError, TransportError
 
     try:
         return action()
+    except TransportError:  # no HTTP answer at all: say where we looked, not urllib3's retry story
+        click.echo(f"punctual: no Punctual API answers at {_api_url()} (is `punctual api` running?)", err=True)
+        sys.exit(1)
     except PunctualError as exc:
         click.echo(f"punctual: {exc}", err=True)
         sys.exit(1)
+
+
+def _api_url() -> str:
+    """The --url / PUNCTUAL_URL the running command talks to."""
+    ctx = click.get_current_context(silent=True)
+    while ctx is not None:
+        if ctx.params.get("url"):
+            return ctx.params["url"]
+        if isinstance(ctx.obj, dict) and ctx.obj.get("url"):
+            return ctx.obj["url"]
+        ctx = ctx.parent
+    return DEFAULT_URL
 
 
 def _table(rows: Iterable[list[str]], header: list[str]) -> str:

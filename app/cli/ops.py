@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 
 import click
@@ -25,10 +26,36 @@ def migrate() -> None:
     """Create or upgrade the schema on every physical shard (safe to repeat)."""
     from app.registry.migrate import migrate_all
 
+    import sqlalchemy as sa
+
     settings = load_settings()
-    for dsn, before, after in migrate_all(settings.database_urls):
+    log = start_logging("migrate", settings)
+    for dsn in settings.database_urls:
+        try:
+            [(_dsn, before, after)] = migrate_all((dsn,))
+        except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
+            click.echo(f"punctual: cannot migrate {_redact(dsn)}: {_reason(exc)}", err=True)
+            sys.exit(1)
         state = "up to date" if before == after else f"{before or 'empty'} -> {after}"
-        click.echo(f"{_redact(dsn)}: {state}")
+        if settings.log_format == "json":  # one JSON object per line, like every process's log
+            log.info("%s: %s", _redact(dsn), state, extra={"database": _redact(dsn), "before": before, "after": after})
+        else:
+            click.echo(f"{_redact(dsn)}: {state}")
+
+
+def start_logging(process: str, settings) -> logging.Logger:
+    """Logs of a `punctual` command in PUNCTUAL_LOG_FORMAT: libraries at WARNING, ours at INFO."""
+    from app.logs import configure
+
+    configure(process, settings.log_format, logging.WARNING)
+    logging.getLogger("punctual").setLevel(logging.INFO)
+    return logging.getLogger(f"punctual.{process}")
+
+
+def _reason(exc: Exception) -> str:
+    """The driver's own words, on one line, without SQLAlchemy's background link."""
+    text = str(getattr(exc, "orig", None) or exc)
+    return " ".join(text.split())
 
 
 @click.group()
