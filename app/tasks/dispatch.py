@@ -13,6 +13,7 @@ from datetime import datetime
 from celery import shared_task
 
 from app.pollers.beat import DISPATCH_TASK
+from app.registry.sharding import queue_name
 from app.worker.context import get_context
 from app.lifecycle.message import DispatchRun
 
@@ -29,4 +30,11 @@ def send_dispatch(shard: int, entries: list[dict], eta: datetime | None = None) 
     the broker). With an `eta` (runs claimed ahead) the worker that receives it
     keeps it, unacknowledged, and runs it at that instant; if that worker dies the
     broker hands the message to another, which does the same."""
-    dispatch.apply_async(kwargs={"shard": shard, "runs": entries}, eta=eta)
+    dispatch.apply_async(kwargs={"shard": shard, "runs": entries}, eta=eta, shadow=shown_name(shard, len(entries)))
+
+
+def shown_name(shard: int, runs: int) -> str:
+    """The name Flower and the worker's log show for one dispatch message: what it carries
+    (`punctual.dispatch shard-07 x100`). Celery's `shadow` changes only the name shown;
+    routing and the task that runs go by the real name."""
+    return f"{DISPATCH_TASK} {queue_name(shard)} x{runs}"
