@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from flask import Flask
 
-from app.api import jobs, ops, problems, runs, schedules
+from app.api import access_log, jobs, ops, problems, runs, schedules
 from app.api.ops import RegistryGauges
 from app.api.wire import MAX_BODY_BYTES
 from app.registry.engines import Registry, registry_for
@@ -36,6 +36,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     flask_app = Flask("punctual", static_folder=None)
     flask_app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     flask_app.extensions["punctual"] = Services(settings, registry, OwnerDirectory(registry), RegistryGauges(registry))
+    access_log.install(flask_app)  # first, so its clock starts before authentication
     for blueprint in (jobs.bp, runs.bp, schedules.bp, ops.bp):
         flask_app.register_blueprint(blueprint)
     if settings.dev_mode:  # `punctual dev` only: the /dev/echo target

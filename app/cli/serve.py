@@ -28,7 +28,22 @@ def default_workers() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def gunicorn_options(host: str, port: int, workers: int, threads: int, graceful_timeout_s: int) -> dict:
+def control_socket_path(host: str, port: int) -> str:
+    """gunicorn's control socket (`gunicornc -s PATH`) for the instance serving host:port.
+
+    gunicorn's default is one path per user and host ($XDG_RUNTIME_DIR/gunicorn.ctl
+    or ~/.gunicorn/gunicorn.ctl): a second API on the host unlinks the first one's
+    socket and takes the path, and when it stops the first is left with none. So
+    each instance gets its own file in that directory, named after what it serves.
+    """
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    directory = runtime if runtime and os.path.isdir(runtime) else os.path.join(os.path.expanduser("~"), ".gunicorn")
+    name = f"punctual-api-{host}-{port}.ctl" if port else f"punctual-api-pid{os.getpid()}.ctl"
+    return os.path.join(directory, name)
+
+
+def gunicorn_options(host: str, port: int, workers: int, threads: int, graceful_timeout_s: int,
+                     control_socket: str | None = None) -> dict:
     return {
         "bind": f"{host}:{port}",
         "workers": workers,
@@ -48,6 +63,10 @@ def gunicorn_options(host: str, port: int, workers: int, threads: int, graceful_
         # Workers touch a heartbeat file on every loop; on a disk-backed /tmp that
         # write can block a worker (gunicorn's own advice: use a tmpfs).
         "worker_tmp_dir": "/dev/shm" if os.path.isdir("/dev/shm") else None,
+        "control_socket": control_socket or control_socket_path(host, port),
+        # gunicorn's own lines (start, workers, errors) in PUNCTUAL_LOG_FORMAT; the
+        # access log is the app's (app.api.access_log), which knows the owner.
+        "logger_class": "app.cli.gunicorn_logger.GunicornLogger",
     }
 
 
@@ -58,7 +77,11 @@ def gunicorn_options(host: str, port: int, workers: int, threads: int, graceful_
 @click.option("--threads", type=int, default=DEFAULT_THREADS, show_default=True, help="Threads per worker.")
 @click.option("--graceful-timeout", "graceful_timeout_s", type=int, default=30, show_default=True,
               help="Seconds requests in flight get to finish on SIGTERM.")
-def api(host: str, port: int, workers: int | None, threads: int, graceful_timeout_s: int) -> None:
+@click.option("--control-socket", "control_socket", default=None, metavar="PATH",
+              help="gunicorn's control socket for `gunicornc -s PATH` [default: punctual-api-HOST-PORT.ctl "
+                   "in $XDG_RUNTIME_DIR or ~/.gunicorn, one per instance].")
+def api(host: str, port: int, workers: int | None, threads: int, graceful_timeout_s: int,
+        control_socket: str | None) -> None:
     """Serve the HTTP API (gunicorn, gthread workers, graceful shutdown on SIGTERM)."""
     from gunicorn.app.base import BaseApplication
 
@@ -66,13 +89,16 @@ def api(host: str, port: int, workers: int | None, threads: int, graceful_timeou
 
     class _Server(BaseApplication):
         def load_config(self):
-            options = gunicorn_options(host, port, workers or default_workers(), threads, graceful_timeout_s)
+            options = gunicorn_options(host, port, workers or default_workers(), threads, graceful_timeout_s,
+                                       control_socket)
             for key, value in options.items():
                 self.cfg.set(key, value)
 
         def load(self):
             from app.api import create_app
+            from app.logs import configure
 
+            configure("api", settings.log_format)  # in each worker: the app's loggers, the access log
             return create_app(settings)
 
     _Server().run()
