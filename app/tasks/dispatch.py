@@ -12,6 +12,7 @@ from datetime import datetime
 
 from celery import shared_task
 
+from app.logs import log_context
 from app.pollers.beat import DISPATCH_TASK
 from app.registry.sharding import queue_name
 from app.worker.context import get_context
@@ -21,7 +22,8 @@ from app.lifecycle.message import DispatchRun
 @shared_task(name=DISPATCH_TASK, acks_late=True, ignore_result=True, max_retries=0)
 def dispatch(shard: int, runs: list[dict]) -> dict:
     batch = [DispatchRun.from_message(entry) for entry in runs]
-    report = get_context().dispatcher.dispatch(batch)
+    with log_context(shard=shard):
+        report = get_context().dispatcher.dispatch(batch)
     return {"shard": shard, "started": report.started, "held": report.held, "stale": report.stale}
 
 

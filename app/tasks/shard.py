@@ -18,6 +18,7 @@ from celery import shared_task
 from app.pollers import janitor, relay
 from app.pollers.beat import POLL_TASK, SWEEP_TASK
 from app.pollers.claim import claim_batch
+from app.logs import log_context
 from app.settings import Settings
 from app.worker.context import get_context
 from app.core.timefmt import utcnow
@@ -47,7 +48,8 @@ def poll(shard: int) -> dict:
     from app.tasks.dispatch import send_dispatch
 
     context = get_context()
-    return poll_shard(context.settings, context.registry.engine_for_shard(shard), shard, send_dispatch)
+    with log_context(shard=shard):
+        return poll_shard(context.settings, context.registry.engine_for_shard(shard), shard, send_dispatch)
 
 
 @shared_task(name=SWEEP_TASK, acks_late=False, ignore_result=True, max_retries=0, send_events=False)
@@ -56,6 +58,7 @@ def sweep(shard: int) -> dict:
 
     context = get_context()
     engine = context.registry.engine_for_shard(shard)
-    expired = janitor.expire(engine, shard, utcnow(), context.settings)
-    swept = relay.sweep(engine, shard, utcnow(), send_dispatch)
+    with log_context(shard=shard):
+        expired = janitor.expire(engine, shard, utcnow(), context.settings)
+        swept = relay.sweep(engine, shard, utcnow(), send_dispatch)
     return {"shard": shard, "expired": expired, "swept": swept}

@@ -42,6 +42,7 @@ from app.settings import Settings
 from app.worker.queue_publisher import QueueCall, QueuePublisher
 from app.worker.webhook import WebhookCall, WebhookCaller
 from app.core.timefmt import utcnow
+from app.logs import log_context
 
 log = logging.getLogger("punctual.dispatch")
 
@@ -133,13 +134,18 @@ class Dispatcher:
 
     def _call(self, call: _Call) -> None:
         run = call.run
-        try:
-            outcome = self._attempt(run)
-        except Exception as exc:  # a bug here must still settle the run, as a retryable failure
-            log.exception("call of run %s failed", run.run_id)
-            outcome = CallOutcome(error=f"internal error: {type(exc).__name__}: {exc}")
-        finally:
-            self._slots.release()
+        # Every line logged while this run is called (here, in the webhook caller, the
+        # limiter, the libraries) names it (app.logs).
+        with log_context(job_id=str(run.job_id), run_id=str(run.run_id), shard=run.shard, attempt=run.attempt,
+                         owner=run.owner):
+            try:
+                outcome = self._attempt(run)
+            except Exception as exc:  # a bug here must still settle the run, as a retryable failure
+                log.exception("call of run %s failed", run.run_id)
+                outcome = CallOutcome(error=f"internal error: {type(exc).__name__}: {exc}")
+            finally:
+                self._slots.release()
+            log.debug("run %s called: status %s, error %s", run.run_id, outcome.status_code, outcome.error)
         self._buffer.add(Finished(run, outcome, utcnow()))
 
     def _attempt(self, run: DispatchRun) -> CallOutcome:
