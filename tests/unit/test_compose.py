@@ -92,3 +92,61 @@ def test_docker_compose_config_accepts_the_file():
     result = subprocess.run(["docker", "compose", "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def _seconds(duration: str) -> float:
+    """A compose duration such as `960s`, `16m` or `1m30s`."""
+    import re
+
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, duration
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def test_workers_get_longer_to_stop_than_the_longest_webhook_call():
+    from app.services.validation import TIMEOUT_S
+
+    for name in ("worker-a", "worker-b"):
+        assert _seconds(SERVICES[name]["stop_grace_period"]) > TIMEOUT_S[1], name
+
+
+def test_workers_are_health_checked_by_pinging_their_own_node_name():
+    for name in ("worker-a", "worker-b"):
+        argv = _command(name)
+        node = argv[argv.index("-n") + 1]  # worker-a@%h: %h is the container's hostname
+        kind, check = SERVICES[name]["healthcheck"]["test"]
+        assert kind == "CMD-SHELL"
+        assert check.startswith("celery -A app inspect ping -d ")
+        # $$ is compose's escape: the shell in the container sees $HOSTNAME.
+        assert f" -d {node.replace('%h', '$$HOSTNAME')} " in check + " ", check
+
+
+def test_beat_is_health_checked_by_the_age_of_the_file_it_touches():
+    beat = SERVICES["beat"]
+    alive = beat["environment"]["PUNCTUAL_BEAT_ALIVE_FILE"]
+    assert Settings.from_env(beat["environment"]).beat_alive_file is not None
+    test = beat["healthcheck"]["test"]
+    assert test[:2] == ["CMD", "python"] and f"getmtime('{alive}')" in test[-1]
+
+
+def test_flower_is_behind_basic_auth_from_the_environment_and_shows_queue_lengths():
+    argv = _command("flower")
+    [auth] = [a for a in argv if a.startswith("--basic_auth=")]
+    # compose refuses to start without it (`:?`), so Flower never runs open.
+    assert auth.startswith("--basic_auth=${FLOWER_BASIC_AUTH:?")
+    [api] = [a for a in argv if a.startswith("--broker_api=")]
+    assert api.endswith(":15672/api/") and "@rabbitmq:" in api
+    assert "15672:15672" in SERVICES["rabbitmq"]["ports"] and "management" in SERVICES["rabbitmq"]["image"]
+
+
+def test_each_worker_serves_its_metrics_on_a_port_of_its_own():
+    published = []
+    for name in ("worker-a", "worker-b"):
+        port = Settings.from_env(SERVICES[name]["environment"]).metrics_port
+        assert port > 0, name
+        [mapping] = SERVICES[name]["ports"]
+        host_port, container_port = mapping.split(":")
+        assert int(container_port) == port
+        published.append(int(host_port))
+    assert len(set(published)) == 2, published
