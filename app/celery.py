@@ -61,6 +61,25 @@ def _setup_logging(loglevel=None, **_kw) -> None:
     configure(_role(), _settings.log_format, loglevel or logging.INFO)
 
 
+if _role() in ("worker", "beat"):
+    # Now already, not only when Celery sets up logging: a worker warns (running as
+    # root, say) before that, and the warning must come out in the format too.
+    from app.logs import configure as _configure_logs
+
+    _configure_logs(_role(), _settings.log_format, logging.WARNING)
+    if _settings.log_format == "json":
+        # The worker writes its shutdown notices ("worker: Warm shutdown (MainProcess)")
+        # straight to stdout, past logging, from its signal handlers (celery.apps.worker
+        # safe_say). In JSON mode they become log lines; logging's handler lock is
+        # reentrant, so a signal arriving mid-line cannot deadlock it.
+        import celery.apps.worker as _celery_worker
+
+        def _say_as_log(msg, f=None) -> None:
+            logging.getLogger("celery.apps.worker").warning(str(msg).strip())
+
+        _celery_worker.safe_say = _say_as_log
+
+
 @signals.worker_process_init.connect
 def _child_started(**_kw) -> None:
     """A prefork child: forget the parent's connections."""

@@ -130,4 +130,7 @@ def configure(process_name: str, log_format: str, level: int | str = logging.INF
     new = handler(log_format, process_name, stream)
     root.addHandler(new)
     root.setLevel(level)
+    # Python warnings (Celery's "running as root", deprecations) become log lines too,
+    # so that nothing on stderr escapes the format.
+    logging.captureWarnings(True)
     return new
