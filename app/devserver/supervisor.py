@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
+import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -48,14 +51,23 @@ class StartError(Exception):
 
 
 class _Console:
-    """Lines from the supervisor and every child's relay, one whole line at a time."""
+    """Lines from the supervisor and every child's relay, one whole line at a time.
 
-    def __init__(self, stream=None):
+    With PUNCTUAL_LOG_FORMAT=json every line is one JSON object: a child's JSON line
+    passes as it is (it names its process), any other child line (a crash before its
+    logging is set up) is wrapped with the child's name, and the supervisor's own
+    lines, the banner included, are records of process `dev`.
+    """
+
+    def __init__(self, stream=None, json_lines: bool = False):
         self.stream = stream or sys.stdout
         self._lock = threading.Lock()
         self._open = True
+        self._json = json_lines
 
     def __call__(self, line: str) -> None:
+        if self._json:
+            line = _json_line(line)
         with self._lock:
             if not self._open:
                 return
@@ -64,6 +76,26 @@ class _Console:
                 self.stream.flush()
             except (OSError, ValueError):  # nobody reads any more: drop the output, keep running
                 self._open = False
+
+
+_CHILD_LINE = re.compile(r"^(api|worker|beat)\s* \| (.*)$", re.S)
+
+
+def _json_line(line: str) -> str:
+    from app.logs import JsonFormatter
+
+    process, message = "dev", line
+    child = _CHILD_LINE.match(line)
+    if child:
+        process, message = child.groups()
+        if message.startswith("{"):
+            try:
+                json.loads(message)
+                return message
+            except ValueError:
+                pass
+    record = logging.LogRecord("punctual.dev", logging.INFO, __file__, 0, message, (), None)
+    return JsonFormatter(process).format(record)
 
 
 class _Signals:
@@ -87,7 +119,7 @@ class _Signals:
 
 
 def run(host: str, port: int, data_dir: Path, stream=None) -> int:
-    say = _Console(stream)
+    say = _Console(stream, json_lines=os.environ.get("PUNCTUAL_LOG_FORMAT", "").strip().lower() == "json")
     signals = _Signals()
     signals.install()
     children: dict[str, Child] = {}
