@@ -96,7 +96,8 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
-        context = " ".join(f"{name}={getattr(record, name)}" for name in CONTEXT_FIELDS if hasattr(record, name))
+        context = " ".join(f"{name}={getattr(record, name)}"
+                           for name in CONTEXT_FIELDS if hasattr(record, name))
         if not context:
             return text
         first, newline, rest = text.partition("\n")  # keep a traceback below the line it belongs to
@@ -118,7 +119,8 @@ def handler(log_format: str, process_name: str, stream=None) -> logging.Handler:
     return out
 
 
-def configure(process_name: str, log_format: str, level: int | str = logging.INFO, stream=None) -> logging.Handler:
+def configure(process_name: str, log_format: str, level: int | str = logging.INFO,
+              stream=None) -> logging.Handler:
     """Route the root logger (and so every library's logger) through one handler.
 
     Safe to call again (a forked child, a second setup): the handler installed by an

@@ -11,7 +11,9 @@ from __future__ import annotations
 from prometheus_client import Counter, Histogram
 
 CLAIMS = Counter("punctual_claims_total", "Occurrences claimed by pollers", ["shard"])
-CLAIM_BATCHES = Counter("punctual_claim_batches_total", "Claim transactions that took at least one job", ["shard"])
+CLAIM_BATCHES = Counter(
+    "punctual_claim_batches_total", "Claim transactions that took at least one job", ["shard"]
+)
 CLAIM_BATCH_SIZE = Histogram(
     "punctual_claim_batch_size",
     "Due jobs taken by one claim transaction (0: none was due); one observation per claim",
@@ -20,7 +22,8 @@ CLAIM_BATCH_SIZE = Histogram(
 RUNS_STARTED = Counter("punctual_runs_started_total", "Runs started: their target is being called", ["shard"])
 RUNS = Counter(
     "punctual_runs_total",
-    "Runs by outcome: succeeded, failed (a retry follows), dead, skipped (misfire), held (a limit deferred it)",
+    "Runs by outcome: succeeded, failed (a retry follows), dead, skipped (misfire), "
+    "held (a limit deferred it)",
     ["outcome"],
 )
 STALE_COMPLETIONS = Counter(

@@ -43,9 +43,11 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("PUNCTUAL_DISPATCH_THREADS", "256", "concurrent target calls per worker process"),
     Variable("PUNCTUAL_DB_POOL_SIZE", "10", "connections per physical shard per process"),
     Variable("PUNCTUAL_REDIS_PREFIX", "punctual", "prefix of every Redis key Punctual writes"),
-    Variable("PUNCTUAL_METRICS_PORT", "0", "port where a worker serves Prometheus metrics for all its processes (0 = off)"),
+    Variable("PUNCTUAL_METRICS_PORT", "0",
+             "port where a worker serves Prometheus metrics for all its processes (0 = off)"),
     Variable("PUNCTUAL_LOG_FORMAT", "text", "text, or json for one JSON object per line (every process)"),
-    Variable("PUNCTUAL_BEAT_ALIVE_FILE", "", "a file beat touches whenever it has sent tasks, for health checks (default: none)"),
+    Variable("PUNCTUAL_BEAT_ALIVE_FILE", "",
+             "a file beat touches whenever it has sent tasks, for health checks (default: none)"),
     Variable("PUNCTUAL_DEV_MODE", "0", "set by `punctual dev` for its children: serves the /dev/echo target"),
 )
 
@@ -191,7 +193,7 @@ class Settings:
             redis_prefix=get("PUNCTUAL_REDIS_PREFIX"),
             metrics_port=int(_number("PUNCTUAL_METRICS_PORT", get("PUNCTUAL_METRICS_PORT"), int, minimum=0)),
             log_format=_choice("PUNCTUAL_LOG_FORMAT", get("PUNCTUAL_LOG_FORMAT"), LOG_FORMATS),
-            beat_alive_file=Path(get("PUNCTUAL_BEAT_ALIVE_FILE")) if get("PUNCTUAL_BEAT_ALIVE_FILE") else None,
+            beat_alive_file=Path(alive_file) if (alive_file := get("PUNCTUAL_BEAT_ALIVE_FILE")) else None,
             dev_mode=_flag("PUNCTUAL_DEV_MODE", get("PUNCTUAL_DEV_MODE")),
         )
         values.update(overrides)

@@ -40,7 +40,8 @@ def _call(action: Callable[[], Any]) -> Any:
     try:
         return action()
     except TransportError:  # no HTTP answer at all: say where we looked, not urllib3's retry story
-        click.echo(f"punctual: no Punctual API answers at {_api_url()} (is `punctual api` running?)", err=True)
+        click.echo(f"punctual: no Punctual API answers at {_api_url()} (is `punctual api` running?)",
+                   err=True)
         sys.exit(1)
     except PunctualError as exc:
         click.echo(f"punctual: {exc}", err=True)

@@ -38,7 +38,8 @@ def migrate() -> None:
             sys.exit(1)
         state = "up to date" if before == after else f"{before or 'empty'} -> {after}"
         if settings.log_format == "json":  # one JSON object per line, like every process's log
-            log.info("%s: %s", _redact(dsn), state, extra={"database": _redact(dsn), "before": before, "after": after})
+            log.info("%s: %s", _redact(dsn), state,
+                     extra={"database": _redact(dsn), "before": before, "after": after})
         else:
             click.echo(f"{_redact(dsn)}: {state}")
 

@@ -37,7 +37,10 @@ def control_socket_path(host: str, port: int) -> str:
     each instance gets its own file in that directory, named after what it serves.
     """
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    directory = runtime if runtime and os.path.isdir(runtime) else os.path.join(os.path.expanduser("~"), ".gunicorn")
+    if runtime and os.path.isdir(runtime):
+        directory = runtime
+    else:
+        directory = os.path.join(os.path.expanduser("~"), ".gunicorn")
     name = f"punctual-api-{host}-{port}.ctl" if port else f"punctual-api-pid{os.getpid()}.ctl"
     return os.path.join(directory, name)
 

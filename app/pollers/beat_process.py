@@ -91,8 +91,8 @@ def install_stop_watchdog(grace_s: float = STOP_GRACE_S) -> None:
     def _force_exit() -> None:
         # Log from a thread of its own: if the main thread holds a logging lock while
         # it is blocked, the exit must not wait for it.
-        note = threading.Thread(target=log.warning, args=("beat: still stopping after %g s; exiting now", grace_s),
-                                daemon=True)
+        note = threading.Thread(target=log.warning, daemon=True,
+                                args=("beat: still stopping after %g s; exiting now", grace_s))
         note.start()
         note.join(0.5)
         os._exit(0)
@@ -129,5 +129,6 @@ def start(settings: Settings, alive_file: Path | None) -> SentCounter:
     log.info(schedule_summary(settings))
     if alive_file is not None:
         touch(alive_file)
-    threading.Thread(target=_report_forever, args=(counter, LIVENESS_S), name="beat-liveness", daemon=True).start()
+    threading.Thread(target=_report_forever, args=(counter, LIVENESS_S), name="beat-liveness",
+                     daemon=True).start()
     return counter

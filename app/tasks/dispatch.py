@@ -32,7 +32,8 @@ def send_dispatch(shard: int, entries: list[dict], eta: datetime | None = None) 
     the broker). With an `eta` (runs claimed ahead) the worker that receives it
     keeps it, unacknowledged, and runs it at that instant; if that worker dies the
     broker hands the message to another, which does the same."""
-    dispatch.apply_async(kwargs={"shard": shard, "runs": entries}, eta=eta, shadow=shown_name(shard, len(entries)))
+    dispatch.apply_async(kwargs={"shard": shard, "runs": entries}, eta=eta,
+                         shadow=shown_name(shard, len(entries)))
 
 
 def shown_name(shard: int, runs: int) -> str:
