@@ -28,7 +28,8 @@ def test_dev_prints_one_json_object_per_line(tmp_path):
     log_path = tmp_path / "dev.log"
     with open(log_path, "wb") as log:
         dev = subprocess.Popen(["punctual", "dev", "--port", str(port), "--data-dir", str(tmp_path / "data")],
-                               cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                               cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         while "Punctual dev is up" not in log_path.read_text(errors="replace"):
@@ -52,4 +53,5 @@ def test_dev_prints_one_json_object_per_line(tmp_path):
     assert {"dev", "api"} <= processes, processes
     [banner] = [entry for entry in entries if "Punctual dev is up" in entry["message"]]
     assert banner["process"] == "dev" and f"http://127.0.0.1:{port}" in banner["message"]
-    assert any(entry.get("logger") == "punctual.access" and entry.get("path") == "/healthz" for entry in entries)
+    assert any(entry.get("logger") == "punctual.access" and entry.get("path") == "/healthz"
+               for entry in entries)

@@ -50,7 +50,8 @@ def test_beat_stops_on_sigterm_while_the_broker_has_stopped_answering(stack_env,
     broker = urlsplit(stack_env["PUNCTUAL_BROKER_URL"])
     proxy = FreezingProxy((broker.hostname, broker.port or 5672))
     try:
-        proxied = urlunsplit(broker._replace(netloc=f"{broker.username}:{broker.password}@127.0.0.1:{proxy.port}"))
+        netloc = f"{broker.username}:{broker.password}@127.0.0.1:{proxy.port}"
+        proxied = urlunsplit(broker._replace(netloc=netloc))
         beat = start_beat({**stack_env, "PUNCTUAL_BROKER_URL": proxied}, tmp_path)
         deadline = time.monotonic() + 30
         while proxy.forwarded_bytes < 4096 and time.monotonic() < deadline:  # connected and publishing

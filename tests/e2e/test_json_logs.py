@@ -42,8 +42,8 @@ def test_beat_and_a_worker_log_one_json_object_per_line_naming_the_run(stack_env
     shards = ",".join(f"shard-{s:02d}" for s in range(settings.shards))
     # DEBUG: the worker's per-call line is a debug line; every library's lines come along.
     worker = Proc("worker", [CELERY, "-A", "app", "-q", "worker", "-Q", shards, "-c", "2", "-n", "json@%h",
-                             "--loglevel", "DEBUG", "--without-gossip", "--without-mingle", "--without-heartbeat"],
-                  env, tmp_path)
+                             "--loglevel", "DEBUG", "--without-gossip", "--without-mingle",
+                             "--without-heartbeat"], env, tmp_path)
     beat = Proc("beat", [CELERY, "-A", "app", "-q", "beat", "--loglevel", "INFO"], env, tmp_path)
     sink = Sink()
     try:
@@ -84,5 +84,6 @@ def test_migrate_logs_one_json_object_per_line(stack_env):
     lines = (result.stdout + result.stderr).splitlines()
     entries = [json.loads(line) for line in lines if line.strip()]
     assert len(entries) == 2  # one per physical shard
-    assert all(entry["process"] == "migrate" and entry["message"].endswith(": up to date") for entry in entries)
+    assert all(entry["process"] == "migrate" and entry["message"].endswith(": up to date")
+               for entry in entries)
     assert all("@" in entry["database"] for entry in entries)

@@ -51,7 +51,8 @@ def databases_down(pg_admin, pg_dsns):
     with pg_admin.connect() as conn:
         for name in names:
             conn.exec_driver_sql(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
-            conn.exec_driver_sql(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'")
+            conn.exec_driver_sql(
+                f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'")
     try:
         yield
     finally:

@@ -37,7 +37,8 @@ def _free_port() -> int:
 def env(pg_dsns, tmp_path_factory) -> dict[str, str]:
     home = tmp_path_factory.mktemp("home")
     clean = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR" and not k.startswith("PUNCTUAL_")}
-    return {**clean, "HOME": str(home), "PUNCTUAL_DATABASE_URLS": ",".join(pg_dsns), "PUNCTUAL_DB_POOL_SIZE": "2"}
+    return {**clean, "HOME": str(home), "PUNCTUAL_DATABASE_URLS": ",".join(pg_dsns),
+            "PUNCTUAL_DB_POOL_SIZE": "2"}
 
 
 def _start_api(env: dict, log_dir: Path, name: str, port: int, **extra: str) -> Proc:
@@ -93,8 +94,8 @@ def test_json_logs_are_one_object_per_line_with_an_access_log(env, tmp_path):
     api = _start_api(env, tmp_path, "api-json", port, PUNCTUAL_LOG_FORMAT="json")
     try:
         assert requests.get(f"http://127.0.0.1:{port}/jobs", timeout=5).status_code == 401
-        assert requests.get(f"http://127.0.0.1:{port}/jobs", headers={"Authorization": f"Bearer {key.api_key}"},
-                            timeout=5).status_code == 200
+        authorized = {"Authorization": f"Bearer {key.api_key}"}
+        assert requests.get(f"http://127.0.0.1:{port}/jobs", headers=authorized, timeout=5).status_code == 200
     finally:
         api.stop()
     lines = [line for line in api.log_path.read_text().splitlines() if line.strip()]

@@ -99,7 +99,8 @@ def browser(tmp_path_factory):
     try:
         token = base64.b64encode(f"{AUTH[0]}:{AUTH[1]}".encode()).decode()
         driver.execute_cdp_cmd("Network.enable", {})
-        driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {"Authorization": f"Basic {token}"}})
+        driver.execute_cdp_cmd("Network.setExtraHTTPHeaders",
+                               {"headers": {"Authorization": f"Basic {token}"}})
         yield driver
     finally:
         driver.quit()
@@ -113,7 +114,8 @@ def stack(env, tmp_path_factory):
     try:
         processes["beat"] = start_beat(env, logs)
         flower = Proc("flower", [CELERY, "-A", "app", "flower", f"--port={port}", "--address=127.0.0.1",
-                                 f"--basic_auth={AUTH[0]}:{AUTH[1]}", f"--broker_api={MANAGEMENT_API}"], env, logs)
+                                 f"--basic_auth={AUTH[0]}:{AUTH[1]}", f"--broker_api={MANAGEMENT_API}"],
+                      env, logs)
         processes["flower"] = flower
         url = f"http://127.0.0.1:{port}"
         _wait_for(lambda: requests.get(f"{url}/healthcheck", timeout=2).ok, 60, "Flower answering")
@@ -150,7 +152,8 @@ def _page(browser, url: str, shot, ready, what: str) -> str:
         text = _wait_for(_check, 60, what)
     except AssertionError as exc:
         browser.save_screenshot(str(shot))
-        raise AssertionError(f"{exc}; the page ({shot}) reads:\n{browser.find_element('tag name', 'body').text}")
+        page_text = browser.find_element("tag name", "body").text
+        raise AssertionError(f"{exc}; the page ({shot}) reads:\n{page_text}")
     browser.save_screenshot(str(shot))
     assert shot.stat().st_size > 10_000, "an empty screenshot"
     return text
@@ -165,9 +168,9 @@ def _create_due_job(env, sink) -> str:
     settings = Settings.from_env(env)
     key = create_key(registry_for(settings), "flower")
     client = create_app(settings).test_client()
-    response = client.post("/jobs", json={"name": "flower", "target": {"type": "webhook", "url": sink.url("/f")},
-                                          "schedule": {"run_at": format_instant(utcnow())}},
-                           headers={"Authorization": f"Bearer {key.api_key}"})
+    body = {"name": "flower", "target": {"type": "webhook", "url": sink.url("/f")},
+            "schedule": {"run_at": format_instant(utcnow())}}
+    response = client.post("/jobs", json=body, headers={"Authorization": f"Bearer {key.api_key}"})
     assert response.status_code == 201, response.get_json()
     return response.get_json()["id"]
 
@@ -182,7 +185,7 @@ def test_flower_shows_queues_the_worker_and_dispatches_by_name_without_polls(sta
         return found if len(found) == SHARDS and all(found.values()) else {}
 
     broker_text = _page(browser, f"{url}/broker", shots / "broker.png",
-                        lambda body: _queues_with_messages(body), "the shard queues with messages on the Broker page")
+                        _queues_with_messages, "the shard queues with messages on the Broker page")
     queues = _queues_with_messages(broker_text)
     assert sorted(queues) == [f"shard-{s:02d}" for s in range(SHARDS)], broker_text
     assert "No queue data" not in broker_text

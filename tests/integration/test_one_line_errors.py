@@ -23,7 +23,8 @@ PUNCTUAL = str(Path(sys.executable).parent / "punctual")
 
 
 def _env(**punctual: str) -> dict[str, str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("PUNCTUAL_") or k.startswith("PUNCTUAL_TEST_")}
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith("PUNCTUAL_") or k.startswith("PUNCTUAL_TEST_")}
     return {**clean, **punctual}
 
 

@@ -107,7 +107,8 @@ def test_one_port_counts_the_work_of_every_child(env, amqp_url, tmp_path):
             _send_polls(amqp_url, 20)
             sent += 20
             _wait_count(port, "punctual_claim_batch_size_count", before + sent, worker)
-            writers = {re.sub(r"^histogram_(\d+)\.db$", r"\1", p.name) for p in metrics_dir.glob("histogram_*.db")}
+            writers = {re.sub(r"^histogram_(\d+)\.db$", r"\1", p.name)
+                       for p in metrics_dir.glob("histogram_*.db")}
         assert len(writers) >= 2, f"only {writers} ran polls"
         total = _sample(_scrape(port), "punctual_claim_batch_size_count")
         assert total == before + sent  # every child's polls, each once
