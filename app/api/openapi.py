@@ -137,9 +137,12 @@ def _schemas() -> dict:
             "local": {"type": "string", "description": "RFC 3339 with the zone's offset"},
             "dst": {"enum": [None, "gap_shifted", "overlap_first", "overlap_second"]},
         }, required=("at", "local", "dst"))}}, required=("items",)),
-        "Health": _object({"shards": {"type": "array", "items": _object({
-            "shard": {"type": "integer", "minimum": 0}, "ok": {"type": "boolean"}, "error": {"type": "string"},
-        }, required=("shard", "ok"))}}, required=("shards",)),
+        "Health": _object({
+            "shards": {"type": "array", "items": _object({
+                "shard": {"type": "integer", "minimum": 0}, "ok": {"type": "boolean"}, "error": {"type": "string"},
+            }, required=("shard", "ok"))},
+            "broker": _object({"ok": {"type": "boolean"}, "error": {"type": "string"}}, required=("ok",)),
+        }, required=("shards", "broker")),
         "Problem": _object({
             "type": {"type": "string"},
             "title": {"type": "string"},
@@ -179,6 +182,8 @@ def _op(summary: str, answers: dict, errors: str, *, body: str | None = None, pa
                  "responses": dict(answers)}
     for code in errors.split():
         operation["responses"][code] = _problem(_ERRORS[code])
+    if not public:  # every route that reads the registry (its API key, at least)
+        operation["responses"]["503"] = _problem("a database it needs cannot be reached; retry after Retry-After")
     if body:
         operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref(body)}}}
     if params:
@@ -241,8 +246,9 @@ def _paths() -> dict:
             _query("after", INSTANT, "default now, exclusive"), _query("start_at", INSTANT), _query("end_at", INSTANT),
             _query("gap", {"enum": list(GAP_POLICIES)}), _query("overlap", {"enum": list(OVERLAP_POLICIES)}),
         ])},
-        "/healthz": {"get": _op("Health", {"200": _ok("every shard answers", "Health"),
-                                           "503": _ok("some shard does not answer", "Health")}, "", public=True)},
+        "/healthz": {"get": _op("Health", {"200": _ok("every shard and the broker answer", "Health"),
+                                           "503": _ok("some shard or the broker does not answer", "Health")},
+                                "", public=True)},
         "/metrics": {"get": _op("Metrics", {"200": {"description": "Prometheus text",
                                                      "content": {"text/plain": {"schema": {"type": "string"}}}}}, "", public=True)},
         "/openapi.json": {"get": _op("OpenAPI document", {"200": {"description": "this document",
