@@ -16,16 +16,16 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from datetime import datetime, timezone
-from typing import Iterator
+from datetime import UTC, datetime
 
 FORMATS = ("text", "json")
 # The fields that say which piece of work a line is about, in the order shown.
 CONTEXT_FIELDS = ("job_id", "run_id", "shard", "attempt", "owner")
 
-_context: ContextVar[dict] = ContextVar("punctual_log_context", default={})
+_context: ContextVar[dict | None] = ContextVar("punctual_log_context", default=None)
 
 # Attributes every LogRecord has; anything else on a record came from `extra=`.
 _RECORD_ATTRIBUTES = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
@@ -36,7 +36,7 @@ _HANDLER_MARK = "_punctual_handler"
 @contextmanager
 def log_context(**fields) -> Iterator[None]:
     """Within the block, every log line of this thread (or task) carries `fields`."""
-    token = _context.set({**_context.get(), **{k: v for k, v in fields.items() if v is not None}})
+    token = _context.set({**(_context.get() or {}), **{k: v for k, v in fields.items() if v is not None}})
     try:
         yield
     finally:
@@ -44,14 +44,14 @@ def log_context(**fields) -> Iterator[None]:
 
 
 def current_context() -> dict:
-    return dict(_context.get())
+    return dict(_context.get() or {})
 
 
 class ContextFilter(logging.Filter):
     """Copies the bound context onto each record (an explicit `extra=` wins)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        for name, value in _context.get().items():
+        for name, value in (_context.get() or {}).items():
             if not hasattr(record, name):
                 setattr(record, name, value)
         return True
@@ -68,7 +68,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
-            "ts": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds")
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")
             .replace("+00:00", "Z"),
             "level": record.levelname,
             "logger": record.name,

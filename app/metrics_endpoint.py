@@ -50,7 +50,7 @@ def use_multiprocess_dir() -> Path:
     if values is not None:
         # prometheus_client was imported already (an embedding program, a test):
         # metrics made from now on write to the directory.
-        values.ValueClass = values.get_value_class()
+        values.ValueClass = values.get_value_class()  # type: ignore[attr-defined]
     return path
 
 

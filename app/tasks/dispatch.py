@@ -12,11 +12,11 @@ from datetime import datetime
 
 from celery import shared_task
 
+from app.lifecycle.message import DispatchRun
 from app.logs import log_context
 from app.pollers.beat import DISPATCH_TASK
 from app.registry.sharding import queue_name
 from app.worker.context import get_context
-from app.lifecycle.message import DispatchRun
 
 
 @shared_task(name=DISPATCH_TASK, acks_late=True, ignore_result=True, max_retries=0)

@@ -15,13 +15,13 @@ import time
 
 from celery import shared_task
 
+from app.core.timefmt import utcnow
+from app.logs import log_context
 from app.pollers import janitor, relay
 from app.pollers.beat import POLL_TASK, SWEEP_TASK
 from app.pollers.claim import claim_batch
-from app.logs import log_context
 from app.settings import Settings
 from app.worker.context import get_context
-from app.core.timefmt import utcnow
 
 
 def poll_shard(settings: Settings, engine, shard: int, send) -> dict:

@@ -16,8 +16,8 @@ import pytest
 import sqlalchemy as sa
 
 from app.api import create_app
-from app.settings import Settings
 from app.core.timefmt import format_instant, utcnow
+from app.settings import Settings
 from tests.integration.api_fixtures import job_body, new_caller
 
 pytestmark = pytest.mark.integration

@@ -153,7 +153,7 @@ def _page(browser, url: str, shot, ready, what: str) -> str:
     except AssertionError as exc:
         browser.save_screenshot(str(shot))
         page_text = browser.find_element("tag name", "body").text
-        raise AssertionError(f"{exc}; the page ({shot}) reads:\n{page_text}")
+        raise AssertionError(f"{exc}; the page ({shot}) reads:\n{page_text}") from None
     browser.save_screenshot(str(shot))
     assert shot.stat().st_size > 10_000, "an empty screenshot"
     return text
