@@ -1,0 +1,78 @@
+"""kill -9 of each kind of Punctual process (worker, beat, API), and a worker stopped
+(SIGSTOP) and resumed, while a burst drains."""
+from __future__ import annotations
+
+import pytest
+
+from tests.faults import injectors
+from tests.faults.harness import DEAD_WORKER_WAIT_S, GOAL_S, SLACK_S, Load
+
+pytestmark = pytest.mark.faults
+
+
+def _assert_guarantee(outcome, stack, goal_s: float) -> None:
+    verdict = outcome.verdict
+    context = f"{outcome.row()}\n{verdict.summary()}\n{stack.logs()}"
+    assert not verdict.lost, context
+    assert not verdict.unexplained, context
+    assert verdict.recovery_s <= goal_s + SLACK_S, context
+
+
+def test_no_fault_is_the_baseline(make_stack):
+    stack = make_stack()
+    outcome = stack.run(Load())
+    _assert_guarantee(outcome, stack, GOAL_S)
+    assert outcome.verdict.duplicates == 0 and outcome.verdict.lease_expired == 0, outcome.row()
+
+
+def test_a_worker_killed_and_restarted(make_stack):
+    """The killed worker's runs that were never called come back through the broker;
+    those whose call may have gone out wait for their lease (PUNCTUAL_LEASE_S)."""
+    stack = make_stack()
+    outcome = stack.run(Load(), injectors.kill_worker(at_s=1.5, down_s=5.0))
+    _assert_guarantee(outcome, stack, GOAL_S)
+    _assert_in_flight_waited_less_than_the_bound(outcome)
+
+
+def test_the_beat_killed_and_restarted(make_stack):
+    stack = make_stack()
+    outcome = stack.run(Load(), injectors.kill_beat(at_s=1.0, down_s=6.0))
+    _assert_guarantee(outcome, stack, GOAL_S)
+    assert outcome.verdict.duplicates == 0, outcome.row()
+
+
+def test_two_beats_fire_nothing_twice(make_stack):
+    stack = make_stack()
+    outcome = stack.run(Load(), injectors.second_beat())
+    _assert_guarantee(outcome, stack, GOAL_S)
+    assert outcome.verdict.duplicates == 0, outcome.row()
+
+
+def test_the_api_killed_while_jobs_are_created(make_stack):
+    """Every job the API accepted fires once; a client that sends again with its
+    Idempotency-Key after the crash creates nothing twice."""
+    stack = make_stack(with_api=True)
+    load = Load(via_api=True, one_offs=150, lead_s=12.0, spread_s=3.0)
+    outcome = stack.run(load, injectors.kill_api(at_s=-10.5, down_s=1.5))
+    _assert_guarantee(outcome, stack, GOAL_S)
+    assert stack.jobs_of_owner() == load.one_offs
+    assert outcome.verdict.duplicates == 0, outcome.row()
+
+
+@pytest.mark.slow
+def test_a_stopped_worker_that_wakes_up_calls_nothing_it_lost(make_stack):
+    """One worker stopped (SIGSTOP) longer than a lease, the other running: its runs
+    are taken back and called again; once resumed it calls nothing whose lease it
+    lost, so no target sees a lower attempt after a higher one."""
+    stack = make_stack()
+    outcome = stack.run(Load(call_delay_s=0.5), injectors.stop_worker(at_s=1.5, stopped_s=40.0))
+    _assert_guarantee(outcome, stack, GOAL_S)
+    assert outcome.verdict.inversions == 0, outcome.row()
+    _assert_in_flight_waited_less_than_the_bound(outcome)
+
+
+def _assert_in_flight_waited_less_than_the_bound(outcome) -> None:
+    """The calls in flight when the worker died (or stopped) are settled, and the
+    recurring jobs move on, within a lease and a janitor sweep."""
+    assert outcome.settled_after_fault_s <= DEAD_WORKER_WAIT_S + SLACK_S, outcome.row()
+    assert outcome.verdict.recurring_max_gap_s <= DEAD_WORKER_WAIT_S + SLACK_S, outcome.row()
