@@ -88,7 +88,7 @@ def _epoch(at: datetime) -> float:
 class FaultStack:
     def __init__(self, env: dict[str, str], log_dir: Path, pg_admin, workers: int = 2, concurrency: int = 2,
                  with_api: bool = False):
-        from app.registry import registry_for
+        from app.registry.engines import registry_for
         from app.settings import Settings
 
         self.env = dict(env)
@@ -112,7 +112,7 @@ class FaultStack:
     # -- processes ----------------------------------------------------------------------
 
     def __enter__(self) -> "FaultStack":
-        from app.owners import create_key
+        from app.services.owners import create_key
 
         key = create_key(self.registry, self.owner)
         self.api_key = key.api_key
@@ -180,7 +180,7 @@ class FaultStack:
         self._wait_api()
 
     def shard_of(self, job_id: str) -> int:
-        from app.sharding import shard_for
+        from app.registry.sharding import shard_for
         return shard_for(uuid.UUID(job_id), self.settings.shards)
 
     def logs(self, lines: int = 15) -> str:
@@ -215,7 +215,7 @@ class FaultStack:
         Idempotency-Key, sent again until it is answered (the API may be down)."""
         import requests
 
-        from app.timefmt import format_instant
+        from app.core.timefmt import format_instant
         session = requests.Session()
         headers = {"Authorization": f"Bearer {self.api_key}"}
         for i in range(load.one_offs):
@@ -237,7 +237,7 @@ class FaultStack:
     # -- one run ------------------------------------------------------------------------
 
     def run(self, load: Load, fault=None) -> Outcome:
-        from app.timefmt import utcnow
+        from app.core.timefmt import utcnow
 
         self.sink.script("/once", [Answer(200, delay_s=load.call_delay_s)])
         self.sink.script("/every", [Answer(200, delay_s=load.call_delay_s)])
@@ -283,7 +283,7 @@ class FaultStack:
             time.sleep(0.5)
 
     def _open_one_offs(self, due: dict[str, float]) -> int:
-        from app.schema import jobs
+        from app.registry.schema import jobs
 
         ids = [uuid.UUID(j) for j in due]
         total = 0
@@ -297,8 +297,8 @@ class FaultStack:
         return total
 
     def _rows(self, due: dict[str, float], recurring: list[str]) -> tuple[list[RunRow], list[str]]:
-        from app.schema import jobs, runs
-        from app.timefmt import format_instant
+        from app.registry.schema import jobs, runs
+        from app.core.timefmt import format_instant
 
         rows, completed = [], []
         for engine in self.registry.engines:
@@ -312,7 +312,7 @@ class FaultStack:
         return rows, completed
 
     def jobs_of_owner(self) -> int:
-        from app.schema import jobs
+        from app.registry.schema import jobs
 
         total = 0
         for engine in self.registry.engines:
