@@ -13,6 +13,12 @@ dispatch message changes nothing (invariants 1, 3, 4):
   (for the relay sweep) at that time.
 - heartbeat: leased_until = now + lease_s on the job (schedule runs) or the run
   (off-schedule runs) while the call is in flight.
+
+Each write is retried in place after a transient failure (app.registry.transient):
+all three are fenced, so sending one again changes nothing that the first one
+changed; the start recognises the runs an earlier try of its own started (the
+commit went through, its answer was lost) by their started_at, which is this
+start's `now` to the microsecond, and its token.
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ from app.registry.engines import Registry
 from app.registry.schema import jobs, runs
 from app.lifecycle.message import DispatchRun
 from app.registry.dialect import locks_rows
+from app.registry.transient import retrying
 
 
 def _by_engine(registry: Registry, items: Iterable, run_of=lambda item: item) -> dict[int, list]:
@@ -43,8 +50,34 @@ def start(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -> se
 
     The start also renews the lease (leased_until = now + lease_s), in the same
     transaction: a run that waited in the broker for most of its lease must not be
-    taken back by the janitor before its first heartbeat. Job rows are written
-    before run rows, the janitor's lock order, so the two never deadlock:
+    taken back by the janitor before its first heartbeat. The statements are
+    _start_on's; a try after a transient failure also takes as its own the runs an
+    earlier try started (_started_at).
+    """
+    started: set[uuid.UUID] = set()
+    until = now + timedelta(seconds=registry.settings.lease_s)
+    for index, group in _by_engine(registry, batch).items():
+        on_jobs = sorted(({"job_id": run.job_id, "lease_token": run.lease_token} for run in group
+                          if not run.off_schedule), key=lambda row: row["job_id"])
+        rows = [{
+            "run_id": run.run_id,
+            "lease_token": run.lease_token,
+            "lateness_ms": int((now - run.scheduled_for).total_seconds() * 1000),
+            # Off-schedule runs hold their own lease; schedule runs' lease is the job's.
+            "leased_until": until if run.off_schedule else None,
+        } for run in group]
+        tries = iter(range(1 << 30))
+        started.update(retrying(
+            lambda engine=registry.engines[index], on_jobs=on_jobs, rows=rows: _start_on(
+                engine, on_jobs, rows, until, now, retried=next(tries) > 0),
+            f"start of {len(group)} runs"))
+    return started
+
+
+def _start_on(engine, on_jobs: list[dict], rows: list[dict], until: datetime, now: datetime,
+              retried: bool) -> list:
+    """One try of a start on one DSN. Job rows are written before run rows, the
+    janitor's lock order, so the two never deadlock:
 
     UPDATE jobs SET leased_until = :leased_until FROM jsonb_to_recordset(:rows) AS v(job_id uuid,
     lease_token uuid) WHERE jobs.job_id = v.job_id AND jobs.lease_token = v.lease_token;
@@ -54,26 +87,25 @@ def start(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -> se
     uuid, lease_token uuid, lateness_ms bigint, leased_until timestamptz) WHERE runs.run_id =
     v.run_id AND runs.lease_token = v.lease_token AND runs.state = 'claimed' RETURNING runs.run_id;
     """
-    started: set[uuid.UUID] = set()
-    until = now + timedelta(seconds=registry.settings.lease_s)
-    for index, group in _by_engine(registry, batch).items():
-        on_jobs = sorted(({"job_id": run.job_id, "lease_token": run.lease_token} for run in group if not run.off_schedule),
-                         key=lambda row: row["job_id"])
-        rows = [{
-            "run_id": run.run_id,
-            "lease_token": run.lease_token,
-            "lateness_ms": int((now - run.scheduled_for).total_seconds() * 1000),
-            # Off-schedule runs hold their own lease; schedule runs' lease is the job's.
-            "leased_until": until if run.off_schedule else None,
-        } for run in group]
-        with registry.engines[index].begin() as conn:
-            update_many(conn, jobs, on_jobs, match=("job_id", "lease_token"), constants={"leased_until": until})
-            started.update(update_many(
-                conn, runs, rows, match=("run_id", "lease_token"), columns=("lateness_ms", "leased_until"),
-                constants={"state": "running", "started_at": now, "updated_at": now},
-                where="runs.state = 'claimed'", returning="run_id",
-            ))
-    return started
+    with engine.begin() as conn:
+        update_many(conn, jobs, on_jobs, match=("job_id", "lease_token"), constants={"leased_until": until})
+        ids = update_many(
+            conn, runs, rows, match=("run_id", "lease_token"), columns=("lateness_ms", "leased_until"),
+            constants={"state": "running", "started_at": now, "updated_at": now},
+            where="runs.state = 'claimed'", returning="run_id",
+        )
+        if retried:
+            # The connection may have broken after an earlier try committed: the runs it
+            # started carry this start's exact instant and the message's token.
+            ids += _started_at(conn, rows, now)
+    return ids
+
+
+def _started_at(conn: sa.Connection, rows: list[dict], now: datetime) -> list:
+    return list(conn.execute(sa.select(runs.c.run_id).where(
+        sa.tuple_(runs.c.run_id, runs.c.lease_token).in_([(r["run_id"], r["lease_token"]) for r in rows]),
+        runs.c.state == "running", runs.c.started_at == now,
+    )).scalars())
 
 
 def hold(registry: Registry, held: Sequence[tuple[DispatchRun, datetime]], now: datetime) -> int:
@@ -83,36 +115,45 @@ def hold(registry: Registry, held: Sequence[tuple[DispatchRun, datetime]], now: 
         until = {run.run_id: at for run, at in group}
         scheduled = [(run, at) for run, at in group if not run.off_schedule]
         off = [(run, at) for run, at in group if run.off_schedule]
-        with registry.engines[index].begin() as conn:
-            if scheduled:
-                # Jobs are locked before runs, the janitor's and the completion's order.
-                lock = sa.select(jobs.c.job_id).where(
-                    sa.tuple_(jobs.c.job_id, jobs.c.lease_token).in_(sorted((r.job_id, r.lease_token) for r, _ in scheduled))
-                ).order_by(jobs.c.job_id)
-                if locks_rows(conn):
-                    conn.execute(lock.with_for_update()).all()
-                deleted = conn.execute(
-                    sa.delete(runs)
-                    .where(
-                        sa.tuple_(runs.c.run_id, runs.c.lease_token).in_([(r.run_id, r.lease_token) for r, _ in scheduled]),
-                        runs.c.state == "claimed",
+        def write(engine=registry.engines[index], scheduled=scheduled, off=off, until=until) -> int:
+            held = 0
+            with engine.begin() as conn:
+                if scheduled:
+                    # Jobs are locked before runs, the janitor's and the completion's order.
+                    keys = sorted((r.job_id, r.lease_token) for r, _ in scheduled)
+                    lock = sa.select(jobs.c.job_id).where(
+                        sa.tuple_(jobs.c.job_id, jobs.c.lease_token).in_(keys)
+                    ).order_by(jobs.c.job_id)
+                    if locks_rows(conn):
+                        conn.execute(lock.with_for_update()).all()
+                    deleted = conn.execute(
+                        sa.delete(runs)
+                        .where(
+                            sa.tuple_(runs.c.run_id, runs.c.lease_token).in_(
+                                [(r.run_id, r.lease_token) for r, _ in scheduled]),
+                            runs.c.state == "claimed",
+                        )
+                        .returning(runs.c.run_id, runs.c.job_id, runs.c.lease_token)
+                    ).all()
+                    if deleted:
+                        conn.execute(_RELEASE_JOB, [
+                            {"b_job_id": row.job_id, "b_token": row.lease_token, "b_at": until[row.run_id],
+                             "b_now": now}
+                            for row in sorted(deleted, key=lambda r: r.job_id)
+                        ])
+                    held += len(deleted)
+                for run, at in off:
+                    result = conn.execute(
+                        sa.update(runs)
+                        .where(runs.c.run_id == run.run_id, runs.c.lease_token == run.lease_token,
+                               runs.c.state == "claimed")
+                        .values(lease_token=uuid.uuid4(), due_at=at, published=False, updated_at=now,
+                                leased_until=at + timedelta(seconds=registry.settings.lease_s))
                     )
-                    .returning(runs.c.run_id, runs.c.job_id, runs.c.lease_token)
-                ).all()
-                if deleted:
-                    conn.execute(_RELEASE_JOB, [
-                        {"b_job_id": row.job_id, "b_token": row.lease_token, "b_at": until[row.run_id], "b_now": now}
-                        for row in sorted(deleted, key=lambda r: r.job_id)
-                    ])
-                count += len(deleted)
-            for run, at in off:
-                result = conn.execute(
-                    sa.update(runs)
-                    .where(runs.c.run_id == run.run_id, runs.c.lease_token == run.lease_token, runs.c.state == "claimed")
-                    .values(lease_token=uuid.uuid4(), due_at=at, published=False, updated_at=now,
-                            leased_until=at + timedelta(seconds=registry.settings.lease_s))
-                )
-                count += result.rowcount
+                    held += result.rowcount
+            return held
+
+        count += retrying(write, f"hold of {len(group)} runs")
     return count
 
 
@@ -132,25 +173,44 @@ _RELEASE_JOB = (
 )
 
 
-def heartbeat(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -> None:
-    """Extend the leases of runs whose calls are in flight (fenced; a lost lease stays lost).
-
-    Schedule runs hold their lease on the job, off-schedule runs on the run:
-
-    UPDATE jobs SET leased_until = :leased_until FROM jsonb_to_recordset(:rows) AS v(job_id uuid,
-    lease_token uuid) WHERE jobs.job_id = v.job_id AND jobs.lease_token = v.lease_token;
-
-    UPDATE runs SET leased_until = :leased_until FROM jsonb_to_recordset(:rows) AS v(run_id uuid,
-    lease_token uuid) WHERE runs.run_id = v.run_id AND runs.lease_token = v.lease_token AND
-    runs.state = 'running';
-    """
+def heartbeat(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -> set[uuid.UUID]:
+    """Extend the leases of runs whose calls are in flight (fenced; a lost lease stays
+    lost). Returns the run_ids whose lease was extended: a run not among them lost its
+    lease (the janitor took it back), and its call must not start any more. The
+    statements are _heartbeat_on's."""
     until = {"leased_until": now + timedelta(seconds=registry.settings.lease_s)}
+    kept: set[uuid.UUID] = set()
     for index, group in _by_engine(registry, batch).items():
         on_jobs = sorted(({"job_id": r.job_id, "lease_token": r.lease_token} for r in group if not r.off_schedule),
                          key=lambda row: row["job_id"])
         on_runs = sorted(({"run_id": r.run_id, "lease_token": r.lease_token} for r in group if r.off_schedule),
                          key=lambda row: row["run_id"])
-        with registry.engines[index].begin() as conn:
-            update_many(conn, jobs, on_jobs, match=("job_id", "lease_token"), constants=until)
-            update_many(conn, runs, on_runs, match=("run_id", "lease_token"), constants=until,
-                        where="runs.state = 'running'")
+        # A beat that cannot get through before the next one is due is left to that one.
+        job_ids, run_ids = retrying(
+            lambda engine=registry.engines[index], on_jobs=on_jobs, on_runs=on_runs: _heartbeat_on(
+                engine, on_jobs, on_runs, until),
+            f"heartbeat of {len(group)} runs", budget_s=registry.settings.heartbeat_s)
+        extended_jobs = set(job_ids)
+        kept.update(run_ids)
+        kept.update(r.run_id for r in group if not r.off_schedule and r.job_id in extended_jobs)
+    return kept
+
+
+def _heartbeat_on(engine, on_jobs: list[dict], on_runs: list[dict], until: dict) -> tuple[list, list]:
+    """One try of a heartbeat on one DSN. Schedule runs hold their lease on the job,
+    off-schedule runs on the run; each statement returns the leases it extended:
+
+    UPDATE jobs SET leased_until = :leased_until FROM jsonb_to_recordset(:rows) AS v(job_id uuid,
+    lease_token uuid) WHERE jobs.job_id = v.job_id AND jobs.lease_token = v.lease_token
+    RETURNING jobs.job_id;
+
+    UPDATE runs SET leased_until = :leased_until FROM jsonb_to_recordset(:rows) AS v(run_id uuid,
+    lease_token uuid) WHERE runs.run_id = v.run_id AND runs.lease_token = v.lease_token AND
+    runs.state = 'running' RETURNING runs.run_id;
+    """
+    with engine.begin() as conn:
+        job_ids = update_many(conn, jobs, on_jobs, match=("job_id", "lease_token"), constants=until,
+                              returning="job_id")
+        run_ids = update_many(conn, runs, on_runs, match=("run_id", "lease_token"), constants=until,
+                              where="runs.state = 'running'", returning="run_id")
+    return job_ids, run_ids

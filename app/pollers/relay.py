@@ -6,7 +6,9 @@ UPDATE. A crash between the claim's COMMIT and that UPDATE leaves runs unpublish
 `sweep` finds every unpublished `claimed` run whose due_at has passed (the claim's
 runs after the relay grace, triggered and replayed runs at once, off-schedule
 retries when their retry time comes) and publishes it (invariant 8). Publishing
-twice is harmless: starting a run is fenced (invariant 4).
+twice is harmless: starting a run is fenced (invariant 4), which is also why a
+publish or a mark that meets a transient broker or database failure is simply sent
+again (app.registry.transient).
 
 `send(shard, entries, eta)` is injected: in a worker it is the dispatch task's
 apply_async (with publisher confirms); tests pass a recorder. `eta` is None, or the
@@ -21,6 +23,7 @@ import sqlalchemy as sa
 
 from app import metrics
 from app.registry.bulk import key_in
+from app.registry.transient import retrying
 from app.registry.schema import jobs, runs
 from app.lifecycle.message import DispatchRun, to_messages
 from app.core.timefmt import utcnow
@@ -36,8 +39,13 @@ def publish_claimed(engine: sa.Engine, shard: int, claimed: Sequence[DispatchRun
     if not claimed:
         return 0
     sent = _send_all(shard, claimed, send)
-    with engine.begin() as conn:
-        conn.execute(_mark_published(conn, [run.run_id for run in claimed]))
+
+    def mark() -> None:
+        with engine.begin() as conn:
+            conn.execute(_mark_published(conn, [run.run_id for run in claimed]))
+    # Given up, the runs stay unpublished and the sweep sends them again after the
+    # relay grace: a duplicate message, whose start is fenced.
+    retrying(mark, f"marking {len(claimed)} runs published")
     return sent
 
 
@@ -83,7 +91,9 @@ def sweep(engine: sa.Engine, shard: int, now: datetime, send: Send, limit: int =
 def _send_all(shard: int, found: Sequence[DispatchRun], send: Send) -> int:
     messages = to_messages(found, utcnow())
     for eta, entries in messages:
-        send(shard, entries, eta)
+        # A broker that drops the connection is reconnected to by the send itself; a
+        # publish sent twice is a duplicate message, whose start is fenced.
+        retrying(lambda: send(shard, entries, eta), f"publishing {len(entries)} runs of shard {shard}")
     metrics.PUBLISHED.labels(str(shard)).inc(len(messages))
     return len(messages)
 

@@ -3,27 +3,46 @@
 The task only parses the batch and hands it to this process's Dispatcher
 (app.worker.engine), which starts the runs (fenced) and calls their targets on
 its own threads; the task returns once the runs are started, and the message is
-acknowledged then (acks_late, see celeryconfig). No autoretry: a task that raises
-is not retried by Celery; its runs come back through the lease and the janitor.
+acknowledged then (acks_late, see celeryconfig). No autoretry: the target call is
+never retried here (retries live in the registry).
+
+When the registry (or Redis) stays unreachable beyond the retry budget of the start
+(app.registry.transient), the task rejects its message with requeue: the broker
+hands it out again at once, to this worker or another, and the fenced start skips
+what was started already. Its runs do not wait for a lease. Any other failure is
+a bug, and the message is acknowledged (a poison message must not loop); its runs
+come back through the lease and the janitor.
 """
 from __future__ import annotations
 
 from datetime import datetime
 
 from celery import shared_task
+from celery.exceptions import Reject
+from celery.utils.log import get_task_logger
 
 from app.lifecycle.message import DispatchRun
 from app.logs import log_context
 from app.pollers.beat import DISPATCH_TASK
 from app.registry.sharding import queue_name
+from app.registry.transient import is_transient
 from app.worker.context import get_context
+
+log = get_task_logger("punctual.dispatch")
 
 
 @shared_task(name=DISPATCH_TASK, acks_late=True, ignore_result=True, max_retries=0)
 def dispatch(shard: int, runs: list[dict]) -> dict:
     batch = [DispatchRun.from_message(entry) for entry in runs]
     with log_context(shard=shard):
-        report = get_context().dispatcher.dispatch(batch)
+        try:
+            report = get_context().dispatcher.dispatch(batch)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            log.warning("dispatch of %d runs on shard %d gave its message back: %s", len(batch), shard,
+                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            raise Reject(exc, requeue=True) from exc
     return {"shard": shard, "started": report.started, "held": report.held, "stale": report.stale}
 
 

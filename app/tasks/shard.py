@@ -20,6 +20,7 @@ from app.logs import log_context
 from app.pollers import janitor, relay
 from app.pollers.beat import POLL_TASK, SWEEP_TASK
 from app.pollers.claim import claim_batch
+from app.registry.transient import retrying
 from app.settings import Settings
 from app.worker.context import get_context
 
@@ -29,7 +30,10 @@ def poll_shard(settings: Settings, engine, shard: int, send) -> dict:
     deadline = time.monotonic() + settings.poll_budget_s
     claimed = batches = 0
     while True:
-        result = claim_batch(engine, shard, utcnow(), settings)
+        # A claim that met a dropped connection is sent again (a new `now` each time);
+        # past the poll budget the tick gives up and the next one claims.
+        result = retrying(lambda: claim_batch(engine, shard, utcnow(), settings), f"claim on shard {shard}",
+                          budget_s=max(1.0, settings.poll_budget_s))
         relay.publish_claimed(engine, shard, result.runs, send)
         claimed += len(result.runs)
         batches += 1

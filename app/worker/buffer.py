@@ -5,8 +5,10 @@ Call threads `add` what they finished; one flusher thread hands the buffer to
 so a batch's fast calls are recorded without waiting for its slowest one, and the
 registry still sees one transaction per ~200 completions rather than one per run.
 
-A flush that fails (the database is away) keeps its items and is tried again after
-a pause; the runs stay in flight meanwhile, so their leases keep being extended.
+A flush that fails (the database is away) keeps its items and is tried again, soon
+at first (0.1 s, doubling to 2 s: app.registry.transient's pauses), for as long as
+it takes: an outcome has nowhere else to go. The runs stay in flight meanwhile, so
+their leases keep being extended once the database answers again.
 """
 from __future__ import annotations
 
@@ -15,10 +17,10 @@ import threading
 import time
 from typing import Callable, Generic, TypeVar
 
+from app.registry.transient import FIRST_PAUSE_S, MAX_PAUSE_S
+
 T = TypeVar("T")
 log = logging.getLogger("punctual.completion")
-
-RETRY_PAUSE_S = 1.0
 
 
 class CompletionBuffer(Generic[T]):
@@ -74,12 +76,14 @@ class CompletionBuffer(Generic[T]):
             items = self._take()
             if items is None:
                 return
+            pause = FIRST_PAUSE_S
             while True:
                 try:
                     self._flush(items)
                     break
                 except Exception:  # keep the items: their leases are still extended
-                    log.exception("completion flush of %d items failed; retrying", len(items))
-                    time.sleep(RETRY_PAUSE_S)
+                    log.exception("completion flush of %d items failed; retrying in %gs", len(items), pause)
+                    time.sleep(pause)
+                    pause = min(MAX_PAUSE_S, pause * 2)
             with self._cond:
                 self._busy = False
