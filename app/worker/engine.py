@@ -12,6 +12,16 @@
    PUNCTUAL_DISPATCH_THREADS threads, and dispatch returns. The calls finish in
    the background; their completions are written in batches by the completion
    buffer, and their leases extended by the heartbeat while they are in flight.
+4. lease check: right before its call, a thread makes sure the run's lease still
+   holds. The worker knows until when it does (from the start and from each
+   heartbeat that extended it); a run whose lease may have run out (the process was
+   stopped or starved) is renewed first with one fenced UPDATE, and a run that a
+   heartbeat or that renewal found taken back is not called at all, so a target
+   never gets an older attempt after a newer one.
+
+Transient registry and Redis failures of the admission and the start are retried in
+place (app.registry.transient); when they last beyond the retry budget the dispatch
+task gives its message back to the broker instead of sitting on its runs.
 
 Back-pressure: a semaphore of PUNCTUAL_DISPATCH_THREADS slots is taken before a run
 is started, so a busy process stops taking messages (prefetch 1) instead of
@@ -37,6 +47,7 @@ from app.lifecycle.completion import Finished, complete
 from app.worker.inflight import InFlight
 from app.lifecycle.message import DispatchRun, chunks
 from app.registry.engines import Registry
+from app.registry.transient import retrying
 from app.services.owners import OwnerDirectory
 from app.settings import Settings
 from app.worker.queue_publisher import QueueCall, QueuePublisher
@@ -54,10 +65,14 @@ class DispatchReport:
     stale: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Call:
     run: DispatchRun
     specs: list
+    # Until when (time.monotonic) the registry is known to hold this run's lease for
+    # us: set from the start, moved on by each heartbeat that extended it.
+    lease_until: float = 0.0
+    lost: bool = False  # a heartbeat found the token gone: the janitor took the run back
 
 
 class Dispatcher:
@@ -110,30 +125,54 @@ class Dispatcher:
         named_pairs = {(run.owner, key) for run in part if (key := named_key(run.target))}
         named = self.limit_keys.lookup_many(named_pairs) if named_pairs else None
         specs = [limit_specs(run.owner, run.target, settings, named) for run in part]
-        admissions = self.limiter.acquire_many(
+        admissions = retrying(lambda: self.limiter.acquire_many(
             [(spec, str(run.run_id)) for run, spec in zip(part, specs)], now, settings.lease_s
-        )
+        ), f"admission of {len(part)} runs")
         admitted = [_Call(run, spec) for run, spec, admission in zip(part, specs, admissions) if admission.admitted]
         held = [(run, admission.retry_instant()) for run, admission in zip(part, admissions) if not admission.admitted]
-        started_ids = lease.start(self.registry, [call.run for call in admitted], now) if admitted else set()
+        sent = time.monotonic()
+        try:
+            started_ids = lease.start(self.registry, [call.run for call in admitted], now) if admitted else set()
+        except Exception:  # the registry stayed away: the message goes back (app.tasks.dispatch)
+            self._release_quietly([(call.specs, str(call.run.run_id)) for call in admitted])
+            raise
         calls, stale = [], 0
         for call in admitted:
             if call.run.run_id in started_ids:
+                call.lease_until = sent + settings.lease_s
                 calls.append(call)
                 metrics.START_LATENESS.observe(max(0.0, (now - call.run.scheduled_for).total_seconds()))
                 metrics.RUNS_STARTED.labels(str(call.run.shard)).inc()
         unstarted = [(call.specs, str(call.run.run_id)) for call in admitted if call.run.run_id not in started_ids]
         if unstarted:  # a duplicated message, or a lease lost before the start: nothing is called
             stale = len(unstarted)
-            self.limiter.release_many(unstarted)
+            self._release_quietly(unstarted)
         if stale:
             metrics.STALE_COMPLETIONS.inc(stale)
         if held:
-            metrics.RUNS.labels("held").inc(lease.hold(self.registry, held, now))
+            try:
+                metrics.RUNS.labels("held").inc(lease.hold(self.registry, held, now))
+            except Exception:  # the started runs are called regardless; the held ones wait for their lease
+                log.exception("holding %d runs failed; their leases will bring them back", len(held))
         return calls, len(held), stale
+
+    def _release_quietly(self, slots: list) -> None:
+        try:
+            self.limiter.release_many(slots)
+        except Exception:  # a slot's lease runs out on its own
+            log.exception("releasing %d concurrency slots failed", len(slots))
 
     def _call(self, call: _Call) -> None:
         run = call.run
+        if not self._still_leased(call):
+            # The janitor took the run back (this process was stopped, or starved, past
+            # its lease) and another attempt may be under way: call nothing, record nothing.
+            self._slots.release()
+            self._inflight.pop_many([run.run_id])
+            self._release_quietly([(call.specs, str(run.run_id))])
+            metrics.STALE_COMPLETIONS.inc()
+            log.warning("run %s lost its lease before its call; not called", run.run_id)
+            return
         # Every line logged while this run is called (here, in the webhook caller, the
         # limiter, the libraries) names it (app.logs).
         with log_context(job_id=str(run.job_id), run_id=str(run.run_id), shard=run.shard, attempt=run.attempt,
@@ -147,6 +186,25 @@ class Dispatcher:
                 self._slots.release()
             log.debug("run %s called: status %s, error %s", run.run_id, outcome.status_code, outcome.error)
         self._buffer.add(Finished(run, outcome, utcnow()))
+
+    def _still_leased(self, call: _Call) -> bool:
+        """Whether this worker may still call `call`: its lease is known to hold for a
+        while yet, or a fenced renewal (one round trip, only for a run that waited
+        long) says it does."""
+        if call.lost:
+            return False
+        if time.monotonic() + self.settings.heartbeat_s < call.lease_until:
+            return True
+        sent = time.monotonic()
+        try:
+            kept = lease.heartbeat(self.registry, [call.run], utcnow())
+        except Exception:  # cannot tell: not calling is the side that keeps invariant 1
+            log.exception("renewing the lease of run %s before its call failed", call.run.run_id)
+            return False
+        if call.run.run_id not in kept:
+            return False
+        call.lease_until = sent + self.settings.lease_s
+        return True
 
     def _attempt(self, run: DispatchRun) -> CallOutcome:
         secret = self.owners.signing_secret(run.owner)
@@ -169,9 +227,14 @@ class Dispatcher:
             log.exception("releasing %d concurrency slots failed", len(calls))
 
     def _heartbeat(self, calls: list[_Call]) -> None:
-        lease.heartbeat(self.registry, [call.run for call in calls], utcnow())
-        self.limiter.renew_many([(call.specs, str(call.run.run_id)) for call in calls],
-                                        self.settings.lease_s)
+        sent = time.monotonic()
+        kept = lease.heartbeat(self.registry, [call.run for call in calls], utcnow())
+        for call in calls:
+            if call.run.run_id in kept:
+                call.lease_until = sent + self.settings.lease_s
+            else:  # taken back (or already completed): a call not yet made must not start
+                call.lost = True
+        self.limiter.renew_many([(call.specs, str(call.run.run_id)) for call in calls], self.settings.lease_s)
 
     def in_flight(self) -> int:
         return len(self._inflight)
