@@ -150,6 +150,19 @@ def is_missed(occurrence: Occurrence, now: datetime, grace_s: float) -> bool:
     return (now - occurrence.fire_at).total_seconds() > grace_s
 
 
+def skip_reason(policy: str, occurrence: Occurrence, now: datetime, grace_s: float) -> str:
+    """The `error` recorded on a skipped occurrence: the truth about why it did not run.
+
+    Missed: its claim came more than the grace after its fire instant. Otherwise it
+    was on time, and a later occurrence due at the same claim superseded it
+    (run_once and skip run the most recent one only; run_all skips only beyond its
+    cap, which is always a miss).
+    """
+    if policy == "run_all" or is_missed(occurrence, now, grace_s):
+        return f"missed occurrence (misfire policy {policy})"
+    return f"superseded by a later occurrence ({policy})"
+
+
 def parse_misfire(value: object) -> str:
     """The API's `misfire` field; None takes the default. Raises ValueError for a 422."""
     if value is None:

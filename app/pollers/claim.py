@@ -39,6 +39,7 @@ import sqlalchemy as sa
 
 from app import metrics
 from app.registry.bulk import insert_many, update_many
+from app.core.misfire import skip_reason
 from app.registry.records import Row, run_row
 from app.pollers.plan import ClaimPlan, plan_claim
 from app.registry.records import retry_of
@@ -131,7 +132,7 @@ def claim_batch(engine: sa.Engine, shard: int, now: datetime, settings: Settings
         rows = conn.execute(due_jobs(shard, horizon, limit, lock)).mappings().all()
         for job in rows:
             plan = plan_claim(job, now, settings.misfire_grace_s)
-            new_runs.extend(_skipped_rows(job, plan, now))
+            new_runs.extend(_skipped_rows(job, plan, now, settings.misfire_grace_s))
             skipped_count += len(plan.skipped) + plan.unrecorded_skips
             if plan.run is None:
                 moved.append(_move_params(job, plan))
@@ -194,11 +195,11 @@ def _move_params(job: Row, plan: ClaimPlan) -> dict:
     }
 
 
-def _skipped_rows(job: Row, plan: ClaimPlan, now: datetime) -> list[dict]:
+def _skipped_rows(job: Row, plan: ClaimPlan, now: datetime, grace_s: float) -> list[dict]:
     rows = []
     for skipped in plan.skipped:
         row = _run_row(job, skipped.nominal, 1, "skipped", now)
-        row.update(published=True, finished_at=now, error=f"missed occurrence (misfire policy {job['misfire']})")
+        row.update(published=True, finished_at=now, error=skip_reason(job["misfire"], skipped, now, grace_s))
         rows.append(row)
     return rows
 

@@ -17,6 +17,7 @@ from app.core.misfire import (
     find_backlog,
     is_missed,
     parse_misfire,
+    skip_reason,
 )
 from app.core.schedules import DstPolicy, Schedule
 from app.core.timefmt import parse_instant
@@ -285,3 +286,24 @@ def test_run_all_never_runs_past_a_hole_in_a_truncated_backlog():
     backlog = Backlog(oldest=tuple(occ(k) for k in range(5)), latest=occ(9), truncated=True, count=10)
     decision = decide_misfire("run_all", backlog, at(9), GRACE_S, cap=1000)
     assert (ks(decision.run), ks(decision.skipped), decision.unrecorded_skips) == ([0, 1, 2, 3, 4], [9], 4)
+
+
+# -- skip reasons: the recorded error says why an occurrence did not run -------------------
+
+def test_an_occurrence_inside_the_grace_was_superseded_not_missed():
+    two_s_job = Occurrence(Z("2026-06-01T00:00:02Z"), Z("2026-06-01T00:00:02Z"))
+    now = Z("2026-06-01T00:00:12Z")  # claimed 10 s late, behind a burst: inside the 60 s grace
+    assert skip_reason("run_once", two_s_job, now, GRACE_S) == "superseded by a later occurrence (run_once)"
+    assert skip_reason("skip", two_s_job, now, GRACE_S) == "superseded by a later occurrence (skip)"
+
+
+def test_an_occurrence_past_the_grace_was_missed():
+    old = Occurrence(at(0), at(0))
+    assert skip_reason("run_once", old, at(0) + timedelta(seconds=GRACE_S + 1), GRACE_S) == (
+        "missed occurrence (misfire policy run_once)")
+    # Exactly at the grace is still on time (is_missed is strictly after it).
+    assert skip_reason("run_once", old, at(0) + timedelta(seconds=GRACE_S), GRACE_S).startswith("superseded")
+
+
+def test_run_all_skips_only_beyond_its_cap_which_is_a_miss():
+    assert skip_reason("run_all", Occurrence(at(0), at(0)), at(0), GRACE_S) == "missed occurrence (misfire policy run_all)"
