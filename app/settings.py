@@ -30,8 +30,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("PUNCTUAL_BROKER_URL", "", "Celery broker (default: embedded filesystem transport under PUNCTUAL_DATA_DIR)"),
     Variable("PUNCTUAL_REDIS_URL", "", "Redis for rate limits and concurrency caps (default: in-process)"),
     Variable("PUNCTUAL_POLL_INTERVAL_S", "1", "how often beat asks each shard's poller to claim"),
-    Variable("PUNCTUAL_LEASE_S", "60", "claim lease"),
-    Variable("PUNCTUAL_HEARTBEAT_S", "20", "lease extension interval while a call is in flight"),
+    Variable("PUNCTUAL_LEASE_S", "20", "lease of a run in flight, renewed by the heartbeat; a claimed run may wait 3 leases to start"),
+    Variable("PUNCTUAL_HEARTBEAT_S", "5", "lease extension interval while a call is in flight"),
     Variable("PUNCTUAL_MISFIRE_GRACE_S", "60", "lateness after which an occurrence counts as missed"),
     Variable("PUNCTUAL_ALLOW_PRIVATE_TARGETS", "0", "allow loopback/private target addresses"),
     Variable("PUNCTUAL_TARGET_RATE_PER_S", "0", "default per-target rate limit (0 = none)"),
@@ -113,8 +113,8 @@ class Settings:
     broker_url: str = ""
     redis_url: str = ""
     poll_interval_s: float = 1.0
-    lease_s: float = 60.0
-    heartbeat_s: float = 20.0
+    lease_s: float = 20.0
+    heartbeat_s: float = 5.0
     misfire_grace_s: float = 60.0
     allow_private_targets: bool = False
     target_rate_per_s: float = 0.0

@@ -11,7 +11,7 @@ It is a range scan of the partial index ix_jobs_due (shard, next_run_at) WHERE
 state = 'scheduled' (invariant 5). In the same transaction every row gets its plan
 (app.pollers.plan, misfires included) and the writes are batched (app.registry.bulk: one
 statement each, whatever the batch size): one UPDATE for the claimed jobs (state
-running, a new lease_token each, leased_until = fire instant + lease_s), one for
+running, a new lease_token each, leased_until = fire instant + queued_lease_s), one for
 jobs whose misfire ran nothing, one INSERT of run rows (the outbox, published =
 false). Then COMMIT; the relay publishes.
 
@@ -59,6 +59,20 @@ def due_jobs(shard: int, horizon: datetime, limit: int, lock: bool = True) -> sa
         .limit(limit)
     )
     return stmt.with_for_update(skip_locked=True) if lock else stmt
+
+
+# A claimed run waits in the broker for up to this many leases before the janitor
+# takes it back. It has not been called (a start comes before every call), so taking
+# it back early would only send it again behind itself under a long backlog; once it
+# starts, its lease is PUNCTUAL_LEASE_S, renewed by the heartbeat. A message lost
+# with its worker is handed on by the broker, not by this lease.
+QUEUED_LEASES = 3
+
+
+def queued_lease_s(settings: Settings) -> float:
+    """How long a claimed run may wait to start (from its fire instant) before its
+    lease expires: QUEUED_LEASES x PUNCTUAL_LEASE_S (60 s with the default 20 s)."""
+    return settings.lease_s * QUEUED_LEASES
 
 
 def relay_grace_s(settings: Settings) -> float:
@@ -121,7 +135,7 @@ def claim_batch(engine: sa.Engine, shard: int, now: datetime, settings: Settings
     limit = limit or settings.claim_batch
     lock = locks_rows(engine)
     horizon = now + timedelta(seconds=settings.claim_ahead_s)
-    lease = timedelta(seconds=settings.lease_s)
+    lease = timedelta(seconds=queued_lease_s(settings))
     due_at = now + timedelta(seconds=relay_grace_s(settings))
     claimed: list[dict] = []
     moved: list[dict] = []

@@ -39,7 +39,8 @@ def test_the_janitor_sweeps_on_a_slower_beat():
     s = settings(PUNCTUAL_POLL_INTERVAL_S="0.25", PUNCTUAL_LEASE_S="3", PUNCTUAL_HEARTBEAT_S="1")
     sweeps = [v for v in beat_schedule(s).values() if v["task"] == SWEEP_TASK]
     assert len(sweeps) == 16 and all(v["schedule"] == timedelta(seconds=1) for v in sweeps)
-    assert sweep_interval_s(settings()) == 15.0  # a 60 s lease: every 15 s
+    assert sweep_interval_s(settings()) == 20 / 3  # the default 20 s lease: every 6.7 s
+    assert sweep_interval_s(settings(PUNCTUAL_LEASE_S="60")) == 15.0  # a 60 s lease: every 15 s
     assert sweep_interval_s(settings(PUNCTUAL_POLL_INTERVAL_S="30")) == 30.0  # never faster than polls
 
 

@@ -14,8 +14,8 @@ def test_defaults_match_the_contract_table():
     settings = Settings.from_env({})
     assert settings.shards == 16
     assert settings.poll_interval_s == 1
-    assert settings.lease_s == 60
-    assert settings.heartbeat_s == 20
+    assert settings.lease_s == 20
+    assert settings.heartbeat_s == 5
     assert settings.misfire_grace_s == 60
     assert settings.allow_private_targets is False
     assert settings.target_rate_per_s == 0
@@ -76,8 +76,8 @@ def test_help_lists_every_variable_of_the_contract_with_its_default():
         "PUNCTUAL_BROKER_URL": None,
         "PUNCTUAL_REDIS_URL": None,
         "PUNCTUAL_POLL_INTERVAL_S": "1",
-        "PUNCTUAL_LEASE_S": "60",
-        "PUNCTUAL_HEARTBEAT_S": "20",
+        "PUNCTUAL_LEASE_S": "20",
+        "PUNCTUAL_HEARTBEAT_S": "5",
         "PUNCTUAL_MISFIRE_GRACE_S": "60",
         "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "0",
         "PUNCTUAL_TARGET_RATE_PER_S": "0",
