@@ -38,6 +38,12 @@ else:
     # RabbitMQ an unacked message comes back when its consumer's channel closes.)
     broker_transport_options = {"confirm_publish": True}
 broker_connection_retry_on_startup = True
+# AMQP heartbeats every 10 s: RabbitMQ closes the connection of a worker it has not
+# heard from for two of them (a partition, a frozen host) and hands the messages that
+# worker held unacknowledged to another one within ~20 s, instead of after the
+# default 120 s heartbeat's 4 minutes. Beats come from the worker's main process,
+# which does no calls, so a busy worker still sends them.
+broker_heartbeat = 10
 
 # JSON only: nothing on the broker is code, and every message is readable by hand.
 task_serializer = "json"

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from tests.e2e.processes import Proc, start_beat, start_worker, wait_ready
+from tests.e2e.processes import CELERY, Proc, start_beat, start_worker, wait_ready
 from tests.faults.verdict import RunRow, Verdict, calls_from_headers, judge
 from tests.sink import Answer, Sink
 
@@ -39,6 +39,7 @@ from tests.sink import Answer, Sink
 # never called is called within GOAL_S, within GOAL_DB_S for the database faults.
 GOAL_S = 20.0
 GOAL_DB_S = 10.0
+_SERVICE_URLS = ("PUNCTUAL_DATABASE_URLS", "PUNCTUAL_BROKER_URL", "PUNCTUAL_REDIS_URL")
 # A dead (or stopped) worker's runs whose call may have gone out wait for their
 # lease: with the shipped PUNCTUAL_LEASE_S and the janitor's sweep, less than this.
 DEAD_WORKER_WAIT_S = 30.0
@@ -87,7 +88,8 @@ def _epoch(at: datetime) -> float:
 
 class FaultStack:
     def __init__(self, env: dict[str, str], log_dir: Path, pg_admin, workers: int = 2, concurrency: int = 2,
-                 with_api: bool = False):
+                 with_api: bool = False, partitioned: bool = False):
+        """`partitioned`: worker 0 runs in its own network namespace (tests/faults/netns.py)."""
         from app.registry.engines import registry_for
         from app.settings import Settings
 
@@ -106,6 +108,9 @@ class FaultStack:
         self.retired: list[Proc] = []
         self.sink = Sink()
         self.one_off_ids: list[str] = []
+        self.partitioned = partitioned
+        self.partition = None
+        self.target_host = "127.0.0.1"
         self.owner = f"faults-{uuid.uuid4().hex[:6]}"
         self._generation = 0
 
@@ -116,6 +121,12 @@ class FaultStack:
 
         key = create_key(self.registry, self.owner)
         self.api_key = key.api_key
+        if self.partitioned:
+            from tests.faults.netns import Partition
+
+            sink_port = int(self.sink.base_url.rsplit(":", 1)[1])
+            self.partition = Partition([5432, 5672, 6379, sink_port]).__enter__()
+            self.target_host = self.partition.host_ip  # both workers reach the sink there
         self.workers = [self._worker(i) for i in range(self.worker_count)]
         self.beats = [start_beat(self.env, self.log_dir)]
         if self.with_api:
@@ -134,6 +145,8 @@ class FaultStack:
             except (ProcessLookupError, PermissionError):
                 pass
             proc.stop(10)
+        if self.partition is not None:
+            self.partition.__exit__(None, None, None)
         self.sink.close()
 
     @property
@@ -145,8 +158,21 @@ class FaultStack:
 
     def _worker(self, index: int) -> Proc:
         self._generation += 1
-        return start_worker(self.env, self.log_dir, name=f"worker{index}-{self._generation}",
-                            concurrency=self.concurrency)
+        name = f"worker{index}-{self._generation}"
+        if index == 0 and self.partition is not None:
+            return self._worker_in_namespace(name)
+        return start_worker(self.env, self.log_dir, name=name, concurrency=self.concurrency)
+
+    def _worker_in_namespace(self, name: str) -> Proc:
+        """`celery worker` as start_worker runs it, inside the namespace, reaching every
+        service through the host end of the veth pair."""
+        host = self.partition.host_ip
+        env = {k: v.replace("127.0.0.1", host) if k in _SERVICE_URLS else v for k, v in self.env.items()}
+        queues = ",".join(f"shard-{s:02d}" for s in range(self.settings.shards))
+        argv = [*self.partition.exec_prefix, CELERY, "-A", "app", "worker", "-Q", queues, "-c", str(self.concurrency),
+                "-n", f"{name}@%h", "--loglevel", "WARNING", "--without-gossip", "--without-mingle",
+                "--without-heartbeat"]
+        return Proc(name, argv, env, self.log_dir)
 
     def restart_worker(self, index: int) -> None:
         self.retired.append(self.workers[index])
@@ -186,13 +212,17 @@ class FaultStack:
     def logs(self, lines: int = 15) -> str:
         return "\n".join(f"--- {p.name}\n{p.tail(lines)}" for p in self.processes() + self.retired)
 
+    def url(self, path: str) -> str:
+        """The sink's URL as the workers call it."""
+        return self.sink.url(path).replace("127.0.0.1", self.target_host)
+
     # -- the load -----------------------------------------------------------------------
 
     def _write_load(self, load: Load, t0: datetime) -> tuple[dict[str, float], list[str]]:
         from tests.rows import insert_jobs, job_row, webhook_target
 
         shards = self.settings.shards
-        once = webhook_target(self.sink.url("/once"))
+        once = webhook_target(self.url("/once"))
         rows, due = [], {}
         if not load.via_api:
             for i in range(load.one_offs):
@@ -200,7 +230,7 @@ class FaultStack:
                 row = job_row(shards, owner=self.owner, target=once, run_at=at, payload={"n": i}, name=f"once-{i}")
                 rows.append(row)
                 due[str(row["job_id"])] = _epoch(at)
-        every = webhook_target(self.sink.url("/every"))
+        every = webhook_target(self.url("/every"))
         recurring = []
         for i in range(load.recurring):
             row = job_row(shards, owner=self.owner, target=every, interval_s=load.every_s, first=t0,
@@ -220,7 +250,7 @@ class FaultStack:
         headers = {"Authorization": f"Bearer {self.api_key}"}
         for i in range(load.one_offs):
             at = t0 + timedelta(seconds=load.spread_s * i / max(1, load.one_offs))
-            body = {"name": f"once-{i}", "target": {"type": "webhook", "url": self.sink.url("/once")},
+            body = {"name": f"once-{i}", "target": {"type": "webhook", "url": self.url("/once")},
                     "payload": {"n": i}, "schedule": {"run_at": format_instant(at)}}
             while True:
                 try:

@@ -208,3 +208,12 @@ def pause_redis(at_s: float = 1.5, pause_s: float = 4.0) -> Fault:
     return Fault(f"Redis paused (CLIENT PAUSE) for {pause_s:g}s", at_s, pause_s,
                  inject=lambda stack: _redis("CLIENT", "PAUSE", str(int(pause_s * 1000)), "ALL"),
                  heal=lambda stack: _redis("CLIENT", "UNPAUSE"))
+
+
+# -- the network ----------------------------------------------------------------------------
+
+def partition_worker(at_s: float = 1.5, cut_s: float = 30.0) -> Fault:
+    """Worker 0 (in its own network namespace) cut off from Postgres, RabbitMQ, Redis
+    and the target: the link drops every packet, nothing is reset."""
+    return Fault(f"worker 0 cut off from the network for {cut_s:g}s", at_s, cut_s,
+                 inject=lambda stack: stack.partition.cut(), heal=lambda stack: stack.partition.mend())
