@@ -71,7 +71,8 @@ def is_transient(exc: BaseException) -> bool:
     programming errors are not transient: sending them again fails again.
     """
     if isinstance(exc, sa_exc.DBAPIError):
-        return bool(exc.connection_invalidated) or isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError))
+        return bool(exc.connection_invalidated) or isinstance(
+            exc, (sa_exc.OperationalError, sa_exc.InterfaceError))
     if isinstance(exc, (sa_exc.TimeoutError, sa_exc.DisconnectionError)):
         return True
     return isinstance(exc, _OTHER_TRANSIENT)

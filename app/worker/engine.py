@@ -132,7 +132,7 @@ class Dispatcher:
         held = [(run, admission.retry_instant()) for run, admission in zip(part, admissions) if not admission.admitted]
         sent = time.monotonic()
         try:
-            started_ids = lease.start(self.registry, [call.run for call in admitted], now) if admitted else set()
+            started_ids = lease.start(self.registry, [c.run for c in admitted], now) if admitted else set()
         except Exception:  # the registry stayed away: the message goes back (app.tasks.dispatch)
             self._release_quietly([(call.specs, str(call.run.run_id)) for call in admitted])
             raise

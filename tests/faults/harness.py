@@ -169,9 +169,9 @@ class FaultStack:
         host = self.partition.host_ip
         env = {k: v.replace("127.0.0.1", host) if k in _SERVICE_URLS else v for k, v in self.env.items()}
         queues = ",".join(f"shard-{s:02d}" for s in range(self.settings.shards))
-        argv = [*self.partition.exec_prefix, CELERY, "-A", "app", "worker", "-Q", queues, "-c", str(self.concurrency),
-                "-n", f"{name}@%h", "--loglevel", "WARNING", "--without-gossip", "--without-mingle",
-                "--without-heartbeat"]
+        argv = [*self.partition.exec_prefix, CELERY, "-A", "app", "worker", "-Q", queues,
+                "-c", str(self.concurrency), "-n", f"{name}@%h", "--loglevel", "WARNING", "--without-gossip",
+                "--without-mingle", "--without-heartbeat"]
         return Proc(name, argv, env, self.log_dir)
 
     def restart_worker(self, index: int) -> None:
@@ -191,14 +191,16 @@ class FaultStack:
 
         port = free_port()
         self.api_url = f"http://127.0.0.1:{port}"
-        argv = [sys.executable, "-m", "app.cli", "api", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+        argv = [sys.executable, "-m", "app.cli", "api", "--host", "127.0.0.1", "--port", str(port),
+                "--workers", "1"]
         return Proc(f"api-{port}", argv, self.env, self.log_dir)
 
     def _wait_api(self, timeout_s: float = 30.0) -> None:
         import requests
 
         from tests.faults.injectors import wait_until
-        wait_until(lambda: requests.get(self.api_url + "/healthz", timeout=2).status_code == 200, timeout_s, "the API")
+        wait_until(lambda: requests.get(self.api_url + "/healthz", timeout=2).status_code == 200, timeout_s,
+                   "the API")
 
     def restart_api(self) -> None:
         self.retired.append(self.api)
@@ -227,7 +229,8 @@ class FaultStack:
         if not load.via_api:
             for i in range(load.one_offs):
                 at = t0 + timedelta(seconds=load.spread_s * i / max(1, load.one_offs))
-                row = job_row(shards, owner=self.owner, target=once, run_at=at, payload={"n": i}, name=f"once-{i}")
+                row = job_row(shards, owner=self.owner, target=once, run_at=at, payload={"n": i},
+                              name=f"once-{i}")
                 rows.append(row)
                 due[str(row["job_id"])] = _epoch(at)
         every = webhook_target(self.url("/every"))
@@ -333,10 +336,12 @@ class FaultStack:
         rows, completed = [], []
         for engine in self.registry.engines:
             with engine.connect() as conn:
-                for r in conn.execute(sa.select(runs.c.job_id, runs.c.scheduled_for, runs.c.attempt, runs.c.state,
-                                                runs.c.error, runs.c.finished_at).where(runs.c.owner == self.owner)):
-                    rows.append(RunRow(str(r.job_id), format_instant(r.scheduled_for), r.attempt, r.state, r.error,
-                                       r.finished_at.timestamp() if r.finished_at else None))
+                query = sa.select(runs.c.job_id, runs.c.scheduled_for, runs.c.attempt, runs.c.state,
+                                  runs.c.error, runs.c.finished_at).where(runs.c.owner == self.owner)
+                for r in conn.execute(query):
+                    finished = r.finished_at.timestamp() if r.finished_at else None
+                    rows.append(RunRow(str(r.job_id), format_instant(r.scheduled_for), r.attempt, r.state,
+                                       r.error, finished))
                 completed += [str(j) for j in conn.execute(sa.select(jobs.c.job_id).where(
                     jobs.c.owner == self.owner, jobs.c.state == "completed")).scalars()]
         return rows, completed

@@ -153,14 +153,15 @@ def stop_rabbitmq(at_s: float = 2.0, down_s: float = 8.0) -> Fault:
     def heal(stack):
         subprocess.run(["rabbitmqctl", "-q", "start_app"], check=True, capture_output=True, timeout=120)
         wait_until(_rabbit_up, 60, "RabbitMQ")
-    return Fault(f"RabbitMQ stopped for {down_s:g}s (stop_app / start_app)", at_s, down_s, inject=inject, heal=heal)
+    return Fault(f"RabbitMQ stopped for {down_s:g}s (stop_app / start_app)", at_s, down_s,
+                 inject=inject, heal=heal)
 
 
 # -- Redis --------------------------------------------------------------------------------
 
 def _redis(*args: str) -> str:
-    return subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", "6379", *args], capture_output=True, text=True,
-                          check=True, timeout=10).stdout
+    return subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", "6379", *args], capture_output=True,
+                          text=True, check=True, timeout=10).stdout
 
 
 def _descendants(roots: list[int]) -> set[int]:

@@ -59,9 +59,9 @@ class Partition:
             _ip("netns", "exec", self.netns, "ip", "link", "set", self.ns_if, "up")
             _ip("netns", "exec", self.netns, "ip", "link", "set", "lo", "up")
             for port in self.ports:
-                self._forwarders.append(subprocess.Popen(
-                    ["socat", f"TCP-LISTEN:{port},bind={self.host_ip},fork,reuseaddr", f"TCP:127.0.0.1:{port}"],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                listen = f"TCP-LISTEN:{port},bind={self.host_ip},fork,reuseaddr"
+                quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+                self._forwarders.append(subprocess.Popen(["socat", listen, f"TCP:127.0.0.1:{port}"], **quiet))
             time.sleep(0.3)
         except BaseException:
             self.__exit__(None, None, None)

@@ -75,10 +75,10 @@ class Verdict:
             "unexplained_duplicates": len(self.unexplained),
             "attempt_inversions": self.inversions,
             "lease_expired": self.lease_expired,
-            "last_one_off_call_s": None if self.last_first_call_s is None else round(self.last_first_call_s, 1),
+            "last_one_off_call_s": _rounded(self.last_first_call_s),
             "recovery_s": round(self.recovery_s, 1),
-            "last_settled_s": None if self.last_settled_s is None else round(self.last_settled_s, 1),
-            "recurring_max_gap_s": None if self.recurring_max_gap_s is None else round(self.recurring_max_gap_s, 1),
+            "last_settled_s": _rounded(self.last_settled_s),
+            "recurring_max_gap_s": _rounded(self.recurring_max_gap_s),
             "skipped_missed": self.skipped_missed,
             "skipped_superseded": self.skipped_superseded,
         }
@@ -89,6 +89,10 @@ class Verdict:
             lines.append(f"lost jobs (first 5): {self.lost[:5]}")
         lines.extend(self.unexplained[:10])
         return "; ".join(lines)
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
 
 
 def split_key(key: str) -> tuple[str, str]:
@@ -117,7 +121,8 @@ def judge(
     verdict.calls = sum(len(v) for v in by_key.values())
     verdict.lease_expired = sum(1 for r in run_rows if (r.error or "").startswith(LEASE_EXPIRED))
     verdict.skipped_missed = sum(1 for r in run_rows if r.state == "skipped" and "missed" in (r.error or ""))
-    verdict.skipped_superseded = sum(1 for r in run_rows if r.state == "skipped" and "superseded" in (r.error or ""))
+    verdict.skipped_superseded = sum(1 for r in run_rows
+                                     if r.state == "skipped" and "superseded" in (r.error or ""))
 
     for key, seen in by_key.items():
         job_id, scheduled_for = split_key(key)

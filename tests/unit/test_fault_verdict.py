@@ -15,7 +15,8 @@ def key(job: str) -> str:
 
 def test_each_one_off_called_once_is_clean():
     verdict = judge([Call(key(A), 1, T + 0.5), Call(key(B), 1, T + 1.0)],
-                    [RunRow(A, AT, 1, "succeeded", None, T + 0.6), RunRow(B, AT, 1, "succeeded", None, T + 1.1)],
+                    [RunRow(A, AT, 1, "succeeded", None, T + 0.6),
+                     RunRow(B, AT, 1, "succeeded", None, T + 1.1)],
                     {A: T, B: T}, [], [A, B], T, None)
     assert verdict.ok and verdict.duplicates == 0 and verdict.lost == []
     assert verdict.last_first_call_s == 1.0 and round(verdict.last_settled_s, 1) == 1.1

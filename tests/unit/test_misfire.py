@@ -306,4 +306,5 @@ def test_an_occurrence_past_the_grace_was_missed():
 
 
 def test_run_all_skips_only_beyond_its_cap_which_is_a_miss():
-    assert skip_reason("run_all", Occurrence(at(0), at(0)), at(0), GRACE_S) == "missed occurrence (misfire policy run_all)"
+    reason = skip_reason("run_all", Occurrence(at(0), at(0)), at(0), GRACE_S)
+    assert reason == "missed occurrence (misfire policy run_all)"

@@ -20,7 +20,7 @@ class _Clock:
         return self.now
 
 
-def operational(message: str = "terminating connection due to administrator command") -> sa_exc.OperationalError:
+def operational(message: str = "terminating connection due to administrator command"):
     return sa_exc.OperationalError("UPDATE runs ...", {}, Exception(message))
 
 
