@@ -16,8 +16,11 @@
    holds. The worker knows until when it does (from the start and from each
    heartbeat that extended it); a run whose lease may have run out (the process was
    stopped or starved) is renewed first with one fenced UPDATE, and a run that a
-   heartbeat or that renewal found taken back is not called at all, so a target
-   never gets an older attempt after a newer one.
+   heartbeat or that renewal found taken back is not called at all. The webhook
+   caller asks once more (in memory, no round trip) as the request is about to go
+   out, after its headers are built and signed, so a process stopped in between
+   sends nothing stale either: a target does not get an older attempt after a
+   newer one.
 
 Transient registry and Redis failures of the admission and the start are retried in
 place (app.registry.transient); when they last beyond the retry budget the dispatch
@@ -51,7 +54,7 @@ from app.registry.transient import retrying
 from app.services.owners import OwnerDirectory
 from app.settings import Settings
 from app.worker.queue_publisher import QueueCall, QueuePublisher
-from app.worker.webhook import WebhookCall, WebhookCaller
+from app.worker.webhook import NotSent, WebhookCall, WebhookCaller
 from app.core.timefmt import utcnow
 from app.logs import log_context
 
@@ -165,20 +168,18 @@ class Dispatcher:
     def _call(self, call: _Call) -> None:
         run = call.run
         if not self._still_leased(call):
-            # The janitor took the run back (this process was stopped, or starved, past
-            # its lease) and another attempt may be under way: call nothing, record nothing.
             self._slots.release()
-            self._inflight.pop_many([run.run_id])
-            self._release_quietly([(call.specs, str(run.run_id))])
-            metrics.STALE_COMPLETIONS.inc()
-            log.warning("run %s lost its lease before its call; not called", run.run_id)
+            self._withdraw(call)
             return
         # Every line logged while this run is called (here, in the webhook caller, the
         # limiter, the libraries) names it (app.logs).
         with log_context(job_id=str(run.job_id), run_id=str(run.run_id), shard=run.shard, attempt=run.attempt,
                          owner=run.owner):
             try:
-                outcome = self._attempt(run)
+                outcome = self._attempt(call)
+            except NotSent:  # the process stalled between the check and the request (slot: finally)
+                self._withdraw(call)
+                return
             except Exception as exc:  # a bug here must still settle the run, as a retryable failure
                 log.exception("call of run %s failed", run.run_id)
                 outcome = CallOutcome(error=f"internal error: {type(exc).__name__}: {exc}")
@@ -186,6 +187,15 @@ class Dispatcher:
                 self._slots.release()
             log.debug("run %s called: status %s, error %s", run.run_id, outcome.status_code, outcome.error)
         self._buffer.add(Finished(run, outcome, utcnow()))
+
+    def _withdraw(self, call: _Call) -> None:
+        """The janitor took the run back (this process was stopped, or starved, past its
+        lease) and another attempt may be under way: call nothing, record nothing. (The
+        caller gives back the thread slot.)"""
+        self._inflight.pop_many([call.run.run_id])
+        self._release_quietly([(call.specs, str(call.run.run_id))])
+        metrics.STALE_COMPLETIONS.inc()
+        log.warning("run %s lost its lease before its call; not called", call.run.run_id)
 
     def _still_leased(self, call: _Call) -> bool:
         """Whether this worker may still call `call`: its lease is known to hold for a
@@ -206,7 +216,8 @@ class Dispatcher:
         call.lease_until = sent + self.settings.lease_s
         return True
 
-    def _attempt(self, run: DispatchRun) -> CallOutcome:
+    def _attempt(self, call: _Call) -> CallOutcome:
+        run = call.run
         secret = self.owners.signing_secret(run.owner)
         if secret is None:
             return CallOutcome(error=f"owner {run.owner!r} has no signing secret", retryable_error=False)
@@ -215,7 +226,10 @@ class Dispatcher:
                 QueueCall(str(run.job_id), run.scheduled_for, run.attempt, run.target["topic"], run.payload, secret)
             )
         return self.webhooks.call(
-            WebhookCall(str(run.job_id), run.scheduled_for, run.attempt, run.target, run.payload, secret)
+            WebhookCall(str(run.job_id), run.scheduled_for, run.attempt, run.target, run.payload, secret,
+                        # No round trip here: only whether the lease known at the check
+                        # still runs, as the request is about to go out.
+                        may_send=lambda: not call.lost and time.monotonic() < call.lease_until)
         )
 
     def _flush(self, items: list[Finished]) -> None:

@@ -19,7 +19,7 @@ import re
 import socket
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Callable
 
 import urllib3
 from urllib3.connection import HTTPConnection, HTTPSConnection
@@ -31,7 +31,7 @@ from app.services.addresses import PrivateAddress, is_public_address
 from app.core.retries import CallOutcome
 from app.core.delivery import delivery_headers, encode_payload, is_reserved_header
 
-__all__ = ["WebhookCall", "WebhookCaller", "PrivatePeer"]
+__all__ = ["WebhookCall", "WebhookCaller", "PrivatePeer", "NotSent"]
 
 # Methods that send no body, no Content-Type, and sign the empty string (docs/api.md).
 _BODYLESS = frozenset({"GET", "DELETE"})
@@ -55,6 +55,13 @@ class WebhookCall:
     target: dict  # {"url", "method"?, "headers"?, "timeout_s"?, "limits"?}
     payload: Any
     signing_secret: str
+    # Asked once more right before the request goes out (after the headers are built
+    # and signed): False withdraws the call (NotSent) -- the run's lease may be gone.
+    may_send: Callable[[], bool] | None = None
+
+
+class NotSent(Exception):
+    """The call was withdrawn before a byte of it was sent (WebhookCall.may_send)."""
 
 
 class PrivatePeer(PrivateAddress):
@@ -126,6 +133,8 @@ class WebhookCaller:
         url = target.get("url") or ""
         if not url.lower().startswith(("http://", "https://")):
             return CallOutcome(error=f"invalid request: {url!r} is not an http(s) URL", retryable_error=False)
+        if call.may_send is not None and not call.may_send():
+            raise NotSent(f"call of job {call.job_id} attempt {call.attempt} withdrawn")
         try:
             response = self._pool.request(
                 method,

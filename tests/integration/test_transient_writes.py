@@ -130,3 +130,22 @@ def test_a_run_whose_lease_may_have_run_out_is_called_only_if_a_renewal_finds_it
         assert not dispatcher._still_leased(fresh)
     finally:
         context.close(2)
+
+
+def test_a_call_withdrawn_as_it_is_about_to_go_out_sends_nothing():
+    from app.worker.webhook import NotSent, WebhookCall, WebhookCaller
+    from tests.sink import Sink
+
+    sink, caller = Sink(), WebhookCaller(allow_private=True)
+    try:
+        def call(may_send):
+            return caller.call(WebhookCall("j", utcnow(), 1, webhook_target(sink.url("/w")), {"n": 1}, "s3cret",
+                                           may_send=may_send))
+
+        with pytest.raises(NotSent):
+            call(lambda: False)
+        assert call(lambda: True).status_code == 200
+        assert len(sink.calls("/w")) == 1
+    finally:
+        caller.close()
+        sink.close()
