@@ -22,6 +22,7 @@ start's `now` to the microsecond, and its token.
 """
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections import defaultdict
 from datetime import datetime, timedelta
@@ -66,7 +67,7 @@ def start(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -> se
             # Off-schedule runs hold their own lease; schedule runs' lease is the job's.
             "leased_until": until if run.off_schedule else None,
         } for run in group]
-        tries = iter(range(1 << 30))
+        tries = itertools.count()
         started.update(retrying(
             lambda engine=registry.engines[index], on_jobs=on_jobs, rows=rows: _start_on(
                 engine, on_jobs, rows, until, now, retried=next(tries) > 0),

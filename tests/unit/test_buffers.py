@@ -30,7 +30,7 @@ def test_a_full_buffer_flushes_in_one_batch():
     assert [len(batch) for batch in flushed] == [10]
 
 
-def test_a_failed_flush_keeps_its_items_and_is_tried_again_soon():
+def test_a_failed_flush_keeps_its_items():
     calls: list[list] = []
 
     def flaky(items):
