@@ -69,6 +69,7 @@ def run_one(name: str, jobs: int, recurring: int, workers: int, env: dict[str, s
             settings.pop("database_urls", None)
         row = outcome.row()
         row["scenario"] = name
+        row["unexplained"] = outcome.verdict.unexplained[:20]
         row["settings"] = settings
         row["logs"] = str(log_dir)
         return row
