@@ -100,6 +100,28 @@ def cut_postgres_connections(at_s: float = 1.5, again_after_s: float = 3.0) -> F
                  inject=terminate_backends, again_after_s=again_after_s)
 
 
+def refuse_connections(at_s: float = 1.5, down_s: float = 15.0) -> Fault:
+    """This stack's databases refuse every connection for longer than a write is
+    retried (ALLOW_CONNECTIONS false, and every connection cut): dispatch tasks give
+    their messages back, and the runs start once the databases answer again. Other
+    users of the machine's Postgres see nothing."""
+    def names(stack) -> list[str]:
+        return [sa.engine.make_url(dsn).database for dsn in stack.settings.database_urls]
+
+    def inject(stack):
+        with stack.pg_admin.connect() as conn:
+            for name in names(stack):
+                conn.exec_driver_sql(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        terminate_backends(stack)
+
+    def heal(stack):
+        with stack.pg_admin.connect() as conn:
+            for name in names(stack):
+                conn.exec_driver_sql(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+    return Fault(f"this stack's databases refuse connections for {down_s:g}s", at_s, down_s,
+                 inject=inject, heal=heal)
+
+
 def postgres_cluster() -> str:
     versions = sorted(os.listdir("/etc/postgresql"))
     return versions[-1]

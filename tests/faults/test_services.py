@@ -32,6 +32,15 @@ def test_postgres_connections_cut_twice(make_stack):
     assert outcome.verdict.lease_expired == 0, outcome.row()
 
 
+def test_the_databases_unreachable_for_longer_than_a_write_is_retried(make_stack):
+    """15 s without the registry: the dispatch tasks give their messages back (rather
+    than being acknowledged with their runs unstarted) and the runs start as soon as
+    the databases answer, without waiting for a lease."""
+    stack = make_stack()
+    outcome = stack.run(Load(), injectors.refuse_connections(at_s=1.5, down_s=15.0))
+    _assert_guarantee(outcome, stack, GOAL_DB_S)
+
+
 def test_row_locks_held_across_the_burst(make_stack):
     stack = make_stack()
     outcome = stack.run(Load(), injectors.hold_row_locks(at_s=-1.0, hold_s=6.0))
