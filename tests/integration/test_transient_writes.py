@@ -149,3 +149,30 @@ def test_a_call_withdrawn_as_it_is_about_to_go_out_sends_nothing():
     finally:
         caller.close()
         sink.close()
+
+
+def test_a_withdrawn_call_gives_its_slot_back_once_and_records_nothing(registry):
+    from app.worker.webhook import NotSent
+
+    class Withdrawn:
+        def call(self, call):
+            raise NotSent("withdrawn")
+
+        def close(self):
+            pass
+
+    context = WorkerContext(registry.settings)
+    try:
+        dispatcher = context.dispatcher
+        dispatcher.webhooks = Withdrawn()
+        runs = claimed(registry, 3)
+        assert dispatcher.dispatch(runs).started == 3
+        deadline = time.monotonic() + 10
+        while dispatcher.in_flight() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert dispatcher.in_flight() == 0
+        # Every thread slot is back, none twice (a BoundedSemaphore would have raised).
+        assert dispatcher._slots._value == dispatcher.capacity
+        assert all(runs_of(registry, run.job_id)[0]["state"] == "running" for run in runs)
+    finally:
+        context.close(2)
