@@ -18,6 +18,7 @@ def _assert_guarantee(outcome, stack, goal_s: float) -> None:
     assert verdict.recovery_s <= goal_s + SLACK_S, context
 
 
+@pytest.mark.slow
 def test_no_fault_is_the_baseline(make_stack):
     stack = make_stack()
     outcome = stack.run(Load())

@@ -54,6 +54,7 @@ def test_redis_connections_killed(make_stack):
     assert outcome.verdict.duplicates == 0, outcome.row()
 
 
+@pytest.mark.slow  # it pauses every client of the machine's Redis
 def test_redis_paused(make_stack):
     stack = make_stack()
     outcome = stack.run(Load(), injectors.pause_redis(at_s=1.5, pause_s=3.0))
