@@ -22,19 +22,20 @@ start's `now` to the microsecond, and its token.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import uuid
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Iterable, Sequence
 
 import sqlalchemy as sa
 
+from app.lifecycle.message import DispatchRun
 from app.registry.bulk import update_many
+from app.registry.dialect import locks_rows
 from app.registry.engines import Registry
 from app.registry.schema import jobs, runs
-from app.lifecycle.message import DispatchRun
-from app.registry.dialect import locks_rows
 from app.registry.transient import retrying
 
 
@@ -68,10 +69,11 @@ def start(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -> se
             "leased_until": until if run.off_schedule else None,
         } for run in group]
         tries = itertools.count()
-        started.update(retrying(
-            lambda engine=registry.engines[index], on_jobs=on_jobs, rows=rows: _start_on(
-                engine, on_jobs, rows, until, now, retried=next(tries) > 0),
-            f"start of {len(group)} runs"))
+
+        def attempt(engine=registry.engines[index], on_jobs=on_jobs, rows=rows, tries=tries) -> list:
+            return _start_on(engine, on_jobs, rows, until, now, retried=next(tries) > 0)
+
+        started.update(retrying(attempt, f"start of {len(group)} runs"))
     return started
 
 
@@ -182,15 +184,14 @@ def heartbeat(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -
     until = {"leased_until": now + timedelta(seconds=registry.settings.lease_s)}
     kept: set[uuid.UUID] = set()
     for index, group in _by_engine(registry, batch).items():
-        on_jobs = sorted(({"job_id": r.job_id, "lease_token": r.lease_token} for r in group if not r.off_schedule),
-                         key=lambda row: row["job_id"])
-        on_runs = sorted(({"run_id": r.run_id, "lease_token": r.lease_token} for r in group if r.off_schedule),
-                         key=lambda row: row["run_id"])
+        on_jobs = sorted(({"job_id": r.job_id, "lease_token": r.lease_token} for r in group
+                          if not r.off_schedule), key=lambda row: row["job_id"])
+        on_runs = sorted(({"run_id": r.run_id, "lease_token": r.lease_token} for r in group
+                          if r.off_schedule), key=lambda row: row["run_id"])
         # A beat that cannot get through before the next one is due is left to that one.
-        job_ids, run_ids = retrying(
-            lambda engine=registry.engines[index], on_jobs=on_jobs, on_runs=on_runs: _heartbeat_on(
-                engine, on_jobs, on_runs, until),
-            f"heartbeat of {len(group)} runs", budget_s=registry.settings.heartbeat_s)
+        beat = functools.partial(_heartbeat_on, registry.engines[index], on_jobs, on_runs, until)
+        job_ids, run_ids = retrying(beat, f"heartbeat of {len(group)} runs",
+                                    budget_s=registry.settings.heartbeat_s)
         extended_jobs = set(job_ids)
         kept.update(run_ids)
         kept.update(r.run_id for r in group if not r.off_schedule and r.job_id in extended_jobs)

@@ -16,20 +16,21 @@ instant the runs of a message claimed ahead may start (app.lifecycle.message).
 """
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Callable, Optional, Sequence
 
 import sqlalchemy as sa
 
 from app import metrics
-from app.registry.bulk import key_in
-from app.registry.transient import retrying
-from app.registry.schema import jobs, runs
-from app.lifecycle.message import DispatchRun, to_messages
 from app.core.timefmt import utcnow
+from app.lifecycle.message import DispatchRun, to_messages
+from app.registry.bulk import key_in
 from app.registry.dialect import locks_rows
+from app.registry.schema import jobs, runs
+from app.registry.transient import retrying
 
-Send = Callable[[int, list[dict], Optional[datetime]], None]
+Send = Callable[[int, list[dict], datetime | None], None]
 
 SWEEP_BATCH = 500
 
@@ -93,7 +94,8 @@ def _send_all(shard: int, found: Sequence[DispatchRun], send: Send) -> int:
     for eta, entries in messages:
         # A broker that drops the connection is reconnected to by the send itself; a
         # publish sent twice is a duplicate message, whose start is fenced.
-        retrying(lambda: send(shard, entries, eta), f"publishing {len(entries)} runs of shard {shard}")
+        retrying(functools.partial(send, shard, entries, eta),
+                 f"publishing {len(entries)} runs of shard {shard}")
     metrics.PUBLISHED.labels(str(shard)).inc(len(messages))
     return len(messages)
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import sqlalchemy.exc as sa_exc
 

@@ -17,19 +17,21 @@ from __future__ import annotations
 
 import re
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 
 import urllib3
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
-from urllib3.exceptions import HTTPError, LocationValueError, NewConnectionError, TimeoutError as Urllib3Timeout
+from urllib3.exceptions import HTTPError, LocationValueError, NewConnectionError
+from urllib3.exceptions import TimeoutError as Urllib3Timeout
 
 from app import __version__
-from app.services.addresses import PrivateAddress, is_public_address
-from app.core.retries import CallOutcome
 from app.core.delivery import delivery_headers, encode_payload, is_reserved_header
+from app.core.retries import CallOutcome
+from app.services.addresses import PrivateAddress, is_public_address
 
 __all__ = ["WebhookCall", "WebhookCaller", "PrivatePeer", "NotSent"]
 

@@ -116,7 +116,7 @@ class FaultStack:
 
     # -- processes ----------------------------------------------------------------------
 
-    def __enter__(self) -> "FaultStack":
+    def __enter__(self) -> FaultStack:
         from app.services.owners import create_key
 
         key = create_key(self.registry, self.owner)
@@ -330,8 +330,8 @@ class FaultStack:
         return total
 
     def _rows(self, due: dict[str, float], recurring: list[str]) -> tuple[list[RunRow], list[str]]:
-        from app.registry.schema import jobs, runs
         from app.core.timefmt import format_instant
+        from app.registry.schema import jobs, runs
 
         rows, completed = [], []
         for engine in self.registry.engines:

@@ -14,8 +14,8 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import sqlalchemy as sa
 

@@ -48,7 +48,7 @@ class Partition:
         subprocess.run(["ip", "netns", "del", probe], capture_output=True)
         return None
 
-    def __enter__(self) -> "Partition":
+    def __enter__(self) -> Partition:
         try:
             _ip("netns", "add", self.netns)
             _ip("link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if)

@@ -19,9 +19,10 @@ bench.faults prints these figures; tests/faults asserts on them.
 """
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
 
 LEASE_EXPIRED = "lease expired"
 
@@ -126,7 +127,7 @@ def judge(
 
     for key, seen in by_key.items():
         job_id, scheduled_for = split_key(key)
-        for before, after in zip(seen, seen[1:]):
+        for before, after in itertools.pairwise(seen):
             verdict.duplicates += 1
             if after.attempt < before.attempt:
                 verdict.inversions += 1
@@ -157,7 +158,7 @@ def judge(
     gaps = []
     for job_id in recurring:
         firsts = sorted(seen[0].at for key, seen in by_key.items() if split_key(key)[0] == job_id)
-        gaps.extend(b - a for a, b in zip(firsts, firsts[1:]))
+        gaps.extend(b - a for a, b in itertools.pairwise(firsts))
     verdict.recurring_max_gap_s = max(gaps) if gaps else None
     return verdict
 

@@ -139,8 +139,8 @@ def test_a_call_withdrawn_as_it_is_about_to_go_out_sends_nothing():
     sink, caller = Sink(), WebhookCaller(allow_private=True)
     try:
         def call(may_send):
-            return caller.call(WebhookCall("j", utcnow(), 1, webhook_target(sink.url("/w")), {"n": 1}, "s3cret",
-                                           may_send=may_send))
+            target = webhook_target(sink.url("/w"))
+            return caller.call(WebhookCall("j", utcnow(), 1, target, {"n": 1}, "s3cret", may_send=may_send))
 
         with pytest.raises(NotSent):
             call(lambda: False)
