@@ -12,36 +12,66 @@ T (bench/register.py), each a webhook to its own path /hook/<i> on nginx
 /proc (bench/cpu.py); the JSON, which records every PUNCTUAL_* in effect, goes to
 bench/results/ (or --out).
 """
+
 from __future__ import annotations
 
 import argparse
 from datetime import datetime, timezone
 
 from bench.cpu import CpuMeter
-from bench.harness import OWN_BACKENDS, WINDOW_LEAD_S, due_instant, header, measure_burst, plot, summary, write_result
+from bench.harness import (
+    OWN_BACKENDS,
+    WINDOW_LEAD_S,
+    due_instant,
+    header,
+    measure_burst,
+    plot,
+    stop_cleanly_on_sigterm,
+    summary,
+    write_result,
+)
 from bench.nginx import NginxSink
 from bench.register import register
 from bench.stack import PunctualStack, backend_pids, parse_overrides
 
-REGISTRATION_RATE_GUESS = 300  # jobs/s via POST /jobs on 2 cores (below what was seen): T far enough ahead
+REGISTRATION_RATE_GUESS = 200  # jobs/s via POST /jobs on a busy 2-core box: T far enough ahead
 
 
 def job_body(sink: NginxSink, due_iso: str, i: int) -> dict:
-    return {"name": f"burst-{i}", "target": {"type": "webhook", "url": sink.url(f"/hook/{i}")},
-            "payload": {"n": i}, "schedule": {"run_at": due_iso}}
+    return {
+        "name": f"burst-{i}",
+        "target": {"type": "webhook", "url": sink.url(f"/hook/{i}")},
+        "payload": {"n": i},
+        "schedule": {"run_at": due_iso},
+    }
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs due at the one instant T")
-    parser.add_argument("--lead-s", type=float, default=0,
-                        help="T = now + this (default: jobs/300 s for registration + the CPU window's lead + 10 s)")
+    parser.add_argument(
+        "--lead-s",
+        type=float,
+        default=0,
+        help="T = now + this (default: jobs/200 s for registration + the CPU window's lead + 10 s)",
+    )
     parser.add_argument("--timeout-s", type=float, default=900, help="stop waiting this long after T")
-    parser.add_argument("--stall-s", type=float, default=90, help="stop waiting when no new job starts for this long")
-    parser.add_argument("--settle-s", type=float, default=5,
-                        help="keep reading the sink this long after the last job started (late duplicates)")
-    parser.add_argument("--install-sink", action="store_true",
-                        help="install nginx from Debian's packages if it is missing (as root)")
-    parser.add_argument("--plot", action="store_true", help="also draw starts per second as a PNG beside the JSON")
+    parser.add_argument(
+        "--stall-s", type=float, default=90, help="stop waiting when no new job starts for this long"
+    )
+    parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=5,
+        help="keep reading the sink this long after the last job started (late duplicates)",
+    )
+    parser.add_argument(
+        "--install-sink",
+        action="store_true",
+        help="install nginx from Debian's packages if it is missing (as root)",
+    )
+    parser.add_argument(
+        "--plot", action="store_true", help="also draw starts per second as a PNG beside the JSON"
+    )
     parser.add_argument("--label", default="", help="added to the result file's name")
     parser.add_argument("--out", help="write the JSON here instead of bench/results/")
 
@@ -55,29 +85,63 @@ def run(args: argparse.Namespace) -> dict:
         lead_s = args.lead_s or args.jobs / REGISTRATION_RATE_GUESS + window_lead_s + 10
         due = due_instant(lead_s)
         due_iso = datetime.fromtimestamp(due, timezone.utc).isoformat().replace("+00:00", "Z")
-        print(f"registering {args.jobs:,} jobs due at {due_iso} (in {due - datetime.now().timestamp():.0f} s)",
-              flush=True)
-        registration = register(stack.url, stack.api_key, [job_body(sink, due_iso, i) for i in range(args.jobs)],
-                                clients=args.clients)
+        print(
+            f"registering {args.jobs:,} jobs due at {due_iso} (in {due - datetime.now().timestamp():.0f} s)",
+            flush=True,
+        )
+        registration = register(
+            stack.url,
+            stack.api_key,
+            [job_body(sink, due_iso, i) for i in range(args.jobs)],
+            clients=args.clients,
+        )
         registered_at = datetime.now().timestamp()
-        print(f"registration: {registration['jobs_per_s']:,} jobs/s ({registration['way']}), "
-              f"{registration['failures']} failures, done {due - registered_at:.1f} s before T", flush=True)
-        meter = CpuMeter({**stack.components, "nginx (sink)": [sink.pid]},
-                         services=("postgres", "beam.smp", "redis-server"),
-                         dynamic={OWN_BACKENDS: backend_pids(stack.database)})
-        figures = measure_burst(sink, args.jobs, due, meter, window_lead_s=window_lead_s, timeout_s=args.timeout_s,
-                                stall_s=args.stall_s, settle_s=args.settle_s, registered_at=registered_at)
-        result.update(system="punctual", registration=registration, **figures,
-                      settings=stack.settings, set_by_flag=overrides, processes=stack.commands)
+        print(
+            f"registration: {registration['jobs_per_s']:,} jobs/s ({registration['way']}), "
+            f"{registration['failures']} failures, done {due - registered_at:.1f} s before T",
+            flush=True,
+        )
+        meter = CpuMeter(
+            {**stack.components, "nginx (sink)": [sink.pid]},
+            services=("postgres", "beam.smp", "redis-server"),
+            dynamic={OWN_BACKENDS: backend_pids(stack.database)},
+        )
+        figures = measure_burst(
+            sink,
+            args.jobs,
+            due,
+            meter,
+            window_lead_s=window_lead_s,
+            timeout_s=args.timeout_s,
+            stall_s=args.stall_s,
+            settle_s=args.settle_s,
+            registered_at=registered_at,
+        )
+        result.update(
+            system="punctual",
+            registration=registration,
+            **figures,
+            settings=stack.settings,
+            set_by_flag=overrides,
+            processes=stack.commands,
+        )
     return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.burst", description=__doc__.split("\n\n")[0])
     add_common_arguments(parser)
-    parser.add_argument("--set", action="append", default=[], metavar="PUNCTUAL_X=Y",
-                        help="set one Punctual setting for every process (repeatable); all others are the defaults")
-    parser.add_argument("--clients", type=int, default=16, help="registration threads when POST /jobs/batch is absent")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="PUNCTUAL_X=Y",
+        help="set one Punctual setting for every process (repeatable); all others are the defaults",
+    )
+    parser.add_argument(
+        "--clients", type=int, default=16, help="registration threads when POST /jobs/batch is absent"
+    )
+    stop_cleanly_on_sigterm()
     args = parser.parse_args()
     result = run(args)
     path = write_result(result, "burst", f"{args.jobs}{'-' + args.label if args.label else ''}", args.out)

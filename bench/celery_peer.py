@@ -6,6 +6,7 @@ Broker and sink come from BENCH_PEER_BROKER and BENCH_PEER_SINK (set by
 `python -m bench.peers celery`). Nothing is tuned: Celery's defaults, a
 requests.Session per pool thread (keep-alive, as a user would write it).
 """
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,10 @@ def _session() -> requests.Session:
 
 @app.task(name="bench.hook")
 def hook(i: int) -> None:
-    response = _session().post(f"{os.environ['BENCH_PEER_SINK']}/hook/{i}", data=json.dumps({"n": i}),
-                               headers={"Content-Type": "application/json", "Idempotency-Key": f"celery-{i}"},
-                               timeout=30)
+    response = _session().post(
+        f"{os.environ['BENCH_PEER_SINK']}/hook/{i}",
+        data=json.dumps({"n": i}),
+        headers={"Content-Type": "application/json", "Idempotency-Key": f"celery-{i}"},
+        timeout=30,
+    )
     response.raise_for_status()

@@ -8,17 +8,19 @@ its own fresh database or vhost, so that a slow stretch of the shared box hits
 all of them alike. Prints the medians and the ratio Punctual/peer, and writes one
 JSON holding every run's full result.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from statistics import median
 
-from bench.harness import header, write_result
+from bench.harness import header, stop_cleanly_on_sigterm, write_result
 
 FIGURES = (  # (label, how to read it from a result, higher is better)
     ("starts/s", lambda r: r["starts_per_s"], True),
@@ -53,8 +55,10 @@ def table(by_system: dict[str, list[dict]]) -> str:
     width = max(len(s) for s in systems) + 2
     lines = [" " * width + "".join(f"{label:>12}" for label, _r, _h in FIGURES) + "   runs"]
     for system in systems:
-        cells = "".join(f"{'-' if rows[system][label] is None else format(rows[system][label], ','):>12}"
-                        for label, _r, _h in FIGURES)
+        cells = "".join(
+            f"{'-' if rows[system][label] is None else format(rows[system][label], ','):>12}"
+            for label, _r, _h in FIGURES
+        )
         lines.append(f"{system:<{width}}{cells}   {len(by_system[system])}")
     for peer in systems[1:]:
         cells = ""
@@ -70,11 +74,17 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--peers", default="pgqueuer,celery", help="comma-separated: pgqueuer, celery")
-    parser.add_argument("--set", action="append", default=[], metavar="PUNCTUAL_X=Y",
-                        help="a Punctual setting for its runs (repeatable); the peers are not affected")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="PUNCTUAL_X=Y",
+        help="a Punctual setting for its runs (repeatable); the peers are not affected",
+    )
     parser.add_argument("--label", default="")
     parser.add_argument("--out", help="write the JSON here instead of bench/results/")
     args = parser.parse_args()
+    stop_cleanly_on_sigterm()
     systems = ["punctual", *[p for p in args.peers.split(",") if p]]
     result = header("compare")
     by_system: dict[str, list[dict]] = {s: [] for s in systems}
@@ -84,17 +94,33 @@ def main() -> None:
         for system in systems:
             out = scratch / f"{system}-{round_no}.json"
             print(f"--- round {round_no}/{args.rounds}: {system}", flush=True)
-            done = subprocess.run(command(system, args, out))
-            if done.returncode != 0 or not out.exists():
-                failures.append({"round": round_no, "system": system, "exit": done.returncode})
+            child = subprocess.Popen(command(system, args, out))
+            try:
+                code = child.wait()
+            except KeyboardInterrupt:  # let the run clean up (stop its processes, drop its database)
+                child.send_signal(signal.SIGINT)
+                child.wait()
+                raise
+            if code != 0 or not out.exists():
+                failures.append({"round": round_no, "system": system, "exit": code})
                 continue
             by_system[system].append(json.loads(out.read_text()))
     text = table(by_system)
-    result.update(jobs=args.jobs, rounds=args.rounds, order=systems, set_by_flag=args.set, failed_runs=failures,
-                  medians={s: medians(runs) for s, runs in by_system.items()}, table=text.splitlines(), runs=by_system)
+    result.update(
+        jobs=args.jobs,
+        rounds=args.rounds,
+        order=systems,
+        set_by_flag=args.set,
+        failed_runs=failures,
+        medians={s: medians(runs) for s, runs in by_system.items()},
+        table=text.splitlines(),
+        runs=by_system,
+    )
     path = write_result(result, "compare", f"{args.jobs}{'-' + args.label if args.label else ''}", args.out)
-    print(f"\n{args.jobs:,} jobs due at one instant, medians of {args.rounds} alternated rounds "
-          f"(P/peer: Punctual's figure over the peer's)")
+    print(
+        f"\n{args.jobs:,} jobs due at one instant, medians of {args.rounds} alternated rounds "
+        f"(P/peer: Punctual's figure over the peer's)"
+    )
     print(text)
     if failures:
         print(f"failed runs: {failures}")

@@ -6,6 +6,7 @@ the roots plus cutime + cstime (children that exited and were waited for), so a
 prefork child or a gunicorn worker that was replaced still counts. Two snapshots
 make a window: `CpuMeter.start()` and `CpuMeter.stop()`.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,10 +29,14 @@ def parse_stat(text: str) -> ProcStat:
     """One /proc/<pid>/stat line. The command name sits in parentheses and may itself
     hold spaces and parentheses, so the fields after it are found from the last ')'."""
     open_at, close_at = text.index("("), text.rindex(")")
-    fields = text[close_at + 2:].split()
+    fields = text[close_at + 2 :].split()
     # fields[0] is field 3 (state): ppid is field 4, utime..cstime are fields 14-17.
-    return ProcStat(pid=int(text[:open_at]), ppid=int(fields[1]), comm=text[open_at + 1:close_at],
-                    ticks=sum(int(f) for f in fields[11:15]))
+    return ProcStat(
+        pid=int(text[:open_at]),
+        ppid=int(fields[1]),
+        comm=text[open_at + 1 : close_at],
+        ticks=sum(int(f) for f in fields[11:15]),
+    )
 
 
 def proc_table(proc: Path = Path("/proc")) -> dict[int, ProcStat]:
@@ -63,8 +68,11 @@ def tree_ticks(table: dict[int, ProcStat], roots: list[int]) -> int:
 
 def server_roots(table: dict[int, ProcStat], comm: str) -> list[int]:
     """The top processes named `comm` (a server's master, not its children)."""
-    return sorted(s.pid for s in table.values()
-                  if s.comm == comm and (s.ppid not in table or table[s.ppid].comm != comm))
+    return sorted(
+        s.pid
+        for s in table.values()
+        if s.comm == comm and (s.ppid not in table or table[s.ppid].comm != comm)
+    )
 
 
 def cpu_delta_s(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
@@ -91,8 +99,12 @@ class CpuMeter:
     (such as one database's Postgres backends): it is asked at start() and at stop(),
     and a pid that only the second answer holds counts from zero."""
 
-    def __init__(self, components: dict[str, list[int]], services: tuple[str, ...] = (),
-                 dynamic: dict[str, Callable[[], list[int]]] | None = None):
+    def __init__(
+        self,
+        components: dict[str, list[int]],
+        services: tuple[str, ...] = (),
+        dynamic: dict[str, Callable[[], list[int]]] | None = None,
+    ):
         self.components = dict(components)
         self.services = services
         self.dynamic = dict(dynamic or {})
@@ -111,7 +123,10 @@ class CpuMeter:
     def stop(self) -> dict[str, float]:
         last_pids = {name: list(pids()) for name, pids in self.dynamic.items()}
         table = proc_table()
-        before, after = dict(self.before), {name: tree_ticks(table, roots) for name, roots in self.components.items()}
+        before, after = (
+            dict(self.before),
+            {name: tree_ticks(table, roots) for name, roots in self.components.items()},
+        )
         for name in self.dynamic:
             pids = sorted(set(self.first_pids[name]) | set(last_pids[name]))
             before[name] = sum(self.table_before[p].ticks for p in pids if p in self.table_before)

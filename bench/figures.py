@@ -3,6 +3,7 @@
 Pure functions (no I/O), so that Punctual and its peers are judged by the same code
 on the same evidence: when each job's first call reached the sink.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,8 +36,12 @@ def lateness_figures(values: list[float]) -> dict[str, float | None]:
     """p50/p90/p99/max of lateness values in seconds, rounded to the millisecond."""
     if not values:
         return {"p50": None, "p90": None, "p99": None, "max": None}
-    return {"p50": round(percentile(values, 0.5), 3), "p90": round(percentile(values, 0.9), 3),
-            "p99": round(percentile(values, 0.99), 3), "max": round(max(values), 3)}
+    return {
+        "p50": round(percentile(values, 0.5), 3),
+        "p90": round(percentile(values, 0.9), 3),
+        "p99": round(percentile(values, 0.99), 3),
+        "max": round(max(values), 3),
+    }
 
 
 def per_second(offsets: list[float]) -> list[int]:

@@ -5,11 +5,13 @@ The scheme: N jobs, all due at one instant T, each calling its own path
 /hook/<i> on the nginx sink. The CPU window runs from T - 15 s (or earlier when
 the system claims further ahead) to the moment the last job's first call is seen.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -27,21 +29,41 @@ OWN_BACKENDS = "postgres (this database's backends)"  # a part of SERVER_POSTGRE
 SERVER_POSTGRES = SERVICES["postgres"]
 
 
+def stop_cleanly_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C: the `with` blocks stop the processes and drop the
+    database and vhost they made."""
+
+    def interrupt(_signum, _frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def commit() -> dict:
     """The commit measured and whether the tree differed from it."""
+
     def git(*argv: str) -> str:
-        return subprocess.run(["git", *argv], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", *argv], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
 
     try:
-        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+        return {
+            "commit": git("rev-parse", "HEAD"),
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        }
     except (OSError, subprocess.CalledProcessError):
         return {"commit": "unknown", "dirty": None}
 
 
 def machine() -> dict:
-    return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-            "note": "one box: Postgres, RabbitMQ, Redis, nginx, the system measured and the bench share its cores; "
-                    "Postgres, RabbitMQ and Redis are shared with whatever else runs on it"}
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "note": "one box: Postgres, RabbitMQ, Redis, nginx, the system measured and the bench share its "
+        "cores; Postgres, RabbitMQ and Redis are shared with whatever else runs on it",
+    }
 
 
 def loadavg() -> list[float]:
@@ -57,16 +79,27 @@ def sleep_until(instant: float) -> None:
     time.sleep(max(0.0, instant - time.time()))
 
 
-def measure_burst(sink: NginxSink, jobs: int, due: float, meter: CpuMeter, *, window_lead_s: float = WINDOW_LEAD_S,
-                  timeout_s: float = 900, stall_s: float = 90, settle_s: float = 5,
-                  registered_at: float | None = None, say=print) -> dict:
+def measure_burst(
+    sink: NginxSink,
+    jobs: int,
+    due: float,
+    meter: CpuMeter,
+    *,
+    window_lead_s: float = WINDOW_LEAD_S,
+    timeout_s: float = 900,
+    stall_s: float = 90,
+    settle_s: float = 5,
+    registered_at: float | None = None,
+    say=print,
+) -> dict:
     """Wait for the burst due at `due` and return its figures: arrivals, lateness,
     CPU per component over the window, load average."""
     paths = {f"/hook/{i}" for i in range(jobs)}
     window_start = due - window_lead_s
     late_registration = registered_at is not None and registered_at > window_start
     if late_registration:
-        say(f"warning: registration ended {registered_at - window_start:.1f} s into the CPU window; raise --lead-s")
+        overlap_s = registered_at - window_start
+        say(f"warning: registration ended {overlap_s:.1f} s into the CPU window; raise --lead-s")
     sleep_until(window_start)
     meter.start()
     window_began = time.time()
@@ -93,7 +126,8 @@ def measure_burst(sink: NginxSink, jobs: int, due: float, meter: CpuMeter, *, wi
     cpu_ms = per_run_ms(cpu_s, max(1, len(arrived)), not_in_total=(OWN_BACKENDS,))
     if OWN_BACKENDS in cpu_s:  # the same total with only this run's share of the shared Postgres
         cpu_ms["total, postgres as this database's backends"] = round(
-            cpu_ms["total"] - cpu_ms[SERVER_POSTGRES] + cpu_ms[OWN_BACKENDS], 3)
+            cpu_ms["total"] - cpu_ms[SERVER_POSTGRES] + cpu_ms[OWN_BACKENDS], 3
+        )
     window_ended = time.time()
     load_at_end = loadavg()
     time.sleep(settle_s)  # late duplicates, and the log's last flush
@@ -105,9 +139,12 @@ def measure_burst(sink: NginxSink, jobs: int, due: float, meter: CpuMeter, *, wi
         "registration_overlapped_cpu_window": late_registration,
         "cpu_s": cpu_s,
         "cpu_ms_per_run": cpu_ms,
-        "cpu_window": {"from_due_s": round(window_began - due, 2), "to_due_s": round(window_ended - due, 2),
-                       "note": "from T - 15 s (or the claim-ahead window + 5 s) until the last job's first call was "
-                               "seen (log flushes every 250 ms, polled every 100 ms)"},
+        "cpu_window": {
+            "from_due_s": round(window_began - due, 2),
+            "to_due_s": round(window_ended - due, 2),
+            "note": "from T - 15 s (or the claim-ahead window + 5 s) until the last job's first call was "
+            "seen (log flushes every 250 ms, polled every 100 ms)",
+        },
         "load_average": {"window_start": load_at_window, "due": load_at_due, "end": load_at_end},
     }
 
@@ -122,25 +159,35 @@ def write_result(result: dict, kind: str, label: str, out: str | None) -> Path:
 
 
 def header(kind: str) -> dict:
-    return {"bench": kind, "at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "command": f"python -m bench.{kind} " + " ".join(sys.argv[1:]), **commit(), "machine": machine(),
-            "load_average_before": loadavg()}
+    return {
+        "bench": kind,
+        "at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "command": f"python -m bench.{kind} " + " ".join(sys.argv[1:]),
+        **commit(),
+        "machine": machine(),
+        "load_average_before": loadavg(),
+    }
 
 
 def summary(result: dict) -> str:
     late, cpu = result["lateness_s"], result["cpu_ms_per_run"]
     reg = result.get("registration", {})
-    return "\n".join([
-        f"{result['system']}: {result['jobs']:,} jobs due at one instant (load {result['load_average']['due'][0]} at T)",
-        f"registration        {reg.get('jobs_per_s', '?'):,} jobs/s ({reg.get('way', '?')}), "
-        f"{reg.get('failures', '?')} failures",
-        f"started             {result['started']:,}   missing {result['missing']}   duplicate calls "
-        f"{result['duplicate_calls']}   retried attempts {result['retried_attempts']}",
-        f"starts/s from T     {result['starts_per_s']}   (first call T+{result['first_arrival_after_due_s']} s,"
-        f" last first call T+{result['last_first_arrival_after_due_s']} s)",
-        f"lateness            p50 {late['p50']} s  p90 {late['p90']} s  p99 {late['p99']} s  max {late['max']} s",
-        "cpu-ms per run      " + ", ".join(f"{k} {v}" for k, v in cpu.items()),
-    ])
+    return "\n".join(
+        [
+            f"{result['system']}: {result['jobs']:,} jobs due at one instant "
+            f"(load {result['load_average']['due'][0]} at T)",
+            f"registration        {reg.get('jobs_per_s', '?'):,} jobs/s ({reg.get('way', '?')}), "
+            f"{reg.get('failures', '?')} failures",
+            f"started             {result['started']:,}   missing {result['missing']}   duplicate calls "
+            f"{result['duplicate_calls']}   retried attempts {result['retried_attempts']}",
+            f"starts/s from T     {result['starts_per_s']}   "
+            f"(first call T+{result['first_arrival_after_due_s']} s,"
+            f" last first call T+{result['last_first_arrival_after_due_s']} s)",
+            f"lateness            p50 {late['p50']} s  p90 {late['p90']} s  p99 {late['p99']} s  "
+            f"max {late['max']} s",
+            "cpu-ms per run      " + ", ".join(f"{k} {v}" for k, v in cpu.items()),
+        ]
+    )
 
 
 def plot(path: Path, result: dict) -> Path:
@@ -155,8 +202,11 @@ def plot(path: Path, result: dict) -> Path:
     axis.plot(range(len(bins)), bins, linewidth=1.3)
     axis.set_xlabel("seconds after T")
     axis.set_ylabel("jobs started (first call at the sink)")
-    axis.set_title(f"{result['system']}, {result['jobs']:,} jobs: {result['starts_per_s']}/s, "
-                   f"p99 {result['lateness_s']['p99']} s", fontsize=10)
+    axis.set_title(
+        f"{result['system']}, {result['jobs']:,} jobs: {result['starts_per_s']}/s, "
+        f"p99 {result['lateness_s']['p99']} s",
+        fontsize=10,
+    )
     axis.grid(alpha=0.3)
     fig.tight_layout()
     png = path.with_suffix(".png")

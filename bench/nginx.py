@@ -8,6 +8,7 @@ writes its own nginx.conf in a temporary folder, starts `nginx -p DIR -c
 nginx.conf` on a free port of 127.0.0.1 and stops it (SIGQUIT: the log buffer is
 flushed) afterwards. Arrivals are read back from the access log.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 
 from bench.figures import Arrival
+from bench.stack import die_with_parent
 
 NGINX = Path("/usr/sbin/nginx")
 INSTALL_COMMAND = "apt-get update && apt-get install -y nginx"
@@ -68,8 +70,13 @@ def parse_access_line(line: str) -> Arrival | None:
     def header(value: str) -> str:
         return "" if value == "-" else value
 
-    return Arrival(at=at, path=fields[1], attempt=header(fields[2]), key=header(fields[3]),
-                   scheduled_for=header(fields[4]))
+    return Arrival(
+        at=at,
+        path=fields[1],
+        attempt=header(fields[2]),
+        key=header(fields[3]),
+        scheduled_for=header(fields[4]),
+    )
 
 
 def ensure_nginx(install: bool) -> None:
@@ -79,11 +86,16 @@ def ensure_nginx(install: bool) -> None:
         return
     if install and os.geteuid() == 0:
         subprocess.run(["apt-get", "update"], check=True)
-        subprocess.run(["apt-get", "install", "-y", "nginx"], check=True, env={**os.environ,
-                       "DEBIAN_FRONTEND": "noninteractive"})
+        subprocess.run(
+            ["apt-get", "install", "-y", "nginx"],
+            check=True,
+            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+        )
         return
-    raise SystemExit(f"bench: the sink is nginx, not found at {NGINX}. Install it with:\n    {INSTALL_COMMAND}\n"
-                     "(or run the bench as root with --install-sink)")
+    raise SystemExit(
+        f"bench: the sink is nginx, not found at {NGINX}. Install it with:\n    {INSTALL_COMMAND}\n"
+        "(or run the bench as root with --install-sink)"
+    )
 
 
 def _free_port() -> int:
@@ -116,15 +128,22 @@ class NginxSink:
     def __enter__(self) -> "NginxSink":
         for folder in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
             (self.root / folder).mkdir()
-        (self.root / "nginx.conf").write_text(CONFIG.format(root=self.root, port=self.port, log_format=LOG_FORMAT))
+        (self.root / "nginx.conf").write_text(
+            CONFIG.format(root=self.root, port=self.port, log_format=LOG_FORMAT)
+        )
         self.log.touch()
         # -g 'daemon off;': the master stays our child, so its pid is ours to stop.
-        self.process = subprocess.Popen([str(NGINX), "-p", str(self.root), "-c", str(self.root / "nginx.conf"),
-                                         "-g", "daemon off;"], stderr=subprocess.PIPE)
+        self.process = subprocess.Popen(
+            [str(NGINX), "-p", str(self.root), "-c", str(self.root / "nginx.conf"), "-g", "daemon off;"],
+            stderr=subprocess.PIPE,
+            preexec_fn=die_with_parent,
+        )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise SystemExit(f"bench: nginx exited on start: {self.process.stderr.read().decode().strip()}")
+                raise SystemExit(
+                    f"bench: nginx exited on start: {self.process.stderr.read().decode().strip()}"
+                )
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
                 if (self.root / "nginx.pid").exists():

@@ -14,6 +14,7 @@ on the same nginx sink), run by the schedulers a user might pick instead.
 
 The figures are bench.burst's (bench/harness.py), from the same sink and /proc.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,7 +29,17 @@ from pathlib import Path
 
 from bench.burst import add_common_arguments
 from bench.cpu import CpuMeter
-from bench.harness import OWN_BACKENDS, WINDOW_LEAD_S, due_instant, header, measure_burst, plot, summary, write_result
+from bench.harness import (
+    OWN_BACKENDS,
+    WINDOW_LEAD_S,
+    due_instant,
+    header,
+    measure_burst,
+    plot,
+    stop_cleanly_on_sigterm,
+    summary,
+    write_result,
+)
 from bench.nginx import NginxSink
 from bench.stack import REPO, Process, backend_pids, base_env, fresh_database, fresh_vhost
 
@@ -43,6 +54,7 @@ def _peer_env(**extra: str) -> dict[str, str]:
 
 
 # -- PgQueuer ---------------------------------------------------------------------------------
+
 
 async def _pgqueuer_install(dsn: str) -> None:
     import asyncpg
@@ -66,8 +78,9 @@ async def _pgqueuer_enqueue(dsn: str, jobs: int, due: float, batch: int = 1000) 
             ids = range(start, min(jobs, start + batch))
             # execute_after is relative to the database's now(): computed per batch.
             after = timedelta(seconds=due - time.time())
-            await queries.enqueue(["hook"] * len(ids), [str(i).encode() for i in ids], [0] * len(ids),
-                                  [after] * len(ids))
+            await queries.enqueue(
+                ["hook"] * len(ids), [str(i).encode() for i in ids], [0] * len(ids), [after] * len(ids)
+            )
     finally:
         await conn.close()
 
@@ -80,11 +93,15 @@ async def _pgqueuer_worker(dsn: str, sink: str, concurrency: int, batch_size: in
     conn = await asyncpg.connect(dsn)
     manager = QueueManager(Queries.from_asyncpg_connection(conn))
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+
         @manager.entrypoint("hook")
         async def hook(job: Job) -> None:
             i = job.payload.decode()
-            async with session.post(f"{sink}/hook/{i}", data=f'{{"n":{i}}}'.encode(),
-                                    headers={"Content-Type": "application/json", "Idempotency-Key": f"pgq-{i}"}) as r:
+            async with session.post(
+                f"{sink}/hook/{i}",
+                data=f'{{"n":{i}}}'.encode(),
+                headers={"Content-Type": "application/json", "Idempotency-Key": f"pgq-{i}"},
+            ) as r:
                 await r.read()
                 r.raise_for_status()
 
@@ -99,41 +116,93 @@ def run_pgqueuer(args: argparse.Namespace) -> dict:
     log_dir = Path(tempfile.mkdtemp(prefix="punctual-bench-pgq-"))
     with NginxSink(install=args.install_sink) as sink, fresh_database("bench_pgq") as dsn:
         asyncio.run(_pgqueuer_install(dsn))
-        worker = Process("pgqueuer-worker", [sys.executable, "-m", "bench.peers", "pgqueuer-worker", "--dsn", dsn,
-                                             "--sink", sink.url(""), "--concurrency", str(args.concurrency),
-                                             "--batch-size", str(args.batch_size)], _peer_env(), log_dir)
+        worker = Process(
+            "pgqueuer-worker",
+            [
+                sys.executable,
+                "-m",
+                "bench.peers",
+                "pgqueuer-worker",
+                "--dsn",
+                dsn,
+                "--sink",
+                sink.url(""),
+                "--concurrency",
+                str(args.concurrency),
+                "--batch-size",
+                str(args.batch_size),
+            ],
+            _peer_env(),
+            log_dir,
+        )
         try:
             worker.wait_for("pgqueuer worker ready")
             due = due_instant(args.lead_s or args.jobs / PGQUEUER_ENQUEUE_GUESS + WINDOW_LEAD_S + 10)
             began = time.perf_counter()
             asyncio.run(_pgqueuer_enqueue(dsn, args.jobs, due))
             elapsed = time.perf_counter() - began
-            registration = {"way": "Queries.enqueue, batches of 1,000", "jobs": args.jobs, "failures": 0,
-                            "elapsed_s": round(elapsed, 2), "jobs_per_s": round(args.jobs / elapsed, 1)}
-            meter = CpuMeter({"pgqueuer worker": [worker.pid], "nginx (sink)": [sink.pid]}, services=("postgres",),
-                             dynamic={OWN_BACKENDS: backend_pids(dsn)})
-            figures = measure_burst(sink, args.jobs, due, meter, timeout_s=args.timeout_s, stall_s=args.stall_s,
-                                    settle_s=args.settle_s, registered_at=time.time())
+            registration = {
+                "way": "Queries.enqueue, batches of 1,000",
+                "jobs": args.jobs,
+                "failures": 0,
+                "elapsed_s": round(elapsed, 2),
+                "jobs_per_s": round(args.jobs / elapsed, 1),
+            }
+            meter = CpuMeter(
+                {"pgqueuer worker": [worker.pid], "nginx (sink)": [sink.pid]},
+                services=("postgres",),
+                dynamic={OWN_BACKENDS: backend_pids(dsn)},
+            )
+            figures = measure_burst(
+                sink,
+                args.jobs,
+                due,
+                meter,
+                timeout_s=args.timeout_s,
+                stall_s=args.stall_s,
+                settle_s=args.settle_s,
+                registered_at=time.time(),
+            )
         finally:
             worker.stop()
     from importlib.metadata import version
 
-    result.update(system="pgqueuer", registration=registration, **figures,
-                  peer={"pgqueuer": version("pgqueuer"), "asyncpg": version("asyncpg"), "aiohttp": version("aiohttp"),
-                        "max_concurrent_tasks": args.concurrency, "batch_size": args.batch_size,
-                        "worker": " ".join(worker.argv[1:])})
+    result.update(
+        system="pgqueuer",
+        registration=registration,
+        **figures,
+        peer={
+            "pgqueuer": version("pgqueuer"),
+            "asyncpg": version("asyncpg"),
+            "aiohttp": version("aiohttp"),
+            "max_concurrent_tasks": args.concurrency,
+            "batch_size": args.batch_size,
+            "worker": " ".join(worker.argv[1:]),
+        },
+    )
     return result
 
 
 # -- Celery -----------------------------------------------------------------------------------
+
 
 def run_celery(args: argparse.Namespace) -> dict:
     result = header("peers")
     log_dir = Path(tempfile.mkdtemp(prefix="punctual-bench-celery-"))
     with NginxSink(install=args.install_sink) as sink, fresh_vhost("bench_celery") as broker:
         env = _peer_env(BENCH_PEER_BROKER=broker, BENCH_PEER_SINK=sink.url(""))
-        argv = [str(Path(sys.executable).parent / "celery"), "-A", "bench.celery_peer", "worker", "-P", "threads",
-                "-c", str(args.concurrency), "--loglevel", "INFO"]
+        argv = [
+            str(Path(sys.executable).parent / "celery"),
+            "-A",
+            "bench.celery_peer",
+            "worker",
+            "-P",
+            "threads",
+            "-c",
+            str(args.concurrency),
+            "--loglevel",
+            "INFO",
+        ]
         worker = Process("celery-worker", argv, env, log_dir)
         try:
             worker.wait_for(" ready.")
@@ -148,28 +217,57 @@ def run_celery(args: argparse.Namespace) -> dict:
                 for i in range(args.jobs):
                     hook.apply_async((i,), eta=eta, producer=producer)
             elapsed = time.perf_counter() - began
-            registration = {"way": "apply_async(eta=T), one producer", "jobs": args.jobs, "failures": 0,
-                            "elapsed_s": round(elapsed, 2), "jobs_per_s": round(args.jobs / elapsed, 1)}
-            meter = CpuMeter({"celery worker": [worker.pid], "nginx (sink)": [sink.pid]}, services=("beam.smp",))
-            figures = measure_burst(sink, args.jobs, due, meter, timeout_s=args.timeout_s, stall_s=args.stall_s,
-                                    settle_s=args.settle_s, registered_at=time.time())
+            registration = {
+                "way": "apply_async(eta=T), one producer",
+                "jobs": args.jobs,
+                "failures": 0,
+                "elapsed_s": round(elapsed, 2),
+                "jobs_per_s": round(args.jobs / elapsed, 1),
+            }
+            meter = CpuMeter(
+                {"celery worker": [worker.pid], "nginx (sink)": [sink.pid]}, services=("beam.smp",)
+            )
+            figures = measure_burst(
+                sink,
+                args.jobs,
+                due,
+                meter,
+                timeout_s=args.timeout_s,
+                stall_s=args.stall_s,
+                settle_s=args.settle_s,
+                registered_at=time.time(),
+            )
         finally:
             worker.stop()
     from importlib.metadata import version
 
-    result.update(system="celery", registration=registration, **figures,
-                  peer={"celery": version("celery"), "kombu": version("kombu"), "requests": version("requests"),
-                        "pool": "threads", "concurrency": args.concurrency, "worker": " ".join(argv[1:])})
+    result.update(
+        system="celery",
+        registration=registration,
+        **figures,
+        peer={
+            "celery": version("celery"),
+            "kombu": version("kombu"),
+            "requests": version("requests"),
+            "pool": "threads",
+            "concurrency": args.concurrency,
+            "worker": " ".join(argv[1:]),
+        },
+    )
     return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.peers", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="peer", required=True)
-    pgq = commands.add_parser("pgqueuer", help="PgQueuer: execute_after=T, 64 async jobs, one aiohttp session")
+    pgq = commands.add_parser(
+        "pgqueuer", help="PgQueuer: execute_after=T, 64 async jobs, one aiohttp session"
+    )
     add_common_arguments(pgq)
     pgq.add_argument("--concurrency", type=int, default=64, help="max_concurrent_tasks of the worker")
-    pgq.add_argument("--batch-size", type=int, default=32, help="dequeue batch (at most half the concurrency)")
+    pgq.add_argument(
+        "--batch-size", type=int, default=32, help="dequeue batch (at most half the concurrency)"
+    )
     cel = commands.add_parser("celery", help="Celery: apply_async(eta=T), threads pool, RabbitMQ, requests")
     add_common_arguments(cel)
     cel.add_argument("--concurrency", type=int, default=64, help="threads of the worker's pool")
@@ -182,8 +280,11 @@ def main() -> None:
     if args.peer == "pgqueuer-worker":
         asyncio.run(_pgqueuer_worker(args.dsn, args.sink, args.concurrency, args.batch_size))
         return
+    stop_cleanly_on_sigterm()
     result = (run_pgqueuer if args.peer == "pgqueuer" else run_celery)(args)
-    path = write_result(result, f"peers-{args.peer}", f"{args.jobs}{'-' + args.label if args.label else ''}", args.out)
+    path = write_result(
+        result, f"peers-{args.peer}", f"{args.jobs}{'-' + args.label if args.label else ''}", args.out
+    )
     print(summary(result))
     print(f"written to {path}")
     if args.plot:

@@ -6,6 +6,7 @@ one `POST /jobs` each from `clients` threads, each on its own keep-alive
 connection. Every request carries an Idempotency-Key, so a request that failed on
 the wire is sent again once without creating a job twice.
 """
+
 from __future__ import annotations
 
 import http.client
@@ -55,8 +56,11 @@ def _batch_failures(status: int, answer: bytes, sent: int) -> int:
     results = data.get("results", data.get("jobs")) if isinstance(data, dict) else data
     if not isinstance(results, list):
         return 0
-    return sum(1 for r in results if isinstance(r, dict) and (r.get("error") or r.get("problem")
-                                                               or int(r.get("status", 201)) >= 300))
+    return sum(
+        1
+        for r in results
+        if isinstance(r, dict) and (r.get("error") or r.get("problem") or int(r.get("status", 201)) >= 300)
+    )
 
 
 def register(url: str, api_key: str, bodies: list[dict], clients: int = 16) -> dict:
@@ -67,8 +71,13 @@ def register(url: str, api_key: str, bodies: list[dict], clients: int = 16) -> d
     local = threading.local()
     failures: list[str] = []
     first = bodies[:BATCH_SIZE]
-    status, answer = _send(url, "/jobs/batch", {**auth, "Idempotency-Key": f"bench-{run}-b0"},
-                           json.dumps({"jobs": first}).encode(), local)
+    status, answer = _send(
+        url,
+        "/jobs/batch",
+        {**auth, "Idempotency-Key": f"bench-{run}-b0"},
+        json.dumps({"jobs": first}).encode(),
+        local,
+    )
     way = "POST /jobs/batch" if status not in (404, 405) else f"POST /jobs from {clients} threads"
     work: queue.SimpleQueue = queue.SimpleQueue()
     if status in (404, 405):
@@ -89,14 +98,24 @@ def register(url: str, api_key: str, bodies: list[dict], clients: int = 16) -> d
                 break
             try:
                 if status in (404, 405):
-                    got, text = _send(url, "/jobs", {**auth, "Idempotency-Key": f"bench-{run}-{i}"},
-                                      json.dumps(bodies[i]).encode(), mine)
+                    got, text = _send(
+                        url,
+                        "/jobs",
+                        {**auth, "Idempotency-Key": f"bench-{run}-{i}"},
+                        json.dumps(bodies[i]).encode(),
+                        mine,
+                    )
                     if got != 201:
                         failures.append(f"HTTP {got}: {text[:200]!r}")
                 else:
-                    chunk = bodies[i:i + BATCH_SIZE]
-                    got, text = _send(url, "/jobs/batch", {**auth, "Idempotency-Key": f"bench-{run}-b{i}"},
-                                      json.dumps({"jobs": chunk}).encode(), mine)
+                    chunk = bodies[i : i + BATCH_SIZE]
+                    got, text = _send(
+                        url,
+                        "/jobs/batch",
+                        {**auth, "Idempotency-Key": f"bench-{run}-b{i}"},
+                        json.dumps({"jobs": chunk}).encode(),
+                        mine,
+                    )
                     failures.extend([f"batch HTTP {got}"] * _batch_failures(got, text, len(chunk)))
             except (OSError, http.client.HTTPException) as exc:
                 failures.append(type(exc).__name__)
@@ -110,6 +129,12 @@ def register(url: str, api_key: str, bodies: list[dict], clients: int = 16) -> d
     for thread in threads:
         thread.join()
     elapsed = time.perf_counter() - began
-    return {"way": way, "clients": clients, "jobs": len(bodies), "failures": len(failures),
-            "failure_examples": sorted(set(failures))[:5], "elapsed_s": round(elapsed, 2),
-            "jobs_per_s": round((len(bodies) - len(failures)) / elapsed, 1)}
+    return {
+        "way": way,
+        "clients": clients,
+        "jobs": len(bodies),
+        "failures": len(failures),
+        "failure_examples": sorted(set(failures))[:5],
+        "elapsed_s": round(elapsed, 2),
+        "jobs_per_s": round((len(bodies) - len(failures)) / elapsed, 1),
+    }

@@ -17,6 +17,7 @@ processes (SIGTERM, as an operator would) and drops what was made.
 
 The peers' benchmarks use the same fresh database and vhost helpers.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -44,6 +45,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def die_with_parent() -> None:
+    """(preexec_fn) Ask the kernel to SIGTERM this child when the bench dies, even by
+    SIGKILL, so that no server of a bench outlives it (Linux prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
 
 
 def base_env() -> dict[str, str]:
@@ -101,8 +110,11 @@ def fresh_vhost(prefix: str = "bench") -> Iterator[str]:
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     subprocess.run(["rabbitmqctl", "-q", "add_vhost", name], check=True, capture_output=True)
     try:
-        subprocess.run(["rabbitmqctl", "-q", "set_permissions", "-p", name, "guest", ".*", ".*", ".*"],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["rabbitmqctl", "-q", "set_permissions", "-p", name, "guest", ".*", ".*", ".*"],
+            check=True,
+            capture_output=True,
+        )
         yield f"{AMQP_BASE}/{name}"
     finally:
         subprocess.run(["rabbitmqctl", "-q", "delete_vhost", name], capture_output=True)
@@ -120,7 +132,7 @@ def fresh_redis_prefix() -> Iterator[str]:
         client = redis.Redis.from_url(REDIS_URL)
         keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
         for start in range(0, len(keys), 1000):
-            client.delete(*keys[start:start + 1000])
+            client.delete(*keys[start : start + 1000])
         client.close()
 
 
@@ -132,8 +144,15 @@ class Process:
         self.name, self.argv = name, argv
         self.log = log_dir / f"{name}.log"
         with self.log.open("wb") as out:
-            self.popen = subprocess.Popen(argv, env=env, cwd=log_dir, stdout=out, stderr=subprocess.STDOUT,
-                                          start_new_session=True)
+            self.popen = subprocess.Popen(
+                argv,
+                env=env,
+                cwd=log_dir,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+            )
 
     @property
     def pid(self) -> int:
@@ -186,8 +205,9 @@ class PunctualStack:
         self.log_dir = Path(tempfile.mkdtemp(prefix="punctual-bench-"))
 
     def _run(self, *argv: str) -> str:
-        done = subprocess.run([str(BIN / argv[0]), *argv[1:]], env=self.env, cwd=self.log_dir,
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            [str(BIN / argv[0]), *argv[1:]], env=self.env, cwd=self.log_dir, capture_output=True, text=True
+        )
         if done.returncode != 0:
             raise SystemExit(f"bench: `{' '.join(argv)}` failed:\n{done.stdout}{done.stderr}")
         return done.stdout
@@ -199,28 +219,42 @@ class PunctualStack:
 
     def __enter__(self) -> "PunctualStack":
         try:
-            self.database = self.exits.enter_context(fresh_database())
+            self.database = self.exits.enter_context(fresh_database("bench_punctual"))
             broker = self.exits.enter_context(fresh_vhost())
             prefix = self.exits.enter_context(fresh_redis_prefix())
-            self.env = {**base_env(), "PUNCTUAL_DATABASE_URLS": self.database, "PUNCTUAL_BROKER_URL": broker,
-                        "PUNCTUAL_REDIS_URL": REDIS_URL, "PUNCTUAL_REDIS_PREFIX": prefix,
-                        "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1", **self.overrides}
+            self.env = {
+                **base_env(),
+                "PUNCTUAL_DATABASE_URLS": self.database,
+                "PUNCTUAL_BROKER_URL": broker,
+                "PUNCTUAL_REDIS_URL": REDIS_URL,
+                "PUNCTUAL_REDIS_PREFIX": prefix,
+                "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1",
+                **self.overrides,
+            }
             self.settings = effective_settings(self.env)
             self._run("punctual", "migrate")
-            self.api_key = json.loads(self._run("punctual", "keys", "create", "--owner", "bench", "--json"))["api_key"]
+            self.api_key = json.loads(self._run("punctual", "keys", "create", "--owner", "bench", "--json"))[
+                "api_key"
+            ]
             port = free_port()
             self.url = f"http://127.0.0.1:{port}"
             api = self._start("api", "punctual", "api", "--host", "127.0.0.1", "--port", str(port))
             queues = ",".join(f"shard-{s:02d}" for s in range(int(self.settings["PUNCTUAL_SHARDS"])))
-            worker = self._start("worker", "celery", "-A", "app", "worker", "--loglevel", "INFO", "-Q", queues)
+            worker = self._start(
+                "worker", "celery", "-A", "app", "worker", "--loglevel", "INFO", "-Q", queues
+            )
             beat = self._start("beat", "celery", "-A", "app", "beat", "--loglevel", "INFO")
             wait_healthy(self.url)
             worker.wait_for(" ready.")
             beat.wait_for("beat: Starting")
-            self.components = {"workers (celery worker)": [worker.pid], "beat": [beat.pid],
-                               "api (gunicorn)": [api.pid]}
+            self.components = {
+                "workers (celery worker)": [worker.pid],
+                "beat": [beat.pid],
+                "api (gunicorn)": [api.pid],
+            }
             self.commands = [" ".join(["punctual", "migrate"])] + [
-                " ".join([Path(p.argv[0]).name, *p.argv[1:]]) for p in self.processes]
+                " ".join([Path(p.argv[0]).name, *p.argv[1:]]) for p in self.processes
+            ]
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -241,8 +275,9 @@ def backend_pids(dsn: str):
 
     def pids() -> list[int]:
         with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-            rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-                                (name,)).fetchall()
+            rows = conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()", (name,)
+            ).fetchall()
         return [row[0] for row in rows]
 
     return pids

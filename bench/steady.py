@@ -1,130 +1,207 @@
 """Steady state: 200 runs/s due, spread evenly, for 2 minutes; start lateness.
 
-    python -m bench.steady [--rate 200] [--duration-s 120]
+    python -m bench.steady [--rate 200] [--duration-s 120] [--set PUNCTUAL_X=Y ...]
 
-The real stack (bench.common.Stack: fresh databases, vhost, Redis prefix,
-`celery -A app worker` and `celery -A app beat`, poll interval 1 s) and the
-recording sink. The jobs are written straight into the registry before the
-window opens (the API's rows; registration is bench.create's and bench.burst's
-business), mixed:
+Punctual as bench.burst starts it (bench/stack.py: the README's processes, the
+shipped defaults unless --set), the nginx sink, registration through the API
+before the window opens. The mix of jobs, each calling its own path /hook/<i>:
 
-- one-off jobs: half the rate, run_at spread evenly (a new one every 1/(rate/2) s);
-- interval jobs (interval_s 10, start_at staggered over the 10 s): 45 % of the rate;
-- cron jobs (`* * * * *`): 5 % of the rate on average, i.e. rate x 3 jobs firing
-  together at each minute boundary, the way cron load arrives.
+- one-off jobs: half the rate, run_at spread evenly (one every 1/(rate/2) s);
+- interval jobs (interval_s 10, start_at staggered over the first 10 s): 45 %;
+- cron jobs (`* * * * *`, UTC): 5 % on average, i.e. rate x 3 jobs firing together
+  at each minute boundary, the way cron load arrives.
 
-Start lateness = runs.started_at - scheduled_for (the API's lateness_ms), for every
-occurrence due inside the window. JSON to bench/results/.
+Start lateness of an occurrence = its first call's arrival at the sink - its
+Punctual-Scheduled-For header, for every occurrence due inside the window; missing
+= occurrences due in the window that never called. JSON to bench/results/.
 """
+
 from __future__ import annotations
 
 import argparse
-import os
+import math
 import time
-from collections import Counter
-from datetime import datetime, timedelta, timezone
+from collections import defaultdict
+from datetime import datetime, timezone
 
-from bench.common import Stack, machine, percentile, shown, write_result
-from bench.sink import FastSink
+from bench.cpu import CpuMeter, per_run_ms
+from bench.figures import Arrival, lateness_figures
+from bench.harness import (
+    OWN_BACKENDS,
+    due_instant,
+    header,
+    loadavg,
+    sleep_until,
+    stop_cleanly_on_sigterm,
+    write_result,
+)
+from bench.nginx import NginxSink
+from bench.register import register
+from bench.stack import PunctualStack, backend_pids, parse_overrides
+
+INTERVAL_S = 10
 
 
-def job_rows(owner: str, target: dict, start: datetime, duration_s: float, rate: float) -> list[dict]:
-    from tests.rows import job_row
+def iso(instant: float) -> str:
+    return (
+        datetime.fromtimestamp(round(instant, 3), timezone.utc)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
 
-    end = start + timedelta(seconds=duration_s)
-    rows = []
+
+def mix(url, start: float, duration_s: float, rate: float) -> tuple[list[dict], dict[str, int], list[str]]:
+    """The jobs' bodies, the occurrences due in [start, end) by kind, and each job's kind.
+    `url(i)` is job i's target URL."""
+    end = start + duration_s
+    bodies, kinds = [], []
+    expected = {"once": 0, "interval": 0, "cron": 0}
     one_off_rate = rate * 0.5
-    for i in range(int(one_off_rate * duration_s)):
-        at = start + timedelta(seconds=i / one_off_rate)
-        rows.append(job_row(16, owner=owner, target=target, run_at=at.replace(microsecond=at.microsecond // 1000 * 1000),
-                            payload={"kind": "once", "n": i}))
-    interval_jobs = int(rate * 0.45 * 10)
-    for i in range(interval_jobs):
-        first = start + timedelta(seconds=10 * i / interval_jobs)
-        first = first.replace(microsecond=first.microsecond // 1000 * 1000)
-        rows.append(job_row(16, owner=owner, target=target, interval_s=10, start_at=first, end_at=end, first=first,
-                            payload={"kind": "interval", "n": i}))
-    minute = (start + timedelta(seconds=59)).replace(second=0, microsecond=0)
-    if minute < end:
-        for i in range(int(rate * 3)):
-            rows.append(job_row(16, owner=owner, target=target, cron="* * * * *", end_at=end, first=minute,
-                                payload={"kind": "cron", "n": i}))
-    return rows
+    for n in range(int(one_off_rate * duration_s)):
+        bodies.append({"name": f"steady-once-{n}", "schedule": {"run_at": iso(start + n / one_off_rate)}})
+        kinds.append("once")
+        expected["once"] += 1
+    interval_jobs = int(rate * 0.45 * INTERVAL_S)
+    for n in range(interval_jobs):
+        first = round(start + INTERVAL_S * n / interval_jobs, 3)
+        # end_at is inclusive: stop a millisecond short of the window's end.
+        bodies.append(
+            {
+                "name": f"steady-interval-{n}",
+                "schedule": {"interval_s": INTERVAL_S, "start_at": iso(first), "end_at": iso(end - 0.001)},
+            }
+        )
+        kinds.append("interval")
+        expected["interval"] += math.ceil((end - first) / INTERVAL_S)
+    boundaries = sum(1 for m in range(math.ceil(start / 60) * 60, math.ceil(end), 60) if m < end)
+    for n in range(int(rate * 3)):
+        bodies.append(
+            {
+                "name": f"steady-cron-{n}",
+                "schedule": {
+                    "cron": "* * * * *",
+                    "timezone": "UTC",
+                    "start_at": iso(start),
+                    "end_at": iso(end - 0.001),
+                },
+            }
+        )
+        kinds.append("cron")
+        expected["cron"] += boundaries
+    for i, body in enumerate(bodies):
+        body.update(target={"type": "webhook", "url": url(i)}, payload={"n": i})
+    return bodies, expected, kinds
+
+
+def occurrence_figures(
+    arrivals: list[Arrival], kinds: list[str], expected: dict[str, int], start: float, end: float
+) -> dict:
+    """First call per occurrence (Idempotency-Key) due in [start, end): lateness by kind,
+    missing and duplicate calls."""
+    first: dict[str, tuple[float, str]] = {}
+    calls: dict[str, int] = defaultdict(int)
+    for arrival in arrivals:
+        if not arrival.scheduled_for:
+            continue
+        due = datetime.fromisoformat(arrival.scheduled_for.replace("Z", "+00:00")).timestamp()
+        if not start <= due < end:
+            continue
+        calls[arrival.key] += 1
+        kind = kinds[int(arrival.path.rsplit("/", 1)[1])]
+        if arrival.key not in first or arrival.at - due < first[arrival.key][0]:
+            first[arrival.key] = (arrival.at - due, kind)
+    by_kind = {kind: [late for late, k in first.values() if k == kind] for kind in expected}
+    return {
+        "occurrences_due": sum(expected.values()),
+        "started": len(first),
+        "missing": sum(expected.values()) - len(first),
+        "duplicate_calls": sum(c - 1 for c in calls.values()),
+        "lateness_s": lateness_figures([late for late, _k in first.values()]),
+        "by_kind": {
+            kind: {"due": expected[kind], "started": len(values), **lateness_figures(values)}
+            for kind, values in by_kind.items()
+        },
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.steady", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=float, default=200, help="runs due per second")
     parser.add_argument("--duration-s", type=float, default=120)
-    parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--concurrency", type=int, default=(os.cpu_count() or 1) + 1)
-    parser.add_argument("--poll-interval-s", type=float, default=1.0)
-    parser.add_argument("--lead-s", type=float, default=10)
+    parser.add_argument(
+        "--lead-s", type=float, default=0, help="window opens now + this (default: jobs/300 + 20 s)"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="PUNCTUAL_X=Y",
+        help="set one Punctual setting for every process (repeatable); all others are the defaults",
+    )
+    parser.add_argument(
+        "--clients", type=int, default=16, help="registration threads when POST /jobs/batch is absent"
+    )
+    parser.add_argument("--install-sink", action="store_true", help="install nginx if missing (as root)")
+    parser.add_argument("--out", help="write the JSON here instead of bench/results/")
     args = parser.parse_args()
-    load_before = os.getloadavg()
-    sink = FastSink(record=True)
-    env = {"PUNCTUAL_POLL_INTERVAL_S": str(args.poll_interval_s), "PUNCTUAL_TARGET_MAX_CONCURRENCY": "0"}
-    try:
-        with Stack(physical=2, broker=True, env=env) as stack:
-            from tests.rows import insert_jobs, webhook_target
-
-            stack.start_workers(args.workers, args.concurrency)
-            stack.start_beat()
-            start = (datetime.now(timezone.utc) + timedelta(seconds=args.lead_s)).replace(microsecond=0)
-            end = start + timedelta(seconds=args.duration_s)
-            rows = job_rows(stack.owner, webhook_target(sink.url("/steady")), start, args.duration_s, args.rate)
-            insert_jobs(stack.registry, rows)
-            print(f"{len(rows):,} jobs ({dict(Counter(r['schedule_kind'] for r in rows))}), window "
-                  f"{start:%H:%M:%S}-{end:%H:%M:%S}", flush=True)
-            load_at_start = None
-            while datetime.now(timezone.utc) < end + timedelta(seconds=5):
-                if load_at_start is None and datetime.now(timezone.utc) >= start:
-                    load_at_start = os.getloadavg()
-                time.sleep(0.5)
-            time.sleep(5)  # calls and completions of the last second
-            import sqlalchemy as sa
-
-            found = []
-            for engine in stack.registry.engines:
-                with engine.connect() as conn:
-                    found += conn.execute(sa.text(
-                        "SELECT runs.job_id, runs.scheduled_for, runs.started_at, runs.lateness_ms, runs.state,"
-                        " jobs.schedule_kind FROM runs JOIN jobs USING (job_id)"
-                        " WHERE runs.scheduled_for >= :start AND runs.scheduled_for < :end"),
-                        {"start": start, "end": end}).all()
-    finally:
-        arrivals = sink.arrivals()
-        sink.close()
-    started = [r for r in found if r.started_at is not None]
-    lateness = [r.lateness_ms / 1000 for r in started]
-    by_kind = {}
-    for kind in ("once", "interval", "cron"):
-        values = [r.lateness_ms / 1000 for r in started if r.schedule_kind == kind]
-        if values:
-            by_kind[kind] = {"runs": len(values), "p50_s": round(percentile(values, 0.5), 3),
-                             "p99_s": round(percentile(values, 0.99), 3), "max_s": round(max(values), 3)}
-    keys = Counter(key for _at, key in arrivals)
-    result = {
-        "rate_per_s": args.rate, "duration_s": args.duration_s, "poll_interval_s": args.poll_interval_s,
-        "occurrences_due": len(found), "runs_started": len(started),
-        "calls_received": len(arrivals), "duplicate_calls": sum(c - 1 for c in keys.values()),
-        "achieved_starts_per_s": round(len(started) / args.duration_s, 1),
-        "start_lateness_s": {"p50": round(percentile(lateness, 0.5), 3), "p90": round(percentile(lateness, 0.9), 3),
-                             "p99": round(percentile(lateness, 0.99), 3), "max": round(max(lateness), 3) if lateness else None},
-        "by_kind": by_kind,
-        "config": {"workers": args.workers, "processes_per_worker": args.concurrency, "physical_dsns": 2, "shards": 16},
-        "machine": {**machine(), "load_average_before": [round(x, 2) for x in load_before],
-                    "load_average_at_start": [round(x, 2) for x in (load_at_start or os.getloadavg())],
-                    "load_average_after": [round(x, 2) for x in os.getloadavg()]},
-    }
-    path = write_result("steady", result, f"{int(args.rate)}-{int(args.duration_s)}s")
-    s = result["start_lateness_s"]
-    print(f"steady {args.rate:g}/s for {args.duration_s:g} s: {len(started):,} of {len(found):,} occurrences started "
-          f"({result['achieved_starts_per_s']}/s), {result['duplicate_calls']} duplicate calls")
-    print(f"start lateness p50 {s['p50']} s  p90 {s['p90']} s  p99 {s['p99']} s  max {s['max']} s   (goal p99 < 1.5 s)")
-    for kind, figures in by_kind.items():
-        print(f"  {kind:9} {figures}")
-    print(f"load average {result['machine']['load_average_at_start'][0]} at start; written to {shown(path)}")
+    stop_cleanly_on_sigterm()
+    result = header("steady")
+    overrides = parse_overrides(args.set)
+    with NginxSink(install=args.install_sink) as sink, PunctualStack(overrides) as stack:
+        jobs_estimate = args.rate * (0.5 * args.duration_s + 0.45 * INTERVAL_S + 3)
+        start = due_instant(args.lead_s or jobs_estimate / 300 + 20)
+        end = start + args.duration_s
+        bodies, expected, kinds = mix(lambda i: sink.url(f"/hook/{i}"), start, args.duration_s, args.rate)
+        print(f"registering {len(bodies):,} jobs; window {iso(start)} - {iso(end)}", flush=True)
+        registration = register(stack.url, stack.api_key, bodies, clients=args.clients)
+        print(
+            f"registration: {registration['jobs_per_s']:,} jobs/s ({registration['way']}), "
+            f"{registration['failures']} failures, done {start - time.time():.1f} s before the window",
+            flush=True,
+        )
+        meter = CpuMeter(
+            {**stack.components, "nginx (sink)": [sink.pid]},
+            services=("postgres", "beam.smp", "redis-server"),
+            dynamic={OWN_BACKENDS: backend_pids(stack.database)},
+        )
+        sleep_until(start)
+        meter.start()
+        load_at_start = loadavg()
+        sleep_until(end)
+        cpu_s = meter.stop()
+        load_at_end = loadavg()
+        time.sleep(10)  # the calls of the window's last occurrences
+        figures = occurrence_figures(sink.arrivals(), kinds, expected, start, end)
+        settings = stack.settings
+    result.update(
+        system="punctual",
+        rate_per_s=args.rate,
+        duration_s=args.duration_s,
+        registration=registration,
+        window={"start": iso(start), "end": iso(end)},
+        **figures,
+        achieved_starts_per_s=round(figures["started"] / args.duration_s, 1),
+        cpu_s=cpu_s,
+        cpu_ms_per_run=per_run_ms(cpu_s, figures["started"], not_in_total=(OWN_BACKENDS,)),
+        load_average={"start": load_at_start, "end": load_at_end},
+        settings=settings,
+        set_by_flag=overrides,
+        processes=stack.commands,
+    )
+    path = write_result(result, "steady", f"{int(args.rate)}-{int(args.duration_s)}s", args.out)
+    late = figures["lateness_s"]
+    print(
+        f"steady {args.rate:g}/s for {args.duration_s:g} s: {figures['started']:,} of "
+        f"{figures['occurrences_due']:,} occurrences started, {figures['missing']} missing, "
+        f"{figures['duplicate_calls']} duplicate calls"
+    )
+    print(
+        f"start lateness p50 {late['p50']} s  p90 {late['p90']} s  p99 {late['p99']} s  max {late['max']} s"
+        f"   (load {load_at_start[0]} at start)"
+    )
+    for kind, kind_figures in figures["by_kind"].items():
+        print(f"  {kind:9} {kind_figures}")
+    print(f"written to {path}")
 
 
 if __name__ == "__main__":
