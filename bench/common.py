@@ -1,11 +1,11 @@
-"""What the benchmarks share: the stack they build, a cheap HTTP client, the
-figures read from the box (CPU per process tree, Postgres counters, worker
-metrics), percentiles and result files.
+"""What the component benchmarks (bench.create, bench.claim) share: fresh databases
+made in-process, `punctual api`, a cheap HTTP client and the result file.
 
 `Stack` makes fresh Postgres databases (--physical of them, 16 logical shards),
-an owner and key, and, when asked, a fresh RabbitMQ vhost and Redis prefix, `punctual
-api` (gunicorn), `celery -A app worker` and `celery -A app beat`; leaving the `with`
-stops them all and drops what it made.
+an owner and key, and, when asked, a fresh RabbitMQ vhost and Redis prefix, and
+`punctual api` (gunicorn); leaving the `with` stops it and drops what it made. The
+end-to-end benchmarks (bench.burst, bench.steady, bench.peers) start Punctual as a
+user does instead: bench/stack.py.
 """
 from __future__ import annotations
 
@@ -28,11 +28,6 @@ RESULTS = Path(__file__).resolve().parent / "results"
 PG_ADMIN = os.environ.get("PUNCTUAL_BENCH_PG", os.environ.get("PUNCTUAL_TEST_PG", "postgresql://root@127.0.0.1:5432/postgres"))
 AMQP_BASE = os.environ.get("PUNCTUAL_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672")
 REDIS_URL = os.environ.get("PUNCTUAL_TEST_REDIS", "redis://127.0.0.1:6379/0")
-
-
-def percentile(values, q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 def admin_engine():
@@ -176,29 +171,6 @@ class Stack:
         wait_healthy(self.url)
         return self.url
 
-    def start_workers(self, count: int, concurrency: int, metrics_port: int | None = None) -> None:
-        """`count` x `celery -A app worker -c concurrency`; with metrics_port, worker i's
-        prefork children serve Prometheus metrics on metrics_port + 100 i + child index."""
-        from tests.e2e.processes import start_worker, wait_ready
-
-        for i in range(count):
-            env = dict(self.env)
-            if metrics_port:
-                env["PUNCTUAL_METRICS_PORT"] = str(metrics_port + 100 * i)
-            proc = start_worker(env, self.log_dir, name=f"w{i}", concurrency=concurrency)
-            self.workers.append(proc)
-            self.procs.append(proc)
-        for proc in self.workers:
-            wait_ready(proc, 0.5)
-
-    def start_beat(self):
-        from tests.e2e.processes import start_beat, wait_ready
-
-        self.beat = start_beat(self.env, self.log_dir)
-        self.procs.append(self.beat)
-        wait_ready(self.beat, 0.5)
-        return self.beat
-
     def count_jobs(self) -> int:
         import sqlalchemy as sa
 
@@ -227,105 +199,6 @@ class Stack:
         if self.vhost:
             subprocess.run(["rabbitmqctl", "-q", "delete_vhost", self.vhost], capture_output=True)
         self.admin.dispose()
-
-
-# -- figures read from the box ------------------------------------------------------------
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _proc_table() -> dict[int, tuple[int, str, float, float]]:
-    """pid -> (ppid, comm, own cpu seconds, cpu of waited-for children)."""
-    table = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            raw = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        comm = raw[raw.index("(") + 1: raw.rindex(")")]
-        fields = raw[raw.rindex(")") + 2:].split()
-        # fields[0] is state; utime, stime, cutime, cstime are stat fields 14-17
-        table[int(entry)] = (int(fields[1]), comm, (int(fields[11]) + int(fields[12])) / _TICK,
-                             (int(fields[13]) + int(fields[14])) / _TICK)
-    return table
-
-
-def tree_cpu_s(root: int, table: dict | None = None) -> float:
-    """CPU seconds of a process and its descendants (live ones, plus the waited-for)."""
-    table = table or _proc_table()
-    if root not in table:
-        return 0.0
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, *_rest) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    total, stack = 0.0, [root]
-    while stack:
-        pid = stack.pop()
-        total += table[pid][2] + table[pid][3]
-        stack.extend(children.get(pid, ()))
-    return total
-
-
-def service_roots(table: dict | None = None) -> dict[str, int]:
-    """The top process of each shared service on this box (Postgres, RabbitMQ, Redis)."""
-    table = table or _proc_table()
-    found: dict[str, int] = {}
-    names = {"postgres": "postgres", "beam.smp": "rabbitmq", "redis-server": "redis"}
-    for pid, (ppid, comm, *_rest) in sorted(table.items()):
-        name = names.get(comm)
-        if name and name not in found and table.get(ppid, (0, ""))[1] != comm:
-            found[name] = pid
-    return found
-
-
-def cpu_snapshot(roots: dict[str, list[int]]) -> dict[str, float]:
-    table = _proc_table()
-    return {name: sum(tree_cpu_s(pid, table) for pid in pids) for name, pids in roots.items()}
-
-
-def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    return {name: round(after[name] - before.get(name, 0.0), 2) for name in after}
-
-
-def pg_counters(dsns) -> dict[str, int]:
-    """Commits and rows written in the bench's databases (pg_stat_*; Postgres
-    publishes a backend's counts within ~1 s of a commit, ~10 s when it goes idle)."""
-    import sqlalchemy as sa
-
-    from app.registry.engines import engine_url
-
-    totals = {"xact_commit": 0, "n_tup_ins": 0, "n_tup_upd": 0, "n_tup_del": 0}
-    for dsn in dsns:
-        engine = sa.create_engine(engine_url(dsn), poolclass=sa.pool.NullPool)
-        with engine.connect() as conn:
-            totals["xact_commit"] += conn.execute(sa.text(
-                "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")).scalar_one()
-            ins, upd, dele = conn.execute(sa.text(
-                "SELECT coalesce(sum(n_tup_ins), 0), coalesce(sum(n_tup_upd), 0), coalesce(sum(n_tup_del), 0)"
-                " FROM pg_stat_user_tables")).one()
-            totals["n_tup_ins"] += int(ins)
-            totals["n_tup_upd"] += int(upd)
-            totals["n_tup_del"] += int(dele)
-        engine.dispose()
-    return totals
-
-
-def scrape_counter(ports, name: str) -> float:
-    """Sum of a Prometheus counter over the worker children serving metrics on `ports`."""
-    total = 0.0
-    for port in ports:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/metrics")
-            text = conn.getresponse().read().decode()
-        except OSError:
-            continue
-        for line in text.splitlines():
-            if line.startswith(name) and not line.startswith(name + "_created") and not line.startswith("#"):
-                total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def machine() -> dict:
