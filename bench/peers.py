@@ -49,6 +49,11 @@ PGQUEUER_ENQUEUE_GUESS = 3000
 CELERY_ENQUEUE_GUESS = 300
 
 
+def say_due(jobs: int, due: float) -> None:
+    at = datetime.fromtimestamp(due, timezone.utc).strftime("%H:%M:%S")
+    print(f"registering {jobs:,} jobs due at {at} (in {due - time.time():.0f} s)", flush=True)
+
+
 def _peer_env(**extra: str) -> dict[str, str]:
     return {**base_env(), "PYTHONPATH": str(REPO), **extra}
 
@@ -138,6 +143,7 @@ def run_pgqueuer(args: argparse.Namespace) -> dict:
         try:
             worker.wait_for("pgqueuer worker ready")
             due = due_instant(args.lead_s or args.jobs / PGQUEUER_ENQUEUE_GUESS + WINDOW_LEAD_S + 10)
+            say_due(args.jobs, due)
             began = time.perf_counter()
             asyncio.run(_pgqueuer_enqueue(dsn, args.jobs, due))
             elapsed = time.perf_counter() - began
@@ -212,6 +218,7 @@ def run_celery(args: argparse.Namespace) -> dict:
             app.conf.broker_url = broker
             due = due_instant(args.lead_s or args.jobs / CELERY_ENQUEUE_GUESS + WINDOW_LEAD_S + 10)
             eta = datetime.fromtimestamp(due, timezone.utc)
+            say_due(args.jobs, due)
             began = time.perf_counter()
             with app.producer_or_acquire() as producer:
                 for i in range(args.jobs):

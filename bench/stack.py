@@ -79,7 +79,7 @@ def effective_settings(env: dict[str, str]) -> dict[str, str]:
         from app.settings import VARIABLES, Settings
     except ImportError as exc:  # pragma: no cover - only without the package installed
         raise SystemExit(f"bench: cannot import app.settings ({exc}); pip install -e '.[bench]'")
-    from app.errors import SettingsError
+    from app.core.errors import SettingsError
 
     try:
         Settings.from_env(env)
