@@ -99,7 +99,8 @@ worker_prefetch_multiplier = 1
 # the Python work (HTTP, JSON, HMAC) over the cores, which one threaded process under
 # the GIL cannot. One process more than cores: a process is GIL-bound but also waits
 # on database and broker round trips, and the extra one keeps the cores busy
-# (measured on 2 cores, bench/endtoend.py: 2 processes ~970 starts/s, 3 ~1,150).
+# (measured on 2 cores with the old bench.endtoend, now part of bench.burst: 2 processes
+# ~970 starts/s, 3 ~1,150, with no per-target cap).
 # `-c N` on the command line overrides it.
 worker_pool = "prefork"
 worker_concurrency = (os.cpu_count() or 1) + 1
