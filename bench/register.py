@@ -123,12 +123,21 @@ def register(url: str, api_key: str, bodies: list[dict], clients: int = 16) -> d
         if conn is not None:
             conn.close()
 
-    threads = [threading.Thread(target=client) for _ in range(clients)]
+    # Daemon threads, and the queue emptied on Ctrl-C: an interrupted bench unwinds at
+    # once (its `with` blocks stop the processes) instead of finishing registration.
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join()
+    try:
+        for thread in threads:
+            thread.join()
+    except KeyboardInterrupt:
+        while not work.empty():
+            work.get_nowait()
+        raise
     elapsed = time.perf_counter() - began
+    if getattr(local, "conn", None) is not None:
+        local.conn.close()
     return {
         "way": way,
         "clients": clients,
