@@ -40,7 +40,7 @@ def stop_cleanly_on_sigterm() -> None:
 
 
 def commit() -> dict:
-    """The commit measured and whether the tree differed from it."""
+    """The commit measured and whether tracked code differed from it."""
 
     def git(*argv: str) -> str:
         return subprocess.run(
@@ -50,7 +50,18 @@ def commit() -> dict:
     try:
         return {
             "commit": git("rev-parse", "HEAD"),
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+            # Documents and result files do not change what runs.
+            "dirty": bool(
+                git(
+                    "status",
+                    "--porcelain",
+                    "--untracked-files=no",
+                    "--",
+                    ".",
+                    ":(exclude)*.md",
+                    ":(exclude)bench/results",
+                )
+            ),
         }
     except (OSError, subprocess.CalledProcessError):
         return {"commit": "unknown", "dirty": None}
