@@ -16,7 +16,7 @@ bench/results/ (or --out).
 from __future__ import annotations
 
 import argparse
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from bench.cpu import CpuMeter
 from bench.harness import (
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> dict:
         window_lead_s = max(WINDOW_LEAD_S, claim_ahead_s + 5)
         lead_s = args.lead_s or args.jobs / REGISTRATION_RATE_GUESS + window_lead_s + 10
         due = due_instant(lead_s)
-        due_iso = datetime.fromtimestamp(due, timezone.utc).isoformat().replace("+00:00", "Z")
+        due_iso = datetime.fromtimestamp(due, UTC).isoformat().replace("+00:00", "Z")
         print(
             f"registering {args.jobs:,} jobs due at {due_iso} (in {due - datetime.now().timestamp():.0f} s)",
             flush=True,

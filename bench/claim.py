@@ -17,14 +17,15 @@ rows/s = jobs / elapsed; the ratio bare/code is the cost of the code. Each figur
 is the median of --repeat measurements, bare and code alternated (the box is
 shared and noisy). JSON to bench/results/.
 """
+
 from __future__ import annotations
 
 import argparse
 import multiprocessing
 import os
 import time
+from datetime import UTC, datetime, timedelta
 from statistics import median
-from datetime import datetime, timedelta, timezone
 
 from bench.common import Stack, machine, shown, write_result
 
@@ -65,8 +66,8 @@ def _poller(args: tuple) -> int:
     claimed = 0
     time.sleep(max(0.0, start_at - time.time()))
     if mode == "code":
-        from app.pollers.claim import claim_batch
         from app.core.timefmt import utcnow
+        from app.pollers.claim import claim_batch
 
         for shard in shards:
             while True:
@@ -79,9 +80,17 @@ def _poller(args: tuple) -> int:
         cursor = raw.cursor()
         for shard in shards:
             while True:
-                now = datetime.now(timezone.utc)
-                cursor.execute(BARE_CLAIM, {"shard": shard, "now": now, "limit": batch, "until": now + timedelta(seconds=60),
-                                            "due_at": now + timedelta(seconds=5)})
+                now = datetime.now(UTC)
+                cursor.execute(
+                    BARE_CLAIM,
+                    {
+                        "shard": shard,
+                        "now": now,
+                        "limit": batch,
+                        "until": now + timedelta(seconds=60),
+                        "due_at": now + timedelta(seconds=5),
+                    },
+                )
                 rows = cursor.fetchall()
                 raw.commit()
                 claimed += len(rows)
@@ -101,13 +110,17 @@ def measure(stack: Stack, mode: str, jobs: int, batch: int, pollers: int) -> dic
     with engine.begin() as conn:
         conn.exec_driver_sql("TRUNCATE runs")
         conn.exec_driver_sql("DELETE FROM jobs")
-    due = datetime.now(timezone.utc) - timedelta(seconds=1)
+    due = datetime.now(UTC) - timedelta(seconds=1)
     target = webhook_target("http://127.0.0.1:9/claim")
-    insert_jobs(stack.registry, [job_row(16, owner=stack.owner, run_at=due, target=target, payload={"n": i})
-                                 for i in range(jobs)])
+    insert_jobs(
+        stack.registry,
+        [job_row(16, owner=stack.owner, run_at=due, target=target, payload={"n": i}) for i in range(jobs)],
+    )
     start_at = time.time() + 1.0
-    work = [("code" if mode == "code" else "bare", stack.dsns[0], list(range(p, 16, pollers)), batch, start_at)
-            for p in range(pollers)]
+    work = [
+        ("code" if mode == "code" else "bare", stack.dsns[0], list(range(p, 16, pollers)), batch, start_at)
+        for p in range(pollers)
+    ]
     with multiprocessing.get_context("fork").Pool(pollers) as pool:
         result = pool.map_async(_poller, work)
         time.sleep(max(0.0, start_at - time.time()))
@@ -116,8 +129,15 @@ def measure(stack: Stack, mode: str, jobs: int, batch: int, pollers: int) -> dic
         elapsed = time.perf_counter() - began
     with engine.connect() as conn:
         runs = conn.execute(sa.text("SELECT count(*) FROM runs")).scalar_one()
-    return {"mode": mode, "batch": batch, "pollers": pollers, "claimed": claimed, "run_rows": runs,
-            "elapsed_s": round(elapsed, 3), "rows_per_s": round(claimed / elapsed)}
+    return {
+        "mode": mode,
+        "batch": batch,
+        "pollers": pollers,
+        "claimed": claimed,
+        "run_rows": runs,
+        "elapsed_s": round(elapsed, 3),
+        "rows_per_s": round(claimed / elapsed),
+    }
 
 
 def main() -> None:
@@ -125,7 +145,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=10000, help="due jobs per measurement")
     parser.add_argument("--batches", default="100,500,1000")
     parser.add_argument("--pollers", default="1,2,4")
-    parser.add_argument("--repeat", type=int, default=3, help="alternated bare/code measurements; medians are reported")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="alternated bare/code measurements; medians are reported"
+    )
     args = parser.parse_args()
     load_before = os.getloadavg()
     rows = []
@@ -138,16 +160,35 @@ def main() -> None:
                         tries[mode].append(measure(stack, mode, args.jobs, batch, pollers))
                 code = median(t["rows_per_s"] for t in tries["code"])
                 bare = median(t["rows_per_s"] for t in tries["bare"])
-                rows.append({"batch": batch, "pollers": pollers, "code_rows_per_s": round(code),
-                             "bare_rows_per_s": round(bare), "bare_over_code": round(bare / code, 2), "tries": tries})
-                print(f"batch {batch:5}  pollers {pollers}  code {code:7,.0f} rows/s  bare {bare:7,.0f} rows/s  "
-                      f"bare/code {bare / code:.2f}x   (medians of {args.repeat})", flush=True)
-    result = {"jobs_per_measurement": args.jobs, "results": rows,
-              "machine": {**machine(), "load_average_before": [round(x, 2) for x in load_before],
-                          "load_average_after": [round(x, 2) for x in os.getloadavg()]}}
+                rows.append(
+                    {
+                        "batch": batch,
+                        "pollers": pollers,
+                        "code_rows_per_s": round(code),
+                        "bare_rows_per_s": round(bare),
+                        "bare_over_code": round(bare / code, 2),
+                        "tries": tries,
+                    }
+                )
+                print(
+                    f"batch {batch:5}  pollers {pollers}  code {code:7,.0f} rows/s  bare {bare:7,.0f} rows/s  "
+                    f"bare/code {bare / code:.2f}x   (medians of {args.repeat})",
+                    flush=True,
+                )
+    result = {
+        "jobs_per_measurement": args.jobs,
+        "results": rows,
+        "machine": {
+            **machine(),
+            "load_average_before": [round(x, 2) for x in load_before],
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        },
+    }
     path = write_result("claim", result)
-    print(f"load average {result['machine']['load_average_before'][0]} -> {result['machine']['load_average_after'][0]}"
-          f"; written to {shown(path)}")
+    print(
+        f"load average {result['machine']['load_average_before'][0]} -> {result['machine']['load_average_after'][0]}"
+        f"; written to {shown(path)}"
+    )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ an owner and key, and, when asked, a fresh RabbitMQ vhost and Redis prefix, and
 end-to-end benchmarks (bench.burst, bench.steady, bench.peers) start Punctual as a
 user does instead: bench/stack.py.
 """
+
 from __future__ import annotations
 
 import http.client
@@ -20,12 +21,14 @@ import sys
 import tempfile
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
 RESULTS = Path(__file__).resolve().parent / "results"
-PG_ADMIN = os.environ.get("PUNCTUAL_BENCH_PG", os.environ.get("PUNCTUAL_TEST_PG", "postgresql://root@127.0.0.1:5432/postgres"))
+PG_ADMIN = os.environ.get(
+    "PUNCTUAL_BENCH_PG", os.environ.get("PUNCTUAL_TEST_PG", "postgresql://root@127.0.0.1:5432/postgres")
+)
 AMQP_BASE = os.environ.get("PUNCTUAL_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672")
 REDIS_URL = os.environ.get("PUNCTUAL_TEST_REDIS", "redis://127.0.0.1:6379/0")
 
@@ -60,18 +63,23 @@ class Connection:
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.buffer = b""
         head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        self.sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {self.address[0]}\r\n{head}"
-                          f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        self.sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: {self.address[0]}\r\n{head}"
+            f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
         while b"\r\n\r\n" not in self.buffer:
             self._read()
         header, _, self.buffer = self.buffer.partition(b"\r\n\r\n")
         lines = header.split(b"\r\n")
         status = int(lines[0].split()[1])
-        length = next(int(l.split(b":", 1)[1]) for l in lines[1:] if l.lower().startswith(b"content-length:"))
+        length = next(
+            int(line.split(b":", 1)[1]) for line in lines[1:] if line.lower().startswith(b"content-length:")
+        )
         while len(self.buffer) < length:
             self._read()
         self.buffer = self.buffer[length:]
-        if any(l.lower().startswith(b"connection: close") for l in lines[1:]):
+        if any(line.lower().startswith(b"connection: close") for line in lines[1:]):
             self.close()
         return status
 
@@ -106,8 +114,14 @@ class Stack:
     """Fresh databases (and, with broker=True, a vhost and Redis prefix) plus the
     processes started on them; torn down on exit."""
 
-    def __init__(self, physical: int = 2, shards: int = 16, broker: bool = False, env: dict[str, str] | None = None,
-                 dsns: list[str] | None = None):
+    def __init__(
+        self,
+        physical: int = 2,
+        shards: int = 16,
+        broker: bool = False,
+        env: dict[str, str] | None = None,
+        dsns: list[str] | None = None,
+    ):
         self.physical, self.shards, self.broker = physical, shards, broker
         self.extra_env = dict(env or {})
         self.given_dsns = dsns  # attach to these instead of making databases
@@ -118,12 +132,12 @@ class Stack:
         self.workers: list = []
         self.log_dir = Path(tempfile.mkdtemp(prefix="punctual-bench-"))
 
-    def __enter__(self) -> "Stack":
+    def __enter__(self) -> Stack:
         import sqlalchemy as sa
 
+        from app.registry.engines import registry_for
         from app.registry.migrate import migrate_all
         from app.services.owners import create_key
-        from app.registry.engines import registry_for
         from app.settings import Settings
 
         self.admin = admin_engine()
@@ -137,18 +151,33 @@ class Stack:
                         conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
                     self.databases.append(name)
                 base = sa.engine.make_url(PG_ADMIN)
-                dsns = tuple(base.set(database=n).render_as_string(hide_password=False) for n in self.databases)
+                dsns = tuple(
+                    base.set(database=n).render_as_string(hide_password=False) for n in self.databases
+                )
             migrate_all(dsns)
             self.dsns = dsns
-            self.env = {"PUNCTUAL_DATABASE_URLS": ",".join(dsns), "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1",
-                        "PUNCTUAL_SHARDS": str(self.shards)}
+            self.env = {
+                "PUNCTUAL_DATABASE_URLS": ",".join(dsns),
+                "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1",
+                "PUNCTUAL_SHARDS": str(self.shards),
+            }
             if self.broker:
                 self.vhost = f"bench_{uuid.uuid4().hex[:10]}"
-                subprocess.run(["rabbitmqctl", "-q", "add_vhost", self.vhost], check=True, capture_output=True)
-                subprocess.run(["rabbitmqctl", "-q", "set_permissions", "-p", self.vhost, "guest", ".*", ".*", ".*"],
-                               check=True, capture_output=True)
-                self.env.update({"PUNCTUAL_BROKER_URL": f"{AMQP_BASE}/{self.vhost}", "PUNCTUAL_REDIS_URL": REDIS_URL,
-                                 "PUNCTUAL_REDIS_PREFIX": f"pt-bench-{uuid.uuid4().hex[:8]}"})
+                subprocess.run(
+                    ["rabbitmqctl", "-q", "add_vhost", self.vhost], check=True, capture_output=True
+                )
+                subprocess.run(
+                    ["rabbitmqctl", "-q", "set_permissions", "-p", self.vhost, "guest", ".*", ".*", ".*"],
+                    check=True,
+                    capture_output=True,
+                )
+                self.env.update(
+                    {
+                        "PUNCTUAL_BROKER_URL": f"{AMQP_BASE}/{self.vhost}",
+                        "PUNCTUAL_REDIS_URL": REDIS_URL,
+                        "PUNCTUAL_REDIS_PREFIX": f"pt-bench-{uuid.uuid4().hex[:8]}",
+                    }
+                )
             self.env.update(self.extra_env)
             self.settings = Settings.from_env(self.env)
             self.registry = registry_for(self.settings)
@@ -202,13 +231,17 @@ class Stack:
 
 
 def machine() -> dict:
-    return {"cpus": os.cpu_count(), "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30),
-            "python": platform.python_version(), "platform": platform.platform(),
-            "note": "Postgres, RabbitMQ, Redis, the API, beat, the workers, the sink and the bench share one box"}
+    return {
+        "cpus": os.cpu_count(),
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "note": "Postgres, RabbitMQ, Redis, the API, beat, the workers, the sink and the bench share one box",
+    }
 
 
 def stamp() -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
 def code_version() -> str:
@@ -216,10 +249,16 @@ def code_version() -> str:
     a figure is only comparable to another of the same code."""
     root = Path(__file__).resolve().parents[1]
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
-                                text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "app", "celeryconfig.py"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "app", "celeryconfig.py"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return commit + ("+dirty" if dirty else "")
@@ -228,7 +267,7 @@ def code_version() -> str:
 def write_result(kind: str, result: dict, label: str = "") -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     result.setdefault("bench", kind)
-    result.setdefault("at", datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    result.setdefault("at", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
     result.setdefault("command", "python -m bench." + kind + " " + " ".join(sys.argv[1:]))
     result.setdefault("commit", code_version())
     path = RESULTS / f"{kind}{'-' + label if label else ''}-{stamp()}.json"

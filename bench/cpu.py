@@ -10,9 +10,9 @@ make a window: `CpuMeter.start()` and `CpuMeter.stop()`.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 

@@ -11,6 +11,7 @@ so the load generator's own GIL is not what is measured. Each request is a real
 create with its own Idempotency-Key. Prints jobs/s and latency percentiles, and
 writes the result as JSON under bench/results/.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,32 +22,44 @@ import sys
 import threading
 import time
 import uuid
-from datetime import datetime, timezone
-from typing import Callable
+from collections.abc import Callable
+from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
 from bench.common import RESULTS, Connection, Stack
 
 
 def job_body(i: int) -> bytes:
-    return json.dumps({
-        "name": f"bench-{i}",
-        "target": {"type": "webhook", "url": "http://127.0.0.1:9/hook", "headers": {"X-Bench": "1"}},
-        "payload": {"n": i, "note": "created by bench.create"},
-        "schedule": {"cron": "*/5 * * * *", "timezone": "Europe/Berlin"},
-        "jitter_s": 30,
-    }).encode()
+    return json.dumps(
+        {
+            "name": f"bench-{i}",
+            "target": {"type": "webhook", "url": "http://127.0.0.1:9/hook", "headers": {"X-Bench": "1"}},
+            "payload": {"n": i, "note": "created by bench.create"},
+            "schedule": {"cron": "*/5 * * * *", "timezone": "Europe/Berlin"},
+            "jitter_s": 30,
+        }
+    ).encode()
 
 
-def _client_thread(url: str, api_key: str, jobs: list[int], latencies: list[float], failures: list[str],
-                   start: threading.Event, body: Callable[[int], bytes]) -> None:
+def _client_thread(
+    url: str,
+    api_key: str,
+    jobs: list[int],
+    latencies: list[float],
+    failures: list[str],
+    start: threading.Event,
+    body: Callable[[int], bytes],
+) -> None:
     parts = urlsplit(url)
     conn = Connection(parts.hostname, parts.port or 80)
     run = uuid.uuid4().hex[:8]
     start.wait()
     for i in jobs:
-        headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json",
-                   "Idempotency-Key": f"bench-{run}-{i}"}
+        headers = {
+            "Authorization": f"Bearer {api_key}",
+            "Content-Type": "application/json",
+            "Idempotency-Key": f"bench-{run}-{i}",
+        }
         began = time.perf_counter()
         try:
             status = conn.post("/jobs", headers, body(i))
@@ -65,7 +78,10 @@ def _client_process(args: tuple) -> tuple[list[float], list[str], float, float]:
     failures: list[str] = []
     start = threading.Event()
     chunks = [job_ids[i::threads] for i in range(threads)]
-    workers = [threading.Thread(target=_client_thread, args=(url, api_key, chunk, latencies, failures, start, body)) for chunk in chunks]
+    workers = [
+        threading.Thread(target=_client_thread, args=(url, api_key, chunk, latencies, failures, start, body))
+        for chunk in chunks
+    ]
     for worker in workers:
         worker.start()
     time.sleep(max(0.0, start_at - time.time()))  # every process starts at the same wall-clock instant
@@ -76,8 +92,14 @@ def _client_process(args: tuple) -> tuple[list[float], list[str], float, float]:
     return latencies, failures, began, time.time()
 
 
-def measure(url: str, api_key: str, clients: int, jobs: int, client_procs: int,
-            body: Callable[[int], bytes] = job_body) -> dict:
+def measure(
+    url: str,
+    api_key: str,
+    clients: int,
+    jobs: int,
+    client_procs: int,
+    body: Callable[[int], bytes] = job_body,
+) -> dict:
     """Create `jobs` jobs (request i sends body(i); a picklable callable) with `clients`
     keep-alive connections over `client_procs` processes."""
     procs = max(1, min(client_procs, clients))
@@ -87,7 +109,7 @@ def measure(url: str, api_key: str, clients: int, jobs: int, client_procs: int,
     work = [(url, api_key, ids[p::procs], per_proc[p], start_at, body) for p in range(procs)]
     with multiprocessing.get_context("fork").Pool(procs) as pool:
         results = pool.map(_client_process, work)
-    latencies = sorted(l for r in results for l in r[0])
+    latencies = sorted(latency for r in results for latency in r[0])
     failures = [f for r in results for f in r[1]]
     elapsed = max(r[3] for r in results) - min(r[2] for r in results)
 
@@ -95,8 +117,12 @@ def measure(url: str, api_key: str, clients: int, jobs: int, client_procs: int,
         return round(latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000, 2)
 
     return {
-        "jobs": jobs, "clients": clients, "client_procs": procs, "elapsed_s": round(elapsed, 3),
-        "jobs_per_s": round((jobs - len(failures)) / elapsed, 1), "failures": len(failures),
+        "jobs": jobs,
+        "clients": clients,
+        "client_procs": procs,
+        "elapsed_s": round(elapsed, 3),
+        "jobs_per_s": round((jobs - len(failures)) / elapsed, 1),
+        "failures": len(failures),
         "failure_kinds": sorted(set(failures))[:10],
         "latency_ms": {"p50": pct(0.50), "p90": pct(0.90), "p99": pct(0.99), "max": pct(1.0)},
     }
@@ -109,7 +135,7 @@ class LocalStack:
         self.stack = Stack(physical=2)
         self.workers, self.threads = workers, threads
 
-    def __enter__(self) -> "LocalStack":
+    def __enter__(self) -> LocalStack:
         self.stack.__enter__()
         self.url = self.stack.start_api(self.workers, self.threads)
         self.api_key = self.stack.api_key
@@ -124,10 +150,14 @@ class LocalStack:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m bench.create", description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", type=int, default=16, help="concurrent HTTP clients (keep-alive connections)")
+    parser.add_argument(
+        "--clients", type=int, default=16, help="concurrent HTTP clients (keep-alive connections)"
+    )
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs to create")
     parser.add_argument("--client-procs", type=int, default=2, help="processes the clients are spread over")
-    parser.add_argument("--warmup", type=int, default=500, help="creates before the measurement (not counted)")
+    parser.add_argument(
+        "--warmup", type=int, default=500, help="creates before the measurement (not counted)"
+    )
     parser.add_argument("--url", help="measure a running API instead of starting one")
     parser.add_argument("--api-key", default=os.environ.get("PUNCTUAL_API_KEY"), help="with --url")
     parser.add_argument("--workers", type=int, help="gunicorn workers of the API started here")
@@ -153,17 +183,26 @@ def main(argv: list[str] | None = None) -> dict:
             result = run(stack.url, stack.api_key)
             from app.cli.serve import DEFAULT_THREADS, default_workers
 
-            result["server"] = {"workers": args.workers or default_workers(), "threads": args.threads or DEFAULT_THREADS,
-                                "stored_jobs": stack.count_jobs()}
-    result.update(bench="create", cpus=os.cpu_count(), at=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                  command="python -m bench.create " + " ".join(argv if argv is not None else sys.argv[1:]))
+            result["server"] = {
+                "workers": args.workers or default_workers(),
+                "threads": args.threads or DEFAULT_THREADS,
+                "stored_jobs": stack.count_jobs(),
+            }
+    result.update(
+        bench="create",
+        cpus=os.cpu_count(),
+        at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        command="python -m bench.create " + " ".join(argv if argv is not None else sys.argv[1:]),
+    )
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"create-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}.json"
+    path = RESULTS / f"create-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{result['jobs_per_s']:.0f} jobs/s  ({result['jobs']} jobs, {result['clients']} clients, "
-          f"{result['elapsed_s']}s, p50 {result['latency_ms']['p50']} ms, p99 {result['latency_ms']['p99']} ms, "
-          f"{result['failures']} failures, load {result['load_average_1m']['before']}->{result['load_average_1m']['after']})"
-          f"  -> {path}")
+    print(
+        f"{result['jobs_per_s']:.0f} jobs/s  ({result['jobs']} jobs, {result['clients']} clients, "
+        f"{result['elapsed_s']}s, p50 {result['latency_ms']['p50']} ms, p99 {result['latency_ms']['p99']} ms, "
+        f"{result['failures']} failures, load {result['load_average_1m']['before']}->{result['load_average_1m']['after']})"
+        f"  -> {path}"
+    )
     return result
 
 

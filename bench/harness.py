@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from bench.cpu import SERVICES, CpuMeter, per_run_ms
@@ -145,7 +145,7 @@ def measure_burst(
     figures = burst_figures(sink.arrivals(), jobs, due, paths)
     return {
         **figures,
-        "due": datetime.fromtimestamp(due, timezone.utc).isoformat(),
+        "due": datetime.fromtimestamp(due, UTC).isoformat(),
         "waiting_ended_by": ended_by,
         "registration_overlapped_cpu_window": late_registration,
         "cpu_s": cpu_s,
@@ -162,7 +162,7 @@ def measure_burst(
 
 def write_result(result: dict, kind: str, label: str, out: str | None) -> Path:
     """bench/results/<kind>-<label>-<UTC stamp>.json, or `out`."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     path = Path(out) if out else RESULTS / f"{kind}-{label}-{stamp}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2, default=str) + "\n")
@@ -172,7 +172,7 @@ def write_result(result: dict, kind: str, label: str, out: str | None) -> Path:
 def header(kind: str) -> dict:
     return {
         "bench": kind,
-        "at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": f"python -m bench.{kind} " + " ".join(sys.argv[1:]),
         **commit(),
         "machine": machine(),

@@ -125,7 +125,7 @@ class NginxSink:
         """The master's pid: its tree (master and workers) is the sink's CPU."""
         return self.process.pid
 
-    def __enter__(self) -> "NginxSink":
+    def __enter__(self) -> NginxSink:
         for folder in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
             (self.root / folder).mkdir()
         (self.root / "nginx.conf").write_text(

@@ -24,7 +24,7 @@ import signal
 import sys
 import tempfile
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from bench.burst import add_common_arguments
@@ -50,7 +50,7 @@ CELERY_ENQUEUE_GUESS = 300
 
 
 def say_due(jobs: int, due: float) -> None:
-    at = datetime.fromtimestamp(due, timezone.utc).strftime("%H:%M:%S")
+    at = datetime.fromtimestamp(due, UTC).strftime("%H:%M:%S")
     print(f"registering {jobs:,} jobs due at {at} (in {due - time.time():.0f} s)", flush=True)
 
 
@@ -217,7 +217,7 @@ def run_celery(args: argparse.Namespace) -> dict:
 
             app.conf.broker_url = broker
             due = due_instant(args.lead_s or args.jobs / CELERY_ENQUEUE_GUESS + WINDOW_LEAD_S + 10)
-            eta = datetime.fromtimestamp(due, timezone.utc)
+            eta = datetime.fromtimestamp(due, UTC)
             say_due(args.jobs, due)
             began = time.perf_counter()
             with app.producer_or_acquire() as producer:

@@ -31,8 +31,8 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 PG_ADMIN = os.environ.get("PUNCTUAL_BENCH_PG", "postgresql://root@127.0.0.1:5432/postgres")
 AMQP_BASE = os.environ.get("PUNCTUAL_BENCH_AMQP", "amqp://guest:guest@127.0.0.1:5672")
@@ -78,13 +78,13 @@ def effective_settings(env: dict[str, str]) -> dict[str, str]:
     try:
         from app.settings import VARIABLES, Settings
     except ImportError as exc:  # pragma: no cover - only without the package installed
-        raise SystemExit(f"bench: cannot import app.settings ({exc}); pip install -e '.[bench]'")
+        raise SystemExit(f"bench: cannot import app.settings ({exc}); pip install -e '.[bench]'") from None
     from app.core.errors import SettingsError
 
     try:
         Settings.from_env(env)
     except SettingsError as exc:
-        raise SystemExit(f"bench: {exc}")
+        raise SystemExit(f"bench: {exc}") from None
     return {v.name: env.get(v.name) or v.default for v in VARIABLES}
 
 
@@ -217,7 +217,7 @@ class PunctualStack:
         self.processes.append(process)
         return process
 
-    def __enter__(self) -> "PunctualStack":
+    def __enter__(self) -> PunctualStack:
         try:
             self.database = self.exits.enter_context(fresh_database("bench_punctual"))
             broker = self.exits.enter_context(fresh_vhost())

@@ -24,7 +24,7 @@ import argparse
 import math
 import time
 from collections import defaultdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from bench.cpu import CpuMeter, per_run_ms
 from bench.figures import Arrival, lateness_figures
@@ -46,7 +46,7 @@ INTERVAL_S = 10
 
 def iso(instant: float) -> str:
     return (
-        datetime.fromtimestamp(round(instant, 3), timezone.utc)
+        datetime.fromtimestamp(round(instant, 3), UTC)
         .isoformat(timespec="milliseconds")
         .replace("+00:00", "Z")
     )
