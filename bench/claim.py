@@ -39,12 +39,15 @@ WITH due AS (
     UPDATE jobs SET state = 'running', lease_token = gen_random_uuid(), leased_until = %(until)s,
                     attempt = 0, updated_at = %(now)s
     FROM due WHERE jobs.job_id = due.job_id
-    RETURNING jobs.job_id, jobs.shard, jobs.owner, jobs.nominal_at, jobs.lease_token, jobs.target, jobs.payload,
+    RETURNING jobs.job_id, jobs.shard, jobs.owner, jobs.nominal_at, jobs.lease_token, jobs.target,
+              jobs.payload,
               jobs.retry_max_attempts, jobs.retry_backoff_s, jobs.retry_max_backoff_s
 ), inserted AS (
-    INSERT INTO runs (run_id, job_id, shard, owner, origin, scheduled_for, attempt, state, lease_token, due_at,
+    INSERT INTO runs (run_id, job_id, shard, owner, origin, scheduled_for, attempt, state, lease_token,
+                      due_at,
                       published, target, retry, created_at, updated_at)
-    SELECT gen_random_uuid(), job_id, shard, owner, 'schedule', nominal_at, 1, 'claimed', lease_token, %(due_at)s,
+    SELECT gen_random_uuid(), job_id, shard, owner, 'schedule', nominal_at, 1, 'claimed', lease_token,
+           %(due_at)s,
            false, target, jsonb_build_object('max_attempts', retry_max_attempts, 'backoff_s', retry_backoff_s,
                                              'max_backoff_s', retry_max_backoff_s), %(now)s, %(now)s
     FROM claimed
@@ -171,7 +174,8 @@ def main() -> None:
                     }
                 )
                 print(
-                    f"batch {batch:5}  pollers {pollers}  code {code:7,.0f} rows/s  bare {bare:7,.0f} rows/s  "
+                    f"batch {batch:5}  pollers {pollers}  code {code:7,.0f} rows/s  "
+                    f"bare {bare:7,.0f} rows/s  "
                     f"bare/code {bare / code:.2f}x   (medians of {args.repeat})",
                     flush=True,
                 )
@@ -186,7 +190,8 @@ def main() -> None:
     }
     path = write_result("claim", result)
     print(
-        f"load average {result['machine']['load_average_before'][0]} -> {result['machine']['load_average_after'][0]}"
+        f"load average {result['machine']['load_average_before'][0]} -> "
+        f"{result['machine']['load_average_after'][0]}"
         f"; written to {shown(path)}"
     )
 

@@ -199,8 +199,9 @@ def main(argv: list[str] | None = None) -> dict:
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(
         f"{result['jobs_per_s']:.0f} jobs/s  ({result['jobs']} jobs, {result['clients']} clients, "
-        f"{result['elapsed_s']}s, p50 {result['latency_ms']['p50']} ms, p99 {result['latency_ms']['p99']} ms, "
-        f"{result['failures']} failures, load {result['load_average_1m']['before']}->{result['load_average_1m']['after']})"
+        f"{result['elapsed_s']}s, p50 {result['latency_ms']['p50']} ms, "
+        f"p99 {result['latency_ms']['p99']} ms, {result['failures']} failures, "
+        f"load {result['load_average_1m']['before']}->{result['load_average_1m']['after']})"
         f"  -> {path}"
     )
     return result
