@@ -56,6 +56,7 @@ class Connection:
         self.address = (host, port)
         self.sock: socket.socket | None = None
         self.buffer = b""
+        self.body = b""  # the last answer's body
 
     def post(self, path: str, headers: dict[str, str], body: bytes) -> int:
         if self.sock is None:
@@ -78,7 +79,7 @@ class Connection:
         )
         while len(self.buffer) < length:
             self._read()
-        self.buffer = self.buffer[length:]
+        self.body, self.buffer = self.buffer[:length], self.buffer[length:]
         if any(line.lower().startswith(b"connection: close") for line in lines[1:]):
             self.close()
         return status

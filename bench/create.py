@@ -8,8 +8,10 @@ a running API instead.
 
 Clients: --clients keep-alive HTTP connections, spread over --client-procs processes
 so the load generator's own GIL is not what is measured. Each request is a real
-create with its own Idempotency-Key. Prints jobs/s and latency percentiles, and
-writes the result as JSON under bench/results/.
+create with its own Idempotency-Key; with --batch N each request is one
+`POST /jobs/batch` of N jobs, each with its own `idempotency_key` (a job counts as
+created when its item answers 201). Prints jobs/s and latency percentiles (per
+request), and writes the result as JSON under bench/results/.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 from urllib.parse import urlsplit
 
 from bench.common import RESULTS, Connection, Stack
@@ -41,6 +44,16 @@ def job_body(i: int) -> bytes:
     ).encode()
 
 
+def batch_body(run: str, size: int, jobs: int, i: int, body: Callable[[int], bytes] = job_body) -> bytes:
+    """Request i of a batched run: jobs i*size .. (i+1)*size - 1 (fewer in the last)."""
+    items = []
+    for n in range(i * size, min(jobs, (i + 1) * size)):
+        item = json.loads(body(n))
+        item["idempotency_key"] = f"bench-{run}-{n}"
+        items.append(item)
+    return json.dumps({"jobs": items}).encode()
+
+
 def _client_thread(
     url: str,
     api_key: str,
@@ -49,37 +62,45 @@ def _client_thread(
     failures: list[str],
     start: threading.Event,
     body: Callable[[int], bytes],
+    batched: bool,
 ) -> None:
     parts = urlsplit(url)
     conn = Connection(parts.hostname, parts.port or 80)
     run = uuid.uuid4().hex[:8]
+    payloads = {i: body(i) for i in jobs}  # built before the clock starts: the client's own work
     start.wait()
     for i in jobs:
-        headers = {
-            "Authorization": f"Bearer {api_key}",
-            "Content-Type": "application/json",
-            "Idempotency-Key": f"bench-{run}-{i}",
-        }
+        headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
+        if not batched:
+            headers["Idempotency-Key"] = f"bench-{run}-{i}"
+        payload = payloads.pop(i)
+        jobs_sent = payload.count(b'"idempotency_key"') if batched else 1  # one key per job of a batch
         began = time.perf_counter()
         try:
-            status = conn.post("/jobs", headers, body(i))
-            if status != 201:
-                failures.append(f"HTTP {status}")
+            status = conn.post("/jobs/batch" if batched else "/jobs", headers, payload)
+            if status != (200 if batched else 201):
+                failures.extend([f"HTTP {status}"] * jobs_sent)
+            elif batched:
+                failures.extend(
+                    f"item {item['status']}" for item in json.loads(conn.body)["items"] if item["status"] != 201
+                )
         except (OSError, ValueError, StopIteration) as exc:
-            failures.append(type(exc).__name__)
+            failures.extend([type(exc).__name__] * jobs_sent)
             conn.close()
         latencies.append(time.perf_counter() - began)
     conn.close()
 
 
 def _client_process(args: tuple) -> tuple[list[float], list[str], float, float]:
-    url, api_key, job_ids, threads, start_at, body = args
+    url, api_key, job_ids, threads, start_at, body, batched = args
     latencies: list[float] = []
     failures: list[str] = []
     start = threading.Event()
     chunks = [job_ids[i::threads] for i in range(threads)]
     workers = [
-        threading.Thread(target=_client_thread, args=(url, api_key, chunk, latencies, failures, start, body))
+        threading.Thread(
+            target=_client_thread, args=(url, api_key, chunk, latencies, failures, start, body, batched)
+        )
         for chunk in chunks
     ]
     for worker in workers:
@@ -99,14 +120,20 @@ def measure(
     jobs: int,
     client_procs: int,
     body: Callable[[int], bytes] = job_body,
+    batch: int = 0,
 ) -> dict:
     """Create `jobs` jobs (request i sends body(i); a picklable callable) with `clients`
-    keep-alive connections over `client_procs` processes."""
+    keep-alive connections over `client_procs` processes; `batch` > 0: that many jobs
+    per `POST /jobs/batch` request."""
     procs = max(1, min(client_procs, clients))
     per_proc = [clients // procs + (1 if p < clients % procs else 0) for p in range(procs)]
-    ids = list(range(jobs))
+    if batch:
+        ids = list(range((jobs + batch - 1) // batch))
+        body = partial(batch_body, uuid.uuid4().hex[:8], batch, jobs, body=body)
+    else:
+        ids = list(range(jobs))
     start_at = time.time() + 1.0
-    work = [(url, api_key, ids[p::procs], per_proc[p], start_at, body) for p in range(procs)]
+    work = [(url, api_key, ids[p::procs], per_proc[p], start_at, body, bool(batch)) for p in range(procs)]
     with multiprocessing.get_context("fork").Pool(procs) as pool:
         results = pool.map(_client_process, work)
     latencies = sorted(latency for r in results for latency in r[0])
@@ -118,6 +145,7 @@ def measure(
 
     return {
         "jobs": jobs,
+        "batch": batch,
         "clients": clients,
         "client_procs": procs,
         "elapsed_s": round(elapsed, 3),
@@ -162,13 +190,22 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--api-key", default=os.environ.get("PUNCTUAL_API_KEY"), help="with --url")
     parser.add_argument("--workers", type=int, help="gunicorn workers of the API started here")
     parser.add_argument("--threads", type=int, help="threads per gunicorn worker")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N jobs per POST /jobs/batch request (1-1000; default: one POST /jobs per job)",
+    )
     args = parser.parse_args(argv)
+    if not 0 <= args.batch <= 1000:
+        parser.error("--batch must be 1 to 1000 (or 0: no batches)")
 
     def run(url: str, api_key: str) -> dict:
         if args.warmup:
-            measure(url, api_key, args.clients, args.warmup, args.client_procs)
+            measure(url, api_key, args.clients, args.warmup, args.client_procs, batch=args.batch)
         before = os.getloadavg()[0]
-        result = measure(url, api_key, args.clients, args.jobs, args.client_procs)
+        result = measure(url, api_key, args.clients, args.jobs, args.client_procs, batch=args.batch)
         # Whatever else the box runs competes for the same cores: keep it beside the figure.
         result["load_average_1m"] = {"before": round(before, 2), "after": round(os.getloadavg()[0], 2)}
         return result
@@ -197,8 +234,9 @@ def main(argv: list[str] | None = None) -> dict:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"create-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
+    per_request = f"batches of {args.batch}, " if args.batch else ""
     print(
-        f"{result['jobs_per_s']:.0f} jobs/s  ({result['jobs']} jobs, {result['clients']} clients, "
+        f"{result['jobs_per_s']:.0f} jobs/s  ({result['jobs']} jobs, {per_request}{result['clients']} clients, "
         f"{result['elapsed_s']}s, p50 {result['latency_ms']['p50']} ms, "
         f"p99 {result['latency_ms']['p99']} ms, {result['failures']} failures, "
         f"load {result['load_average_1m']['before']}->{result['load_average_1m']['after']})"
