@@ -6,7 +6,7 @@ Contract:
   `{"received_at", "method", "path", "query", "headers", "body", "job_id",
   "idempotency_key", "signature"}`; `body` is the JSON value when the body parses,
   else its text; `signature` is "valid", or why not ("invalid: ...", "no job ...")
-  as app.sdk.verify_signature judges `Punctual-Signature` under the job owner's
+  as punctual_client.verify_signature judges `Punctual-Signature` under the job owner's
   signing secret.
 - The answer is 200, or the status `?status=NNN` names (100-599, else 422), to
   watch retries (503), a Retry-After (`&retry_after=5`) and dead letters (404).
@@ -28,13 +28,13 @@ import uuid
 
 import sqlalchemy as sa
 from flask import Blueprint, current_app, request
+from punctual_client import SignatureError, verify_signature
 
 from app.api.wire import json_response
 from app.core.errors import ValidationError
 from app.core.timefmt import format_instant, utcnow
 from app.registry.schema import jobs
 from app.registry.sharding import shard_for
-from app.sdk import SignatureError, verify_signature
 
 bp = Blueprint("dev", __name__)
 

@@ -26,7 +26,7 @@ def _client(ctx: click.Context):
 
 
 def _connect(url: str, api_key: str | None):
-    from app.sdk import Client
+    from punctual_client import Client
 
     if not api_key:
         click.echo("punctual: no API key: set PUNCTUAL_API_KEY or pass --api-key", err=True)
@@ -35,7 +35,7 @@ def _connect(url: str, api_key: str | None):
 
 
 def _call(action: Callable[[], Any]) -> Any:
-    from app.sdk import PunctualError, TransportError
+    from punctual_client import PunctualError, TransportError
 
     try:
         return action()

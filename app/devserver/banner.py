@@ -25,7 +25,7 @@ def sdk_example(url: str, api_key: str) -> str:
         python - <<'EOF'
         import time
         from datetime import datetime, timedelta, timezone
-        from app.sdk import Client
+        from punctual_client import Client
 
         with Client({json.dumps(url)}, {json.dumps(api_key)}) as punctual:
             job = punctual.create_job(

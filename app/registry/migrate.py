@@ -1,10 +1,12 @@
 """`punctual migrate`: bring every physical shard to the newest schema revision.
 
 Safe to repeat: Alembic records the revision in each database, so a second run
-finds nothing to do. Migrations are forward-only and live in migrations/.
+finds nothing to do. Migrations are forward-only and live in migrations/ (installed as
+app/_migrations).
 """
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -13,10 +15,25 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-import migrations
 from app.registry.engines import create_engine_for
 
-SCRIPT_LOCATION = str(Path(migrations.__file__).parent)
+
+def _script_location() -> str:
+    """Where env.py and versions/ are: the package app._migrations.
+
+    The repository keeps them in migrations/; setup.py installs that directory as
+    app/_migrations in a wheel and maps app._migrations onto it in an editable
+    install, so nothing named `migrations` lands at the top of site-packages.
+    Alembic reads the files by path. Running from a checkout that is not installed
+    at all, the repository's directory is used.
+    """
+    spec = importlib.util.find_spec("app._migrations")
+    if spec is not None and spec.submodule_search_locations:
+        return list(spec.submodule_search_locations)[0]
+    return str(Path(__file__).resolve().parents[2] / "migrations")
+
+
+SCRIPT_LOCATION = _script_location()
 
 
 def _config(connection: sa.Connection) -> Config:

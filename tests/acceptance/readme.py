@@ -27,7 +27,7 @@ def blocks(text: str | None = None) -> dict[str, str]:
 
 
 def run_block() -> tuple[str, str]:
-    """The set-up command, split into (install, serve): `pip install -e . && punctual dev`."""
+    """The set-up command, split into (install, serve): `pip install -e ./client -e . && punctual dev`."""
     install, _, serve = blocks()["run"].partition(" && ")
     return install.strip(), serve.strip()
 

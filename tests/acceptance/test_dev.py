@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from app.devserver.banner import CURL_HEADING, SDK_HEADING, example_block
-from app.sdk import Client
+from punctual_client import Client
 from tests.acceptance.dev_process import DevProcess, clean_env, kill_leftovers, leftovers, wait_until
 from tests.acceptance.readme import dev_command
 

@@ -1,8 +1,8 @@
 """README.md, run as written: every block marked `<!-- tested: NAME -->`, verbatim.
 
-The set-up block (`pip install -e . && punctual dev`) runs in a fresh copy of the
+The set-up block (`pip install -e ./client -e . && punctual dev`) runs in a fresh copy of the
 source (what the Dockerfile copies: what an install needs) with a fresh venv
-first on PATH: `pip` there is a real `pip install -e .` of the copy, and the
+first on PATH: `pip` there is a real `pip install -e ./client -e .` of the copy, and the
 `punctual dev` that follows runs from it, with every PUNCTUAL_* variable unset.
 The fresh venv borrows this venv's dependencies through a .pth file, so the
 install builds Punctual itself and downloads nothing else. Then the blocks a
@@ -31,8 +31,8 @@ from pathlib import Path
 
 import pytest
 
-from app.sdk import Client
-from app.sdk.signature import signature_header
+from punctual_client import Client
+from punctual_client.signature import signature_header
 from app.settings import VARIABLES
 from tests.acceptance.dev_process import DevProcess, clean_env, kill_leftovers, leftovers, wait_until
 from tests.acceptance.readme import README, blocks, run_block
@@ -40,7 +40,7 @@ from tests.acceptance.readme import README, blocks, run_block
 pytestmark = pytest.mark.acceptance
 
 REPO = README.parent
-INSTALL_SET = ("setup.cfg", "pyproject.toml", "README.md", "celeryconfig.py", "app", "migrations")
+INSTALL_SET = ("setup.cfg", "setup.py", "pyproject.toml", "README.md", "celeryconfig.py", "app", "migrations", "client")
 DUE_WITHIN_S = 5.0
 TESTED = {"run", "env", "first_job.py", "first-job", "cli", "curl", "receiver.py"}
 

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 import pytest
 from kombu import Connection, Queue
 
-from app.sdk.signature import verify_signature
+from punctual_client.signature import verify_signature
 from app.worker.queue_publisher import EXCHANGE, QueueCall, QueuePublisher
 
 pytestmark = pytest.mark.integration

@@ -6,8 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 import requests
-
-from app.sdk import (
+from punctual_client import (
     AuthenticationError,
     Client,
     ConflictError,
@@ -19,7 +18,8 @@ from app.sdk import (
     ValidationError,
     verify_signature,
 )
-from app.sdk.signature import signature_header
+from punctual_client.signature import signature_header
+
 from tests.integration.api_fixtures import WEBHOOK, insert_run
 
 pytestmark = pytest.mark.integration

@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from punctual_client.signature import verify_signature
 
-from app.sdk.signature import verify_signature
 from app.services.addresses import resolve_target
 from app.worker.webhook import WebhookCall, WebhookCaller
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import app.sdk
+import punctual_client
 
 
 def test_importing_the_sdk_pulls_in_no_server_module():
     code = (
-        "import sys, app.sdk\n"
+        "import sys, punctual_client\n"
         "heavy = [m for m in ('flask', 'sqlalchemy', 'celery', 'werkzeug', 'psycopg', 'kombu', 'redis')"
         " if m in sys.modules]\n"
         "print(','.join(heavy))\n"
@@ -19,14 +19,14 @@ def test_importing_the_sdk_pulls_in_no_server_module():
 
 
 def test_the_public_surface_is_curated():
-    assert set(app.sdk.__all__) >= {"Client", "Job", "Run", "Page", "PunctualError", "APIError", "ValidationError",
+    assert set(punctual_client.__all__) >= {"Client", "Job", "Run", "Page", "PunctualError", "APIError", "ValidationError",
                                     "NotFoundError", "ConflictError", "AuthenticationError", "verify_signature"}
-    for name in app.sdk.__all__:
-        assert hasattr(app.sdk, name), name
+    for name in punctual_client.__all__:
+        assert hasattr(punctual_client, name), name
 
 
 def test_errors_map_from_problem_json():
-    from app.sdk.errors import ConflictError, ServerError, ValidationError, error_for
+    from punctual_client.errors import ConflictError, ServerError, ValidationError, error_for
 
     err = error_for(422, {"type": "urn:x", "title": "Invalid fields", "status": 422, "detail": "invalid: name",
                           "errors": [{"field": "name", "message": "is required"}]})

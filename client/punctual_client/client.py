@@ -1,6 +1,6 @@
 """The Punctual API client: one method per endpoint, typed results, one exception tree.
 
-    from app.sdk import Client
+    from punctual_client import Client
     with Client("https://punctual.example", api_key="pk_...") as punctual:
         job = punctual.create_job("nightly", {"type": "webhook", "url": "https://x.example/run"},
                                   {"cron": "0 0 * * *", "timezone": "Europe/Berlin"},
@@ -9,7 +9,7 @@
             ...
 
 The transport is an injectable `requests.Session` (pass one with your own adapters,
-retries or proxies; the SDK itself never retries). Errors raise app.sdk.errors:
+retries or proxies; the SDK itself never retries). Errors raise punctual_client.errors:
 APIError subclasses for answers, TransportError when no answer came.
 """
 from __future__ import annotations
@@ -22,8 +22,8 @@ from urllib.parse import quote
 
 import requests
 
-from app.sdk.errors import PunctualError, TransportError, error_for
-from app.sdk.models import Job, Page, PreviewItem, Run
+from punctual_client.errors import PunctualError, TransportError, error_for
+from punctual_client.models import Job, Page, PreviewItem, Run
 
 __all__ = ["Client", "DEFAULT_TIMEOUT_S"]
 

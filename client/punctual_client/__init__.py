@@ -1,9 +1,9 @@
 """The Punctual Python SDK: `Client`, typed models, one exception tree, webhook signatures.
 
 It needs `requests` and the standard library only: importing it never pulls in
-the server (Flask, SQLAlchemy, Celery). See app.sdk.client for the client.
+the server (Flask, SQLAlchemy, Celery). See punctual_client.client for the client.
 
-Every error is a PunctualError, mapped from the API's problem+json (app.sdk.errors):
+Every error is a PunctualError, mapped from the API's problem+json (punctual_client.errors):
 
     PunctualError
     +-- TransportError      no HTTP answer (connection refused, timeout)
@@ -14,11 +14,11 @@ Every error is a PunctualError, mapped from the API's problem+json (app.sdk.erro
 
 Webhook receivers check `Punctual-Signature` with `verify_signature`:
 
-    from app.sdk import verify_signature, SignatureError
+    from punctual_client import verify_signature, SignatureError
     verify_signature(signing_secret, request.headers["Punctual-Signature"], request.get_data())
 """
-from app.sdk.client import DEFAULT_TIMEOUT_S, Client
-from app.sdk.errors import (
+from punctual_client.client import DEFAULT_TIMEOUT_S, Client
+from punctual_client.errors import (
     APIError,
     AuthenticationError,
     BadRequestError,
@@ -32,8 +32,8 @@ from app.sdk.errors import (
     UnsupportedMediaTypeError,
     ValidationError,
 )
-from app.sdk.models import Job, Page, PreviewItem, Run
-from app.sdk.signature import SignatureError, verify_signature
+from punctual_client.models import Job, Page, PreviewItem, Run
+from punctual_client.signature import SignatureError, verify_signature
 
 __all__ = [
     "Client",
