@@ -10,12 +10,15 @@ from functools import lru_cache
 from typing import Any
 
 from app import __version__
+from app.api.batch import MAX_BATCH_BODY_BYTES
 from app.core.jitter import MAX_JITTER_S
 from app.core.misfire import MISFIRE_POLICIES
 from app.core.retries import MAX_ATTEMPTS, MAX_BACKOFF_S, MAX_MAX_BACKOFF_S
 from app.core.schedules import GAP_POLICIES, MAX_INTERVAL_S, OVERLAP_POLICIES
 from app.registry.schema import JOB_STATES, RUN_STATES
 from app.services import validation as v
+from app.services.batches import MAX_JOBS as MAX_BATCH_JOBS
+from app.services.idempotency import KEY_MAX
 from app.services.pagination import DEFAULT_LIMIT, MAX_LIMIT
 
 INSTANT = {"type": "string", "format": "date-time"}
@@ -125,6 +128,19 @@ def _schemas() -> dict:
         "Retry": retry,
         "Dst": dst,
         "JobCreate": _object(fields, required=v.REQUIRED_FIELDS),
+        "JobBatch": _object({"jobs": {"type": "array", "maxItems": MAX_BATCH_JOBS, "items": _object({
+            **fields,
+            "idempotency_key": {"type": "string", "minLength": 1, "maxLength": KEY_MAX,
+                                "description": "what the Idempotency-Key header is for POST /jobs, per job"},
+        }, required=v.REQUIRED_FIELDS)}}, required=("jobs",)),
+        "JobBatchResult": _object({"items": {"type": "array", "description": "one per job, in request order",
+                                             "items": {"oneOf": [
+            _object({"status": {"enum": [200, 201],
+                                "description": "201 created, 200 the job the key stands for"},
+                     "job": _ref("Job")}, required=("status", "job")),
+            _object({"status": {"enum": [409, 413, 422, 503]}, "problem": _ref("Problem")},
+                    required=("status", "problem")),
+        ]}}}, required=("items",)),
         "JobPatch": _object(fields),
         "Job": job,
         "Run": run,
@@ -177,13 +193,14 @@ _ERRORS = {
 
 
 def _op(summary: str, answers: dict, errors: str, *, body: str | None = None, params: list | None = None,
-        public: bool = False) -> dict:
+        public: bool = False, extra: dict | None = None) -> dict:
     operation: dict[str, Any] = {"summary": summary, "operationId": summary.lower().replace(" ", "_").replace("'", ""),
                  "responses": dict(answers)}
     for code in errors.split():
         operation["responses"][code] = _problem(_ERRORS[code])
     if not public:  # every route that reads the registry (its API key, at least)
         operation["responses"]["503"] = _problem("a database it needs cannot be reached; retry after Retry-After")
+    operation["responses"].update(extra or {})
     if body:
         operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref(body)}}}
     if params:
@@ -222,6 +239,13 @@ def _paths() -> dict:
                 "schema": {"type": "string", "minLength": 1, "maxLength": 255}}]),
             "get": _op("List jobs", {"200": _ok("newest first", "JobPage")}, "401 422", params=[
                 _query("state", {"enum": list(JOB_STATES)}), _query("name", {"type": "string"}, "exact match"), *_PAGE]),
+        },
+        "/jobs/batch": {
+            "post": _op("Create jobs", {"200": _ok("one answer per job, in request order; all or nothing "
+                                                   "per job, not per batch", "JobBatchResult")},
+                        "400 401 415 422", body="JobBatch", extra={
+                "413": _problem(f"body over {MAX_BATCH_BODY_BYTES // (1024 * 1024)} MiB (a job over 64 KiB "
+                                "is answered 413 in its own item)")}),
         },
         "/jobs/{job_id}": {
             "parameters": [_path("job_id")],

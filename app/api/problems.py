@@ -2,10 +2,10 @@
 
 A problem is `{"type", "title", "status", "detail", "errors": [{"field", "message"}]}`;
 `errors` is always present (empty unless fields are at fault). The service errors
-(ValidationError 422, NotFound 404, Conflict 409), authentication (401), Flask's
-own errors (400, 404, 405, 413, 415 raised by routing or body parsing) and a
-database that cannot be reached (503 with Retry-After) all come out in this one
-shape, so a client parses one thing.
+(ValidationError 422, NotFound 404, Conflict 409, Unavailable 503 in a batch item),
+authentication (401), Flask's own errors (400, 404, 405, 413, 415 raised by routing
+or body parsing) and a database that cannot be reached (503 with Retry-After) all
+come out in this one shape, so a client parses one thing.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from sqlalchemy import exc as sa_exc
 from werkzeug.exceptions import HTTPException
 
 from app.core.errors import FieldError, ValidationError
-from app.services.errors import Conflict, NotFound
+from app.services.errors import Conflict, NotFound, Unavailable
 
 PROBLEM_TYPE = "application/problem+json"
 _TYPE_BASE = "urn:punctual:problem:"
@@ -30,24 +30,43 @@ class Unauthorized(Exception):
     """No API key, or one that belongs to nobody."""
 
 
-def problem(status: int, title: str, detail: str, *, kind: str | None = None,
-            errors: list[FieldError] | None = None, headers: dict | None = None) -> Response:
-    body = {
+def problem_json(status: int, title: str, detail: str, *, kind: str | None = None,
+                 errors: list[FieldError] | None = None) -> dict:
+    return {
         "type": _TYPE_BASE + kind if kind else "about:blank",
         "title": title,
         "status": status,
         "detail": detail,
         "errors": [e.as_dict() for e in errors or ()],
     }
+
+
+def problem(status: int, title: str, detail: str, *, kind: str | None = None,
+            errors: list[FieldError] | None = None, headers: dict | None = None) -> Response:
+    body = problem_json(status, title, detail, kind=kind, errors=errors)
     response = Response(json.dumps(body), status=status, mimetype=PROBLEM_TYPE)
     for name, value in (headers or {}).items():
         response.headers[name] = value
     return response
 
 
+def problem_for(exc: Exception) -> dict:
+    """The problem body of a service error, for an answer that carries one per item
+    (POST /jobs/batch): the same body the error gets as a whole answer."""
+    if isinstance(exc, ValidationError):
+        fields = ", ".join(dict.fromkeys(e.field for e in exc.errors))
+        return problem_json(422, "Invalid fields", f"invalid: {fields}", kind="invalid-fields",
+                            errors=exc.errors)
+    if isinstance(exc, Conflict):
+        return problem_json(409, "Conflict", exc.detail, kind=exc.kind)
+    if isinstance(exc, Unavailable):
+        return problem_json(503, "Service Unavailable", str(exc), kind="registry-unavailable")
+    raise TypeError(f"no problem for {type(exc).__name__}") from exc
+
+
 def _validation(exc: ValidationError) -> Response:
-    fields = ", ".join(dict.fromkeys(e.field for e in exc.errors))
-    return problem(422, "Invalid fields", f"invalid: {fields}", kind="invalid-fields", errors=exc.errors)
+    body = problem_for(exc)
+    return problem(422, body["title"], body["detail"], kind="invalid-fields", errors=exc.errors)
 
 
 def _not_found(exc: NotFound) -> Response:

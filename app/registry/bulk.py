@@ -32,7 +32,7 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects import postgresql, sqlite
 
 from app.registry.dialect import is_postgres
 
@@ -173,8 +173,37 @@ def insert_many(conn: sa.Connection, table: sa.Table, rows: Sequence[Mapping[str
     if not is_postgres(conn):
         conn.execute(table.insert(), list(rows))
         return
+    sql, types, params = _insert_select(table, rows, list(rows[0])[0])
+    conn.execute(sa.text(sql).bindparams(*types), params)
+
+
+def insert_new(conn: sa.Connection, table: sa.Table, rows: Sequence[Mapping[str, Any]], key: str) -> set:
+    """Insert the rows whose `key` is not taken yet, in one statement; returns the keys inserted.
+
+    `INSERT ... SELECT ... ON CONFLICT (key) DO NOTHING RETURNING key`: a row whose key
+    exists (or that a concurrent transaction is inserting: this one waits for it) is
+    skipped, not an error. Rows go in key order, so two batches sharing keys take
+    their row locks in the same order and cannot deadlock.
+    """
+    if not rows:
+        return set()
+    rows = sorted(rows, key=lambda row: str(row[key]))
+    if not is_postgres(conn):
+        statement = sqlite.insert(table).on_conflict_do_nothing(index_elements=[key]).returning(table.c[key])
+        return {found for row in rows for found in conn.execute(statement, dict(row)).scalars()}
+    sql, types, params = _insert_select(table, rows, key)
+    sql += f" ON CONFLICT ({key}) DO NOTHING RETURNING {key}"
+    return set(conn.execute(sa.text(sql).bindparams(*types).columns(table.c[key]), params).scalars())
+
+
+def _insert_select(table: sa.Table, rows: Sequence[Mapping[str, Any]], key: str) -> tuple[str, list, dict]:
+    """`INSERT INTO t (...) SELECT ... FROM jsonb_to_recordset(...)`, its typed binds and parameters.
+
+    `key` always travels per row (the recordset needs one column); scalars shared by
+    every row are bound once.
+    """
     names = list(rows[0])
-    shared = _shared_scalars(table, names[1:], rows)  # the first column always travels: the recordset needs one
+    shared = _shared_scalars(table, [name for name in names if name != key], rows)
     varying = [c for c in names if c not in shared]
     source, params = _recordset(table, varying, rows)
     values = [f"v.{c}" for c in varying]
@@ -183,8 +212,7 @@ def insert_many(conn: sa.Connection, table: sa.Table, rows: Sequence[Mapping[str
         params[f"k{i}"] = shared[name]
     types = [sa.bindparam(f"k{i}", type_=table.c[name].type) for i, name in enumerate(shared)]
     columns = ", ".join(varying + list(shared))
-    conn.execute(sa.text(f"INSERT INTO {table.name} ({columns}) SELECT {', '.join(values)} FROM {source}").bindparams(*types),
-                 params)
+    return f"INSERT INTO {table.name} ({columns}) SELECT {', '.join(values)} FROM {source}", types, params
 
 
 def key_in(conn: sa.Connection, column: sa.Column, values: Sequence[Any]) -> sa.ColumnElement:

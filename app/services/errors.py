@@ -1,6 +1,8 @@
-"""What a service call can answer besides its result: no such resource, or a conflict.
+"""What a service call can answer besides its result: no such resource, a conflict, or
+a registry database that did not answer.
 
-The API maps them to problems (app.api.problems): NotFound is 404, Conflict 409.
+The API maps them to problems (app.api.problems): NotFound is 404, Conflict 409,
+Unavailable 503.
 """
 from __future__ import annotations
 
@@ -16,3 +18,7 @@ class Conflict(Exception):
         super().__init__(detail)
         self.detail = detail
         self.kind = kind
+
+
+class Unavailable(Exception):
+    """A registry database failed while serving this; nothing was written (retry it)."""

@@ -79,7 +79,7 @@ def create_job(registry: Registry, owner: str, body: object, idempotency_key: st
     try:
         spec = validate_job(body, allow_private=registry.settings.allow_private_targets)
         run_at_not_past(spec.schedule, now, registry.settings.misfire_grace_s)
-        first = _first_fire(spec.schedule, spec.dst, now, now)
+        first = first_fire_remembered(spec.schedule, spec.dst, now, now)
         if first is None:
             raise ValidationError.single("schedule", "has no occurrence left after now (check end_at)")
     except ValidationError:
@@ -162,7 +162,8 @@ _FIRST_FIRE: dict[tuple[Schedule, DstPolicy], tuple[datetime, datetime]] = {}
 _FIRST_FIRE_MAX = 4096
 
 
-def _first_fire(schedule: Schedule, dst: DstPolicy, now: datetime, anchor: datetime) -> datetime | None:
+def first_fire_remembered(schedule: Schedule, dst: DstPolicy, now: datetime,
+                          anchor: datetime) -> datetime | None:
     """first_fire, remembered for cron schedules while `now` stays before the answer.
 
     Exact, not approximate: if r is the first occurrence after `since`, none lies in
@@ -293,7 +294,7 @@ def patch_job(registry: Registry, owner: str, job_id: str, body: object, now: da
 
 def _cursor_at(job_id: uuid.UUID, schedule: Schedule, dst: DstPolicy, jitter_s: int,
                now: datetime, anchor: datetime, state: str) -> dict[str, Any]:
-    first = _first_fire(schedule, dst, now, anchor)
+    first = first_fire_remembered(schedule, dst, now, anchor)
     cursor = {"attempt": 0, "misfire_exempt": False, "skipped_after": None, "skipped_through": None}
     if first is None:
         return {**cursor, "state": "completed", "next_run_at": None, "nominal_at": None}
