@@ -128,6 +128,9 @@ def _json_value(text: str | None, option: str) -> Any:
 
 
 @jobs.command("create")
+@click.option("--from-file", "from_file", metavar="FILE.jsonl",
+              help="Create many jobs: one job body per line (- for stdin), sent 1,000 per POST /jobs/batch;"
+                   " an `idempotency_key` field per line makes a rerun safe. Prints one result per line.")
 @click.option("--body", help="The whole job as JSON (or @file, @- for stdin); the options below override it.")
 @click.option("--name")
 @click.option("--cron", help="5 fields, or 6 with seconds first.")
@@ -152,10 +155,18 @@ def _json_value(text: str | None, option: str) -> Any:
 @click.option("--idempotency-key", help="Repeat the command with the same key to get the same job.")
 @_json_option
 @click.pass_context
-def create(ctx: click.Context, body, name, cron, timezone, interval_s, run_at, start_at, end_at, target_url, method,
-           headers, timeout_s, topic, payload, max_attempts, backoff_s, max_backoff_s, misfire, gap, overlap,
-           jitter_s, idempotency_key, as_json) -> None:
-    """Create a job; prints it."""
+def create(ctx: click.Context, from_file, body, name, cron, timezone, interval_s, run_at, start_at,
+           end_at, target_url, method, headers, timeout_s, topic, payload, max_attempts, backoff_s,
+           max_backoff_s, misfire, gap, overlap, jitter_s, idempotency_key, as_json) -> None:
+    """Create a job; prints it. With --from-file, create every job of a JSON Lines file."""
+    if from_file is not None:
+        given = [name for name, value in ctx.params.items()
+                 if name not in ("from_file", "as_json") and value not in (None, ())]
+        if given:
+            option = "--" + given[0].replace("_", "-")
+            raise click.UsageError(f"--from-file takes the jobs from the file; drop {option}")
+        _create_from_file(_client(ctx), from_file, as_json)
+        return
     job = _json_value(body, "--body") or {}
     if not isinstance(job, dict):
         raise click.BadParameter("must be a JSON object", param_hint="--body")
@@ -187,6 +198,62 @@ def create(ctx: click.Context, body, name, cron, timezone, interval_s, run_at, s
         job["jitter_s"] = jitter_s
     client = _client(ctx)
     _show_job(_call(lambda: client.create_job_from(job, idempotency_key=idempotency_key)), as_json)
+
+
+BATCH_SIZE = 1000  # the most POST /jobs/batch takes
+
+
+def _create_from_file(client, source: str, as_json: bool) -> None:
+    """One job per line (blank lines skipped), sent 1,000 at a time; one answer line per job.
+
+    A line that is not JSON stops the command (exit 2) before its batch is sent;
+    batches before it were sent, so give each job an `idempotency_key` to rerun the
+    file safely. Exit 1 when any job failed.
+    """
+    counts = {"created": 0, "existing": 0, "failed": 0}
+    pending: list[tuple[int, Any]] = []
+
+    def send() -> None:
+        results = _call(lambda: client.create_jobs([job for _, job in pending]))
+        for (line, _), result in zip(pending, results):
+            counts["created" if result.created else "existing" if result.ok else "failed"] += 1
+            _show_line(line, result, as_json)
+        pending.clear()
+
+    with click.open_file(source, encoding="utf-8") as stream:
+        for line, text in enumerate(stream, 1):
+            if not text.strip():
+                continue
+            try:
+                pending.append((line, json.loads(text)))
+            except ValueError as exc:
+                click.echo(f"punctual: {source} line {line} is not JSON: {exc}", err=True)
+                sys.exit(2)
+            if len(pending) == BATCH_SIZE:
+                send()
+    if pending:
+        send()
+    click.echo(f"created {counts['created']}, existing {counts['existing']}, failed {counts['failed']}",
+               err=True)
+    if counts["failed"]:
+        sys.exit(1)
+
+
+def _show_line(line: int, result, as_json: bool) -> None:
+    if as_json:
+        answer = {"line": line, "status": result.status}
+        if result.job is not None:
+            answer["job"] = result.job.raw
+        else:
+            answer["problem"] = result.raw.get("problem")
+        click.echo(json.dumps(answer))
+    elif result.job is not None:
+        click.echo(f"line {line}: {result.status} {result.job.id} {result.job.name}")
+    else:
+        error = result.error
+        fields = "; ".join(f"{e.field}: {e.message}" for e in error.errors)
+        why = f"{error.title}: {error.detail}" + (f" ({fields})" if fields else "")
+        click.echo(f"line {line}: {result.status} {why}")
 
 
 def _header(text: str) -> tuple[str, str]:

@@ -12,10 +12,18 @@ Every error is a PunctualError, mapped from the API's problem+json (punctual_cli
         +-- ConflictError (409)  PayloadTooLargeError (413)  UnsupportedMediaTypeError (415)
         +-- ValidationError (422, every invalid field in .errors)  ServerError (5xx)
 
+Many jobs at once: `Client.create_jobs(bodies)` sends POST /jobs/batch (1,000 jobs a
+request) and answers one BatchResult per job: 201 created, 200 an earlier job its
+`idempotency_key` stands for, or the job's own error (never raised).
+
 Webhook receivers check `Punctual-Signature` with `verify_signature`:
 
     from punctual_client import verify_signature, SignatureError
     verify_signature(signing_secret, request.headers["Punctual-Signature"], request.get_data())
+
+During a signing-secret rotation (`punctual keys rotate`) calls carry a signature
+under each secret, so either verifies; pass both, `verify_signature([new, old], ...)`,
+while a receiver switches over.
 """
 from punctual_client.client import DEFAULT_TIMEOUT_S, Client
 from punctual_client.errors import (
@@ -32,7 +40,7 @@ from punctual_client.errors import (
     UnsupportedMediaTypeError,
     ValidationError,
 )
-from punctual_client.models import Job, Page, PreviewItem, Run
+from punctual_client.models import BatchResult, Job, Page, PreviewItem, Run
 from punctual_client.signature import SignatureError, verify_signature
 
 __all__ = [
@@ -42,6 +50,7 @@ __all__ = [
     "Run",
     "Page",
     "PreviewItem",
+    "BatchResult",
     "PunctualError",
     "TransportError",
     "APIError",

@@ -15,7 +15,7 @@ APIError subclasses for answers, TransportError when no answer came.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -23,11 +23,12 @@ from urllib.parse import quote
 import requests
 
 from punctual_client.errors import PunctualError, TransportError, error_for
-from punctual_client.models import Job, Page, PreviewItem, Run
+from punctual_client.models import BatchResult, Job, Page, PreviewItem, Run
 
-__all__ = ["Client", "DEFAULT_TIMEOUT_S"]
+__all__ = ["Client", "DEFAULT_TIMEOUT_S", "MAX_BATCH"]
 
 DEFAULT_TIMEOUT_S = 30.0
+MAX_BATCH = 1000  # the most jobs POST /jobs/batch takes in one request
 T = TypeVar("T")
 
 
@@ -80,6 +81,32 @@ class Client:
         """Create a job from a whole API body (as in docs/api.md)."""
         headers = {} if idempotency_key is None else {"Idempotency-Key": idempotency_key}
         return Job.from_json(self._request("POST", "/jobs", json_body=body, headers=headers))
+
+    def create_jobs(self, jobs: Iterable[dict[str, Any]], *, batch_size: int = MAX_BATCH) -> list[BatchResult]:
+        """Create many jobs through POST /jobs/batch, `batch_size` (at most 1,000) per request.
+
+        Each job is a whole API body, plus an optional `idempotency_key` (as the
+        Idempotency-Key header is for one create). Returns one BatchResult per job, in
+        order: a job that fails is answered in its result (`error`), never raised.
+        Only a failure of a whole request raises (say a TransportError); the requests
+        before it were applied, so give jobs keys and send them again to resume.
+        """
+        if not 1 <= batch_size <= MAX_BATCH:
+            raise ValueError(f"batch_size must be 1 to {MAX_BATCH}")
+        results: list[BatchResult] = []
+        chunk: list[dict[str, Any]] = []
+        for job in jobs:
+            chunk.append(job)
+            if len(chunk) == batch_size:
+                results += self._create_batch(chunk)
+                chunk = []
+        if chunk:
+            results += self._create_batch(chunk)
+        return results
+
+    def _create_batch(self, jobs: list[dict[str, Any]]) -> list[BatchResult]:
+        data = self._request("POST", "/jobs/batch", json_body={"jobs": jobs})
+        return [BatchResult.from_json(item) for item in data["items"]]
 
     def get_job(self, job_id: str) -> Job:
         return Job.from_json(self._request("GET", f"/jobs/{quote(job_id, safe='')}"))

@@ -1,4 +1,4 @@
-"""Typed results of the SDK: Job, Run, Page, PreviewItem (plain dataclasses).
+"""Typed results of the SDK: Job, Run, Page, PreviewItem, BatchResult (plain dataclasses).
 
 Instants are aware UTC datetimes. Every model keeps the JSON it came from in `raw`,
 so a field added to the API later is never lost to an older SDK.
@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Job", "Run", "Page", "PreviewItem", "parse_time"]
+from punctual_client.errors import APIError, error_for
+
+__all__ = ["Job", "Run", "Page", "PreviewItem", "BatchResult", "parse_time"]
 
 T = TypeVar("T")
 
@@ -102,3 +104,30 @@ class PreviewItem:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PreviewItem:
         return cls(at=_instant(data["at"]), local=_instant(data["local"]), dst=data.get("dst"))
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """One job's answer in a batch create: 201 created, 200 an earlier job its
+    idempotency_key stands for, or an error status with the problem as `error`."""
+
+    status: int
+    job: Job | None
+    error: APIError | None
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @property
+    def ok(self) -> bool:
+        """True when the job exists now (created by this batch or before it)."""
+        return self.error is None
+
+    @property
+    def created(self) -> bool:
+        return self.status == 201
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BatchResult:
+        status = int(data["status"])
+        job = Job.from_json(data["job"]) if data.get("job") is not None else None
+        error = None if job is not None else error_for(status, data.get("problem"))
+        return cls(status=status, job=job, error=error, raw=data)
