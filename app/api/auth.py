@@ -1,8 +1,9 @@
 """Bearer authentication: `Authorization: Bearer <api key>` -> the owner, in `g.owner`.
 
 The lookup goes through app.services.owners.OwnerDirectory: the key is hashed, looked up
-on the home DSN, compared in constant time, and the answer cached per process (so
-the create path costs no extra round trip once a key is warm).
+on the home DSN, compared in constant time, and the answer cached per process for
+KEY_CACHE_TTL_S (2 s): the create path costs no extra round trip once a key is warm,
+and a revoked key is refused by every API process within those seconds.
 """
 from __future__ import annotations
 

@@ -55,10 +55,13 @@ def delivery_headers(
     scheduled_for: datetime,
     attempt: int,
     body: bytes,
-    signing_secret: str,
+    signing_secrets: tuple[str, ...],
     timestamp: int | None = None,
 ) -> dict[str, str]:
     """Punctual's headers for one delivery of `body` (all values are strings).
+
+    `signing_secrets` is the owner's current secret, then the previous one while a
+    rotation window lasts: one `v1` each in Punctual-Signature.
 
     Content-Type is not included: a webhook GET or DELETE must not send one, and
     AMQP carries it as a message property rather than a header.
@@ -68,5 +71,5 @@ def delivery_headers(
         "Punctual-Job-Id": str(job_id),
         "Punctual-Scheduled-For": format_instant(scheduled_for),
         "Punctual-Attempt": str(int(attempt)),
-        "Punctual-Signature": signature_header(signing_secret, body, timestamp),
+        "Punctual-Signature": signature_header(signing_secrets, body, timestamp),
     }

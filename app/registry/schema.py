@@ -191,6 +191,9 @@ owners = sa.Table(
     sa.Column("owner", sa.Text(), primary_key=True),
     sa.Column("signing_secret", sa.Text(), nullable=False),
     sa.Column("created_at", UTCDateTime(), nullable=False),
+    # `punctual keys rotate`: the secret before, which signs too until previous_secret_until.
+    sa.Column("previous_signing_secret", sa.Text(), nullable=True),
+    sa.Column("previous_secret_until", UTCDateTime(), nullable=True),
 )
 
 api_keys = sa.Table(
@@ -199,6 +202,7 @@ api_keys = sa.Table(
     sa.Column("key_hash", sa.Text(), primary_key=True),  # sha256 hex of the key; the key itself is never stored
     sa.Column("owner", sa.Text(), sa.ForeignKey("owners.owner"), nullable=False),
     sa.Column("created_at", UTCDateTime(), nullable=False),
+    sa.Column("revoked_at", UTCDateTime(), nullable=True),  # `punctual keys revoke`; the row stays listed
 )
 
 # The limits of a named limits key: those of the job most recently created or

@@ -2,8 +2,18 @@
 
 Owners and keys live on the home DSN (logical shard 0's). Only the SHA-256 of a key
 is stored; a request's key is hashed and looked up, then compared in constant time.
+A key's id is the first KEY_ID_CHARS hex digits of that hash: enough to name it in
+`punctual keys list|revoke`, never enough to use it.
+
 Lookups are cached briefly per process because every request and every signed call
-needs one.
+needs one. The caches bound how long a change takes to reach every process: a
+revoked key is refused within KEY_CACHE_TTL_S, a rotated secret signs within
+SECRET_CACHE_TTL_S.
+
+Rotation (`rotate_secret`): the owner gets a new signing secret and keeps the old
+one as `previous_signing_secret` until `previous_secret_until`; meanwhile calls are
+signed with both (`signing_secrets`), so a receiver verifies them whichever of the
+two it holds, and can switch at any time in the window.
 """
 from __future__ import annotations
 
@@ -13,15 +23,21 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
 
 import sqlalchemy as sa
 
-from app.core.timefmt import utcnow
+from app.core.timefmt import format_instant, utcnow
 from app.registry.engines import Registry
 from app.registry.schema import api_keys, owners
+from app.services.errors import NotFound
 
 KEY_PREFIX = "pk_"
-CACHE_TTL_S = 30.0
+SECRET_PREFIX = "whsec_"
+KEY_ID_CHARS = 12
+KEY_CACHE_TTL_S = 2.0
+SECRET_CACHE_TTL_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -30,12 +46,50 @@ class NewKey:
     api_key: str
     signing_secret: str
 
+    @property
+    def key_id(self) -> str:
+        return key_id_of(hash_key(self.api_key))
+
     def as_dict(self) -> dict:
-        return {"owner": self.owner, "api_key": self.api_key, "signing_secret": self.signing_secret}
+        return {"owner": self.owner, "key_id": self.key_id, "api_key": self.api_key,
+                "signing_secret": self.signing_secret}
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """What `keys list` shows of a key: never the key, nor its whole hash."""
+
+    key_id: str
+    owner: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+    def as_dict(self) -> dict:
+        return {"key_id": self.key_id, "owner": self.owner, "created_at": format_instant(self.created_at),
+                "revoked_at": None if self.revoked_at is None else format_instant(self.revoked_at)}
+
+
+@dataclass(frozen=True)
+class Rotation:
+    owner: str
+    signing_secret: str
+    previous_secret_until: datetime
+
+    def as_dict(self) -> dict:
+        return {"owner": self.owner, "signing_secret": self.signing_secret,
+                "previous_secret_until": format_instant(self.previous_secret_until)}
 
 
 def hash_key(api_key: str) -> str:
     return hashlib.sha256(api_key.encode("utf-8")).hexdigest()
+
+
+def key_id_of(key_hash: str) -> str:
+    return key_hash[:KEY_ID_CHARS]
+
+
+def _new_secret() -> str:
+    return SECRET_PREFIX + secrets.token_urlsafe(32)
 
 
 def create_key(registry: Registry, owner: str) -> NewKey:
@@ -48,24 +102,82 @@ def create_key(registry: Registry, owner: str) -> NewKey:
     with registry.home.begin() as conn:
         secret = conn.execute(sa.select(owners.c.signing_secret).where(owners.c.owner == owner)).scalar()
         if secret is None:
-            secret = "whsec_" + secrets.token_urlsafe(32)
+            secret = _new_secret()
             conn.execute(owners.insert().values(owner=owner, signing_secret=secret, created_at=now))
         conn.execute(api_keys.insert().values(key_hash=hash_key(api_key), owner=owner, created_at=now))
     return NewKey(owner, api_key, secret)
 
 
-class OwnerDirectory:
-    """Cached key -> owner and owner -> signing secret lookups for one registry."""
+def list_keys(registry: Registry, owner: str | None = None) -> list[KeyInfo]:
+    """Every key (or one owner's), oldest first, revoked ones included."""
+    query = sa.select(api_keys).order_by(api_keys.c.created_at, api_keys.c.key_hash)
+    if owner is not None:
+        query = query.where(api_keys.c.owner == owner)
+    with registry.home.connect() as conn:
+        return [_info(row) for row in conn.execute(query).mappings()]
 
-    def __init__(self, registry: Registry, ttl_s: float = CACHE_TTL_S):
+
+def revoke_key(registry: Registry, key_id: str) -> KeyInfo:
+    """Revoke the key whose id is `key_id`; repeating it answers the key as it is.
+
+    ValueError for an id that is not KEY_ID_CHARS hex digits or names several keys,
+    NotFound for none.
+    """
+    key_id = key_id.strip().lower()
+    if len(key_id) != KEY_ID_CHARS or any(c not in "0123456789abcdef" for c in key_id):
+        raise ValueError(f"a key id is {KEY_ID_CHARS} hex digits, as `punctual keys list` shows it")
+    with registry.home.begin() as conn:
+        found = conn.execute(
+            sa.select(api_keys.c.key_hash).where(api_keys.c.key_hash.startswith(key_id)).limit(2)
+        ).scalars().all()
+        if not found:
+            raise NotFound("key")
+        if len(found) > 1:  # 48 bits make this rare, not impossible
+            raise ValueError(f"{key_id} names more than one key; revoke by the whole hash is not offered")
+        conn.execute(api_keys.update().where(api_keys.c.key_hash == found[0], api_keys.c.revoked_at.is_(None))
+                     .values(revoked_at=utcnow()))
+        row = conn.execute(sa.select(api_keys).where(api_keys.c.key_hash == found[0])).mappings().one()
+    return _info(row)
+
+
+def rotate_secret(registry: Registry, owner: str, window_s: float, now: datetime) -> Rotation:
+    """A new signing secret for `owner`; the current one keeps signing for `window_s`.
+
+    A rotation during another's window replaces that window: the secret before the
+    current one stops signing at once.
+    """
+    new = _new_secret()
+    until = now + timedelta(seconds=window_s)
+    with registry.home.begin() as conn:
+        updated = conn.execute(
+            owners.update().where(owners.c.owner == owner)
+            .values(previous_signing_secret=owners.c.signing_secret, previous_secret_until=until,
+                    signing_secret=new)
+            .returning(owners.c.owner)
+        ).first()
+    if updated is None:
+        raise NotFound("owner")
+    return Rotation(owner, new, until)
+
+
+def _info(row: Any) -> KeyInfo:
+    return KeyInfo(key_id_of(row["key_hash"]), row["owner"], row["created_at"], row["revoked_at"])
+
+
+class OwnerDirectory:
+    """Cached key -> owner and owner -> signing secrets lookups for one registry."""
+
+    def __init__(self, registry: Registry, ttl_s: float = KEY_CACHE_TTL_S,
+                 secret_ttl_s: float = SECRET_CACHE_TTL_S):
         self.registry = registry
         self.ttl_s = ttl_s
+        self.secret_ttl_s = secret_ttl_s
         self._owners: dict[str, tuple[float, str | None]] = {}
-        self._secrets: dict[str, tuple[float, str | None]] = {}
+        self._secrets: dict[str, tuple[float, tuple | None]] = {}
         self._lock = threading.Lock()
 
     def authenticate(self, api_key: str | None) -> str | None:
-        """The owner of `api_key`, or None for an unknown or missing key."""
+        """The owner of `api_key`, or None for an unknown, revoked or missing key."""
         if not api_key:
             return None
         digest = hash_key(api_key)
@@ -74,28 +186,47 @@ class OwnerDirectory:
             return cached[0]
         with self.registry.home.connect() as conn:
             row = conn.execute(
-                sa.select(api_keys.c.key_hash, api_keys.c.owner).where(api_keys.c.key_hash == digest)
+                sa.select(api_keys.c.key_hash, api_keys.c.owner)
+                .where(api_keys.c.key_hash == digest, api_keys.c.revoked_at.is_(None))
             ).first()
         owner = row.owner if row is not None and hmac.compare_digest(row.key_hash, digest) else None
-        self._store(self._owners, digest, owner)
+        self._store(self._owners, digest, owner, self.ttl_s)
         return owner
 
     def signing_secret(self, owner: str) -> str | None:
+        """The owner's current signing secret (what a receiver should hold)."""
+        found = self.signing_secrets(owner)
+        return found[0] if found else None
+
+    def signing_secrets(self, owner: str) -> tuple[str, ...]:
+        """The secrets that sign the owner's calls: the current one, then the previous
+        one while its rotation window lasts. Empty for an unknown owner."""
         cached = self._cached(self._secrets, owner)
         if cached is not None:
-            return cached[0]
-        with self.registry.home.connect() as conn:
-            secret = conn.execute(sa.select(owners.c.signing_secret).where(owners.c.owner == owner)).scalar()
-        self._store(self._secrets, owner, secret)
-        return secret
+            stored = cached[0]
+        else:
+            with self.registry.home.connect() as conn:
+                row = conn.execute(
+                    sa.select(owners.c.signing_secret, owners.c.previous_signing_secret,
+                              owners.c.previous_secret_until).where(owners.c.owner == owner)
+                ).first()
+            stored = None if row is None else tuple(row)
+            self._store(self._secrets, owner, stored, self.secret_ttl_s)
+        if stored is None:
+            return ()
+        current, previous, until = stored
+        # The window is judged at signing time, not at caching time: it ends on the second.
+        if previous is not None and until is not None and utcnow() < until:
+            return (current, previous)
+        return (current,)
 
-    def _cached(self, table: dict, key: str) -> tuple[str | None] | None:
+    def _cached(self, table: dict, key: str) -> tuple[Any] | None:
         with self._lock:
             hit = table.get(key)
         if hit is not None and hit[0] > time.monotonic():
             return (hit[1],)
         return None
 
-    def _store(self, table: dict, key: str, value: str | None) -> None:
+    def _store(self, table: dict, key: str, value: Any, ttl_s: float) -> None:
         with self._lock:
-            table[key] = (time.monotonic() + self.ttl_s, value)
+            table[key] = (time.monotonic() + ttl_s, value)

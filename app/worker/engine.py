@@ -218,15 +218,14 @@ class Dispatcher:
 
     def _attempt(self, call: _Call) -> CallOutcome:
         run = call.run
-        secret = self.owners.signing_secret(run.owner)
-        if secret is None:
+        signing_secrets = self.owners.signing_secrets(run.owner)
+        if not signing_secrets:
             return CallOutcome(error=f"owner {run.owner!r} has no signing secret", retryable_error=False)
         if run.target.get("type") == "queue":
-            return self._queues().publish(
-                QueueCall(str(run.job_id), run.scheduled_for, run.attempt, run.target["topic"], run.payload, secret)
-            )
+            return self._queues().publish(QueueCall(str(run.job_id), run.scheduled_for, run.attempt,
+                                                    run.target["topic"], run.payload, signing_secrets))
         return self.webhooks.call(
-            WebhookCall(str(run.job_id), run.scheduled_for, run.attempt, run.target, run.payload, secret,
+            WebhookCall(str(run.job_id), run.scheduled_for, run.attempt, run.target, run.payload, signing_secrets,
                         # No round trip here: only whether the lease known at the check
                         # still runs, as the request is about to go out.
                         may_send=lambda: not call.lost and time.monotonic() < call.lease_until)

@@ -45,7 +45,7 @@ class QueueCall:
     attempt: int
     topic: str
     payload: Any
-    signing_secret: str
+    signing_secrets: tuple[str, ...]  # the current secret first; the previous one too in a rotation window
 
 
 class QueuePublisher:
@@ -91,7 +91,7 @@ class QueuePublisher:
             scheduled_for=call.scheduled_for,
             attempt=call.attempt,
             body=body,
-            signing_secret=call.signing_secret,
+            signing_secrets=call.signing_secrets,
         )
         try:
             # A PooledConnection that sees an exception inside `with` is closed

@@ -56,7 +56,7 @@ class WebhookCall:
     attempt: int
     target: dict  # {"url", "method"?, "headers"?, "timeout_s"?, "limits"?}
     payload: Any
-    signing_secret: str
+    signing_secrets: tuple[str, ...]  # the current secret first; the previous one too in a rotation window
     # Asked once more right before the request goes out (after the headers are built
     # and signed): False withdraws the call (NotSent) -- the run's lease may be gone.
     may_send: Callable[[], bool] | None = None
@@ -179,7 +179,7 @@ def _request_headers(call: WebhookCall, method: str, body: bytes) -> dict[str, s
             scheduled_for=call.scheduled_for,
             attempt=call.attempt,
             body=body,
-            signing_secret=call.signing_secret,
+            signing_secrets=call.signing_secrets,
         )
     )
     if method not in _BODYLESS:

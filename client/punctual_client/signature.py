@@ -1,15 +1,18 @@
-"""Webhook signatures: `Punctual-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256>`.
+"""Webhook signatures: `Punctual-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256>[,v1=...]`.
 
 The MAC covers "<t>.<body>" under the owner's signing secret, taken as the UTF-8
-bytes of the string `punctual keys create` printed. Workers sign with
-`signature_header`; receivers check with `verify_signature`. Standard library only:
-this module is part of the SDK.
+bytes of the string `punctual keys create` printed. During a rotation window
+(`punctual keys rotate`) a call carries one `v1` per secret, the new one first:
+`t=...,v1=<new>,v1=<old>`, so a receiver holding either secret verifies it.
+Workers sign with `signature_header`; receivers check with `verify_signature`.
+Standard library only: this module is part of the client distribution.
 """
 from __future__ import annotations
 
 import hashlib
 import hmac
 import time
+from typing import Iterable
 
 __all__ = ["signature_header", "verify_signature", "SignatureError"]
 
@@ -23,14 +26,19 @@ def _mac(secret: str, timestamp: int, body: bytes) -> str:
     return hmac.new(secret.encode("utf-8"), message, hashlib.sha256).hexdigest()
 
 
-def signature_header(secret: str, body: bytes, timestamp: int | None = None) -> str:
-    """The Punctual-Signature value for `body` sent at `timestamp` (default: now)."""
+def _secrets(secret: str | Iterable[str]) -> list[str]:
+    return [secret] if isinstance(secret, str) else list(secret)
+
+
+def signature_header(secret: str | Iterable[str], body: bytes, timestamp: int | None = None) -> str:
+    """The Punctual-Signature value for `body` sent at `timestamp` (default: now), one
+    `v1` per secret in the order given."""
     t = int(time.time()) if timestamp is None else int(timestamp)
-    return f"t={t},v1={_mac(secret, t, body)}"
+    return ",".join([f"t={t}"] + [f"v1={_mac(s, t, body)}" for s in _secrets(secret)])
 
 
 def verify_signature(
-    secret: str,
+    secret: str | Iterable[str],
     header: str | None,
     body: bytes | str,
     tolerance_s: float = 300,
@@ -38,15 +46,19 @@ def verify_signature(
 ) -> bool:
     """Check a Punctual-Signature header against the raw request body.
 
+    `secret` is the owner's signing secret, or several (say the old and the new one
+    while you switch a receiver over): any of them matching any `v1` passes.
     Returns True when valid. Raises SignatureError saying why otherwise: a missing
     or malformed header, a timestamp more than `tolerance_s` away from `now`
-    (replay protection), or no `v1` that matches. Several `v1=` entries are
-    accepted so that a secret can be rotated.
+    (replay protection), or no `v1` that matches.
     """
     if not header:
         raise SignatureError("missing Punctual-Signature header")
     if isinstance(body, str):
         body = body.encode("utf-8")
+    secrets = _secrets(secret)
+    if not secrets:
+        raise SignatureError("no signing secret to verify with")
     timestamp: int | None = None
     candidates: list[str] = []
     for part in header.split(","):
@@ -63,7 +75,9 @@ def verify_signature(
     current = time.time() if now is None else now
     if tolerance_s is not None and abs(current - timestamp) > tolerance_s:
         raise SignatureError(f"Punctual-Signature timestamp is more than {tolerance_s:g}s away from now")
-    expected = _mac(secret, timestamp, body)
-    if not any(hmac.compare_digest(expected, candidate) for candidate in candidates):
+    expected = [_mac(s, timestamp, body) for s in secrets]
+    # Every comparison runs (no early exit), so timing says nothing about which matched.
+    matched = [hmac.compare_digest(e, c) for e in expected for c in candidates]
+    if not any(matched):
         raise SignatureError("Punctual-Signature does not match the body")
     return True

@@ -79,6 +79,20 @@ def test_a_batch_is_called_once_each_with_every_header_and_recorded(env, sink):
     assert run["state"] == "succeeded" and run["status_code"] == 200 and run["lateness_ms"] >= 1000
 
 
+def test_during_a_rotation_window_calls_are_signed_with_the_new_and_the_old_secret(env, sink):
+    from app.services.owners import rotate_secret
+
+    context, registry, old = env
+    new = rotate_secret(registry, "tests", 3600, utcnow()).signing_secret
+    rows = [job_row(16, run_at=utcnow() - timedelta(seconds=1), target=webhook_target(sink.url("/rotated")))]
+    assert context.dispatcher.dispatch(claim_all(registry, rows)).started == 1
+    [call] = sink.wait_for(1)
+    header = call.header("Punctual-Signature")
+    assert header.count("v1=") == 2
+    assert verify_signature(new, header, call.body) and verify_signature(old, header, call.body)
+    assert header.split(",")[1] != header.split(",")[2]
+
+
 def test_a_duplicated_message_causes_no_second_call(env, sink):
     """Invariants 3 and 4: starting is fenced, so a redelivery only costs work."""
     context, registry, _ = env

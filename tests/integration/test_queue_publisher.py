@@ -29,7 +29,7 @@ def make_call(topic: str, attempt: int = 1, payload=None) -> QueueCall:
         attempt=attempt,
         topic=topic,
         payload={"report": "daily", "n": 1} if payload is None else payload,
-        signing_secret=SECRET,
+        signing_secrets=(SECRET,),
     )
 
 

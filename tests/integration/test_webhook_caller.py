@@ -106,7 +106,7 @@ def make_call(target_url: str, method: str = "POST", **target) -> WebhookCall:
         attempt=3,
         target={"type": "webhook", "url": target_url, "method": method, **target},
         payload={"invoice": 42, "name": "Zoë"},
-        signing_secret=SECRET,
+        signing_secrets=(SECRET,),
     )
 
 
