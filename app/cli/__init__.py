@@ -1,8 +1,8 @@
 """The `punctual` command: operators' and scripts' entry point.
 
-Subcommands live in small modules (app.cli.ops, app.cli.jobs, app.cli.dev) and
-are attached here; each imports its heavy dependencies only when it runs, so
-`punctual --help` stays quick.
+Subcommands live in small modules (app.cli.ops, app.cli.keys, app.cli.jobs,
+app.cli.runs, app.cli.dev, app.cli.serve) and are attached here; each imports its
+heavy dependencies only when it runs, so `punctual --help` stays quick.
 """
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import click
 
 from app.settings import VARIABLES
 
-_SUBCOMMAND_MODULES = ("app.cli.ops", "app.cli.jobs", "app.cli.dev", "app.cli.serve")
+_SUBCOMMAND_MODULES = (
+    "app.cli.ops", "app.cli.keys", "app.cli.jobs", "app.cli.runs", "app.cli.dev", "app.cli.serve",
+)
 
 
 def _variables_epilog() -> str:
@@ -23,7 +25,7 @@ def _variables_epilog() -> str:
         lines.append(f"  {v.name.ljust(width)}  {v.help} [default: {default}]")
     lines += [
         "",
-        "Client commands (jobs, preview) read PUNCTUAL_URL and PUNCTUAL_API_KEY.",
+        "Client commands (jobs, runs, dead-letters, preview) read PUNCTUAL_URL and PUNCTUAL_API_KEY.",
     ]
     return "\n".join(lines)
 

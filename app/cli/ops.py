@@ -1,7 +1,9 @@
-"""Operator commands: `punctual migrate`, `punctual keys create`."""
+"""Operator commands: `punctual migrate` (and the settings every operator command loads).
+
+`punctual keys ...` lives in app.cli.keys.
+"""
 from __future__ import annotations
 
-import json
 import logging
 import sys
 
@@ -59,37 +61,10 @@ def _reason(exc: Exception) -> str:
     return " ".join(text.split())
 
 
-@click.group()
-def keys() -> None:
-    """API keys and signing secrets."""
-
-
-@keys.command("create")
-@click.option("--owner", required=True, help="The owner the key belongs to (created on first use).")
-@click.option("--json", "as_json", is_flag=True, help="Print {owner, api_key, signing_secret} as JSON.")
-def keys_create(owner: str, as_json: bool) -> None:
-    """Print a new API key and the owner's signing secret (only a hash of the key is stored)."""
-    from app.services.owners import create_key
-    from app.registry.engines import registry_for
-
-    settings = load_settings()
-    try:
-        new = create_key(registry_for(settings), owner)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--owner")
-    if as_json:
-        click.echo(json.dumps(new.as_dict()))
-    else:
-        click.echo(f"owner:          {new.owner}")
-        click.echo(f"api key:        {new.api_key}")
-        click.echo(f"signing secret: {new.signing_secret}")
-        click.echo("The key is shown once; only its hash is stored.")
-
-
 def _redact(dsn: str) -> str:
     from sqlalchemy.engine import make_url
 
     return make_url(dsn).render_as_string(hide_password=True)
 
 
-COMMANDS = [migrate, keys]
+COMMANDS = [migrate]
