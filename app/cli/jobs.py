@@ -284,6 +284,102 @@ def list_(ctx: click.Context, state, name, limit, cursor, every, as_json) -> Non
     _show_page(_call(lambda: client.list_jobs(state=state, name=name, limit=limit, cursor=cursor)), as_json, _job_rows)
 
 
+_SCHEDULE_KINDS = ("cron", "interval_s", "run_at")
+
+
+def _merged(current: dict, given: dict) -> dict:
+    """`given` over `current`: PATCH replaces a field whole, so options that set part of
+    one (--max-attempts of retry) keep the rest as the job has it."""
+    return {**current, **{k: v for k, v in given.items() if v is not None}}
+
+
+@jobs.command("update")
+@click.argument("job_id")
+@click.option("--body", help="PATCH fields as JSON (or @file, @- for stdin); the options below override.")
+@click.option("--name")
+@click.option("--cron", help="A new cron schedule (5 fields, or 6 with seconds first).")
+@click.option("--interval-s", type=int, help="A new interval schedule.")
+@click.option("--run-at", help="A new one-off instant, RFC 3339 with an offset.")
+@click.option("--timezone", help="IANA zone of the cron schedule.")
+@click.option("--start-at")
+@click.option("--end-at")
+@click.option("--target-url", "target_url", help="A new webhook URL (http or https).")
+@click.option("--topic", help="A new queue target (routing key on the punctual.jobs exchange).")
+@click.option("--method", type=click.Choice(["POST", "PUT", "GET", "DELETE", "PATCH"]))
+@click.option("--header", "headers", multiple=True,
+              help="'Name: value', repeatable; replaces the job's headers.")
+@click.option("--timeout-s", type=float)
+@click.option("--payload", help="JSON (or @file).")
+@click.option("--retry-max-attempts", "--max-attempts", "max_attempts", type=int)
+@click.option("--retry-backoff-s", "--backoff-s", "backoff_s", type=float)
+@click.option("--retry-max-backoff-s", "--max-backoff-s", "max_backoff_s", type=float)
+@click.option("--misfire", type=click.Choice(["run_once", "run_all", "skip"]))
+@click.option("--gap", type=click.Choice(["shift", "skip"]))
+@click.option("--overlap", type=click.Choice(["once", "twice"]))
+@click.option("--jitter-s", type=int)
+@_json_option
+@click.pass_context
+def update(ctx: click.Context, job_id, body, name, cron, interval_s, run_at, timezone, start_at, end_at,
+           target_url, topic, method, headers, timeout_s, payload, max_attempts, backoff_s, max_backoff_s,
+           misfire, gap, overlap, jitter_s, as_json) -> None:
+    """Change a job (PATCH): only the fields given change; prints the job.
+
+    Options that set part of a field (--timezone, --max-attempts, --method, --gap,
+    ...) keep the rest of that field as the job has it. A new --cron, --interval-s
+    or --run-at replaces the schedule (with --timezone, --start-at, --end-at if given).
+    """
+    changes = _json_value(body, "--body") or {}
+    if not isinstance(changes, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--body")
+    client = _client(ctx)
+    current: dict | None = None
+
+    def job() -> dict:
+        nonlocal current
+        if current is None:
+            current = _call(lambda: client.get_job(job_id)).raw
+        return current
+
+    if name is not None:
+        changes["name"] = name
+    bounds = {"timezone": timezone, "start_at": start_at, "end_at": end_at}
+    kind = {"cron": cron, "interval_s": interval_s, "run_at": run_at}
+    if sum(value is not None for value in kind.values()) > 1:
+        raise click.UsageError("give one of --cron, --interval-s, --run-at")
+    if any(value is not None for value in kind.values()):
+        changes["schedule"] = {k: v for k, v in {**kind, **bounds}.items() if v is not None}
+    elif any(value is not None for value in bounds.values()):
+        changes["schedule"] = _merged(job()["schedule"], bounds)
+    if target_url is not None and topic is not None:
+        raise click.UsageError("give --target-url or --topic, not both")
+    target_parts = {"method": method, "timeout_s": timeout_s,
+                    "headers": dict(_header(h) for h in headers) if headers else None}
+    if topic is not None:
+        changes["target"] = {"type": "queue", "topic": topic, "limits": job()["target"].get("limits")}
+    elif target_url is not None or any(v is not None for v in target_parts.values()):
+        base = job()["target"]
+        if target_url is not None:
+            base = {**(base if base.get("type") == "webhook" else {"limits": base.get("limits")}),
+                    "type": "webhook", "url": target_url}
+        changes["target"] = _merged(base, target_parts)
+    if "target" in changes and isinstance(changes["target"], dict):
+        changes["target"] = {k: v for k, v in changes["target"].items() if v is not None}
+    if payload is not None:
+        changes["payload"] = _json_value(payload, "--payload")
+    retry = {"max_attempts": max_attempts, "backoff_s": backoff_s, "max_backoff_s": max_backoff_s}
+    if any(v is not None for v in retry.values()):
+        changes["retry"] = _merged(job()["retry"], retry)
+    if gap is not None or overlap is not None:
+        changes["dst"] = _merged(job()["dst"], {"gap": gap, "overlap": overlap})
+    if misfire is not None:
+        changes["misfire"] = misfire
+    if jitter_s is not None:
+        changes["jitter_s"] = jitter_s
+    if not changes:
+        raise click.UsageError("nothing to change: give --body or an option (see --help)")
+    _show_job(_call(lambda: client.update_job(job_id, **changes)), as_json)
+
+
 def _verb(command: str, method: str, doc: str):
     @jobs.command(command, help=doc)
     @click.argument("job_id")

@@ -15,6 +15,7 @@ import requests
 from click.testing import CliRunner
 
 from app.cli import main
+from tests.integration.api_fixtures import insert_run
 
 pytestmark = pytest.mark.integration
 
@@ -87,6 +88,67 @@ def test_verbs_and_runs(punctual):
     assert [r["id"] for r in runs["items"]] == [run["id"]]
     assert "claimed" in punctual("jobs", "runs", job["id"]).stdout
     assert json.loads(punctual("jobs", "cancel", job["id"], "--json").stdout)["state"] == "cancelled"
+
+
+def test_update_changes_only_what_is_given(punctual):
+    job = create(punctual, "--max-attempts", "3", "--backoff-s", "20", "--gap", "skip")
+    renamed = json.loads(punctual("jobs", "update", job["id"], "--name", "renamed", "--json").stdout)
+    assert renamed["name"] == "renamed" and renamed["schedule"] == job["schedule"]
+    assert renamed["target"] == job["target"] and renamed["retry"] == job["retry"]
+
+    changed = json.loads(punctual("jobs", "update", job["id"], "--max-attempts", "7", "--overlap", "twice",
+                                  "--timezone", "UTC", "--method", "PUT", "--payload", '{"b": 2}',
+                                  "--misfire", "skip", "--jitter-s", "9", "--json").stdout)
+    assert changed["retry"] == {**job["retry"], "max_attempts": 7}  # backoff_s kept at 20
+    assert changed["retry"]["backoff_s"] == 20
+    assert changed["dst"] == {"gap": "skip", "overlap": "twice"}
+    assert changed["schedule"] == {"cron": "0 0 * * *", "timezone": "UTC"}
+    assert changed["target"]["method"] == "PUT" and changed["target"]["headers"] == {"X-Team": "billing"}
+    assert changed["target"]["url"] == job["target"]["url"]
+    assert (changed["payload"], changed["misfire"], changed["jitter_s"]) == ({"b": 2}, "skip", 9)
+
+    every = json.loads(punctual("jobs", "update", job["id"], "--interval-s", "60", "--json").stdout)
+    assert every["schedule"] == {"interval_s": 60}
+    queue = json.loads(punctual("jobs", "update", job["id"], "--topic", "reports.daily", "--json").stdout)
+    assert queue["target"] == {"type": "queue", "topic": "reports.daily"}
+    back = json.loads(punctual("jobs", "update", job["id"], "--target-url", "http://127.0.0.1:9/new",
+                               "--header", "X-New: 1", "--json").stdout)
+    assert back["target"]["url"] == "http://127.0.0.1:9/new" and back["target"]["headers"] == {"X-New": "1"}
+    body = json.loads(punctual("jobs", "update", job["id"], "--body", '{"name": "from-body"}', "--json").stdout)
+    assert body["name"] == "from-body"
+    assert punctual("jobs", "get", job["id"], "--json").stdout.count("from-body") == 1
+
+
+def test_update_errors(punctual):
+    job = create(punctual)
+    nothing = punctual("jobs", "update", job["id"], ok=False)
+    assert nothing.exit_code == 2 and "nothing to change" in nothing.output
+    both = punctual("jobs", "update", job["id"], "--cron", "* * * * *", "--interval-s", "5", ok=False)
+    assert both.exit_code == 2 and "one of --cron" in both.output
+    invalid = punctual("jobs", "update", job["id"], "--cron", "nope", ok=False)
+    assert invalid.exit_code == 1 and "422" in invalid.stderr and "schedule.cron" in invalid.stderr
+    cancelled = json.loads(punctual("jobs", "cancel", job["id"], "--json").stdout)
+    conflict = punctual("jobs", "update", cancelled["id"], "--name", "late", ok=False)
+    assert conflict.exit_code == 1 and "409" in conflict.stderr
+
+
+def test_dead_letters_and_replay(punctual, api_settings):
+    job = create(punctual)
+    dead = [insert_run(api_settings, job) for _ in range(3)]
+    listed = json.loads(punctual("dead-letters", "--json").stdout)
+    assert [r["id"] for r in listed["items"]] == [str(run["run_id"]) for run in reversed(dead)]
+    page = json.loads(punctual("dead-letters", "--limit", "2", "--json").stdout)
+    assert len(page["items"]) == 2 and page["next_cursor"]
+    assert len(json.loads(punctual("dead-letters", "--all", "--limit", "1", "--json").stdout)) == 3
+    table = punctual("dead-letters").stdout
+    assert table.splitlines()[0].split()[:4] == ["ID", "SCHEDULED", "FOR", "ATTEMPT"] and "HTTP 500" in table
+
+    replayed = json.loads(punctual("runs", "replay", str(dead[0]["run_id"]), "--json").stdout)
+    assert replayed["id"] == str(dead[0]["run_id"]) and replayed["state"] == "replayed"
+    assert str(dead[0]["run_id"]) not in punctual("dead-letters", "--json").stdout
+    again = punctual("runs", "replay", str(dead[0]["run_id"]), ok=False)
+    assert again.exit_code == 1 and "409" in again.stderr
+    assert "replayed" in punctual("runs", "replay", str(dead[1]["run_id"])).stdout
 
 
 def test_api_errors_go_to_stderr_with_every_field(punctual):
