@@ -101,6 +101,11 @@ def insert_sql(table: sa.Table, columns: Sequence[str]) -> str:
             f"FROM {_source_sql(table, columns)};")
 
 
+def insert_new_sql(table: sa.Table, columns: Sequence[str], key: str) -> str:
+    """The statement `insert_new` issues, as its callers' docstrings show it."""
+    return insert_sql(table, columns).removesuffix(";") + f" ON CONFLICT ({key}) DO NOTHING RETURNING {key};"
+
+
 def _source_sql(table: sa.Table, columns: Sequence[str]) -> str:
     return f"jsonb_to_recordset(:rows) AS v({', '.join(f'{c} {_pg_type(table.c[c])}' for c in columns)})"
 
@@ -188,6 +193,8 @@ def insert_new(conn: sa.Connection, table: sa.Table, rows: Sequence[Mapping[str,
     if not rows:
         return set()
     rows = sorted(rows, key=lambda row: str(row[key]))
+    if _observers:
+        _observed(insert_new_sql(table, list(rows[0]), key))
     if not is_postgres(conn):
         statement = sqlite.insert(table).on_conflict_do_nothing(index_elements=[key]).returning(table.c[key])
         return {found for row in rows for found in conn.execute(statement, dict(row)).scalars()}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 import pathlib
 
-from app.registry.bulk import insert_sql, update_sql
+from app.registry.bulk import insert_new_sql, insert_sql, update_sql
 from app.registry.schema import jobs, runs
 
 APP = pathlib.Path(__file__).resolve().parents[2] / "app"
@@ -51,4 +51,12 @@ def test_insert_sql_lists_every_column_it_sends():
     assert insert_sql(jobs, ["job_id", "shard"]) == (
         "INSERT INTO jobs (job_id, shard) SELECT v.job_id, v.shard "
         "FROM jsonb_to_recordset(:rows) AS v(job_id uuid, shard smallint);"
+    )
+
+
+def test_insert_new_sql_skips_taken_keys_and_returns_the_inserted():
+    assert insert_new_sql(jobs, ["job_id", "shard"], "job_id") == (
+        "INSERT INTO jobs (job_id, shard) SELECT v.job_id, v.shard "
+        "FROM jsonb_to_recordset(:rows) AS v(job_id uuid, shard smallint) "
+        "ON CONFLICT (job_id) DO NOTHING RETURNING job_id;"
     )
