@@ -163,7 +163,7 @@ def documented_commands(api_md: str) -> dict[str, str]:
     """'jobs get' -> its whole row, for every row of the Commands table."""
     commands = {}
     for row in table_rows(section(api_md, "### Commands")):
-        match = re.fullmatch(r"`punctual ([a-z ]+?)(?: [A-Z_]+)?`", row[0])
+        match = re.fullmatch(r"`punctual ([a-z -]+?)(?: [A-Z_]+)?`", row[0])
         assert match, f"not a `punctual ...` command: {row[0]}"
         commands[match.group(1)] = " | ".join(row)
     return commands
