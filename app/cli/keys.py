@@ -38,7 +38,7 @@ def keys_create(owner: str, as_json: bool) -> None:
     try:
         new = create_key(_registry(), owner)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--owner")
+        raise click.BadParameter(str(exc), param_hint="--owner") from None
     if as_json:
         click.echo(json.dumps(new.as_dict()))
     else:
@@ -79,7 +79,7 @@ def keys_revoke(key_id: str, as_json: bool) -> None:
         key = revoke_key(_registry(), key_id)
     except (NotFound, ValueError) as exc:
         raise click.BadParameter(str(exc) if isinstance(exc, ValueError) else f"no key {key_id!r}",
-                                 param_hint="KEY_ID")
+                                 param_hint="KEY_ID") from None
     if as_json:
         click.echo(json.dumps(key.as_dict()))
     else:
@@ -106,7 +106,7 @@ def keys_rotate(owner: str, window_s: int, as_json: bool) -> None:
     try:
         rotation = rotate_secret(_registry(), owner, window_s, utcnow())
     except NotFound:
-        raise click.BadParameter(f"no owner {owner!r}", param_hint="--owner")
+        raise click.BadParameter(f"no owner {owner!r}", param_hint="--owner") from None
     if as_json:
         click.echo(json.dumps(rotation.as_dict()))
     else:

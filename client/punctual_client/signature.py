@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 __all__ = ["signature_header", "verify_signature", "SignatureError"]
 
