@@ -56,6 +56,7 @@ def _items(body: object) -> list:
     jobs = body.get("jobs")
     if not isinstance(jobs, list) or len(jobs) > batches.MAX_JOBS:
         errors.append(FieldError("jobs", f"must be a list of at most {batches.MAX_JOBS} jobs"))
+        raise ValidationError(errors)
     if errors:
         raise ValidationError(errors)
     return jobs
@@ -66,7 +67,8 @@ def _encoded_size(item: object) -> int:
 
 
 def _answer(outcome: batches.Outcome) -> dict:
-    if outcome.error is None:
+    if outcome.job is not None:
         return {"status": 201 if outcome.created else 200, "job": job_json(outcome.job)}
+    assert outcome.error is not None  # an Outcome holds a job or an error
     body = problems.problem_for(outcome.error)
     return {"status": body["status"], "problem": body}

@@ -28,13 +28,13 @@ import uuid
 
 import sqlalchemy as sa
 from flask import Blueprint, current_app, request
-from punctual_client import SignatureError, verify_signature
 
 from app.api.wire import json_response
 from app.core.errors import ValidationError
 from app.core.timefmt import format_instant, utcnow
 from app.registry.schema import jobs
 from app.registry.sharding import shard_for
+from punctual_client import SignatureError, verify_signature
 
 bp = Blueprint("dev", __name__)
 

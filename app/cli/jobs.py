@@ -215,7 +215,7 @@ def _create_from_file(client, source: str, as_json: bool) -> None:
 
     def send() -> None:
         results = _call(lambda: client.create_jobs([job for _, job in pending]))
-        for (line, _), result in zip(pending, results):
+        for (line, _), result in zip(pending, results, strict=True):
             counts["created" if result.created else "existing" if result.ok else "failed"] += 1
             _show_line(line, result, as_json)
         pending.clear()

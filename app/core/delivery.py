@@ -10,9 +10,8 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-from punctual_client.signature import signature_header
-
 from app.core.timefmt import format_instant
+from punctual_client.signature import signature_header
 
 __all__ = ["RESERVED_HEADERS", "is_reserved_header", "encode_payload", "idempotency_key", "delivery_headers"]
 

@@ -19,9 +19,9 @@ a second item with an earlier item's key replays (or conflicts with) that job.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from collections.abc import Mapping
 from typing import Any
 
 import sqlalchemy as sa
@@ -30,7 +30,7 @@ from app.core.errors import ValidationError
 from app.limits.keys import named_key, record_limit_key
 from app.registry import bulk
 from app.registry.engines import Registry
-from app.registry.records import new_job_row
+from app.registry.records import Row, new_job_row
 from app.registry.schema import jobs
 from app.registry.sharding import physical_index, shard_for
 from app.services import idempotency
@@ -46,7 +46,7 @@ KEY_FIELD = "idempotency_key"
 class Outcome:
     """One job's answer: its row (created, or the earlier one a key stands for), or the error."""
 
-    job: Mapping[str, Any] | None = None
+    job: Row | None = None
     created: bool = False
     error: Exception | None = None
 
@@ -66,27 +66,24 @@ def create_jobs(registry: Registry, owner: str, items: list[Any], now: datetime)
     if len(items) > MAX_JOBS:
         raise ValidationError.single("jobs", f"must hold at most {MAX_JOBS} jobs")
     plans = [_plan(registry, owner, item, now) for item in items]
-    by_engine: dict[int, list[int]] = {}
+    by_engine: dict[int, list[_Placed]] = {}
     dsns = len(registry.engines)
     for index, plan in enumerate(plans):
         if plan.job_id is not None and (plan.row is not None or plan.request_hash is not None):
             engine_index = physical_index(shard_for(plan.job_id, registry.settings.shards), dsns)
-            by_engine.setdefault(engine_index, []).append(index)
-    outcomes: list[Outcome | None] = [None] * len(plans)
-    for engine_index, indexes in by_engine.items():
+            by_engine.setdefault(engine_index, []).append((index, plan.job_id, plan))
+    answered: dict[int, Outcome] = {}
+    for engine_index, placed in by_engine.items():
         try:
-            answered = _write(registry.engines[engine_index], owner, [(i, plans[i]) for i in indexes])
+            answered.update(_write(registry.engines[engine_index], owner, placed))
         except (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.TimeoutError) as exc:
             reason = type(getattr(exc, "orig", None) or exc).__name__
             failure = Unavailable(f"the registry did not answer ({reason}); retry this job")
-            answered = {i: Outcome(error=failure) for i in indexes}
-        for index, outcome in answered.items():
-            outcomes[index] = outcome
-    for index, plan in enumerate(plans):
-        if outcomes[index] is None:  # invalid without a key: no registry involved
-            outcomes[index] = Outcome(error=plan.error)
+            answered.update({index: Outcome(error=failure) for index, _, _ in placed})
+    # An item no registry saw is invalid and has no key: its own error is its answer.
+    outcomes = [answered.get(index) or Outcome(error=plan.error) for index, plan in enumerate(plans)]
     _record_limit_keys(registry, owner, outcomes, now)
-    return outcomes  # type: ignore[return-value]
+    return outcomes
 
 
 def _plan(registry: Registry, owner: str, item: Any, now: datetime) -> _Plan:
@@ -130,7 +127,11 @@ def _storable_key(key: object) -> bool:
     return True
 
 
-def _write(engine: sa.Engine, owner: str, plans: list[tuple[int, _Plan]]) -> dict[int, Outcome]:
+# An item bound for a DSN: its index in the batch, its job id, its plan.
+_Placed = tuple[int, uuid.UUID, _Plan]
+
+
+def _write(engine: sa.Engine, owner: str, plans: list[_Placed]) -> dict[int, Outcome]:
     """One DSN's share of a batch, in one transaction: insert, then read what keys stood for.
 
     The insert (app.registry.bulk.insert_new), the rows in job id order:
@@ -162,28 +163,27 @@ def _write(engine: sa.Engine, owner: str, plans: list[tuple[int, _Plan]]) -> dic
     """
     inserter: dict[uuid.UUID, int] = {}  # job id -> the item that inserts it (the first valid one)
     rows = []
-    for index, plan in plans:
-        if plan.row is not None and plan.job_id not in inserter:
-            inserter[plan.job_id] = index
+    for index, job_id, plan in plans:
+        if plan.row is not None and job_id not in inserter:
+            inserter[job_id] = index
             rows.append(plan.row)
     with engine.begin() as conn:
         inserted = bulk.insert_new(conn, jobs, rows, "job_id")
-        taken = [plan.job_id for _, plan in plans
-                 if plan.request_hash is not None and plan.job_id not in inserted]
-        existing: dict[uuid.UUID, Mapping[str, Any]] = {}
+        taken = [job_id for _, job_id, plan in plans if plan.request_hash is not None and job_id not in inserted]
+        existing: dict[uuid.UUID, Row] = {}
         if taken:
             query = sa.select(jobs).where(bulk.key_in(conn, jobs.c.job_id, list(set(taken))),
                                          jobs.c.owner == owner)
             existing = {row["job_id"]: row for row in conn.execute(query).mappings()}
     created_rows = {row["job_id"]: row for row in rows if row["job_id"] in inserted}
     answered: dict[int, Outcome] = {}
-    for index, plan in plans:
-        if plan.job_id in inserted and inserter.get(plan.job_id) == index:
-            answered[index] = Outcome(job=created_rows[plan.job_id], created=True)
+    for index, job_id, plan in plans:
+        if job_id in inserted and inserter.get(job_id) == index:
+            answered[index] = Outcome(job=created_rows[job_id], created=True)
             continue
-        earlier = existing.get(plan.job_id)
-        if earlier is None and plan.job_id in inserted and inserter[plan.job_id] < index:
-            earlier = created_rows[plan.job_id]  # an earlier item of this batch made it
+        earlier = existing.get(job_id)
+        if earlier is None and job_id in inserted and inserter[job_id] < index:
+            earlier = created_rows[job_id]  # an earlier item of this batch made it
         if earlier is None:
             # Keyless rows never collide; a keyed one whose id another owner holds cannot
             # happen (the owner is part of the uuid5), so this is the item's own error.
@@ -198,11 +198,13 @@ def _write(engine: sa.Engine, owner: str, plans: list[tuple[int, _Plan]]) -> dic
     return answered
 
 
-def _record_limit_keys(registry: Registry, owner: str, outcomes: list[Outcome | None], now: datetime) -> None:
+def _record_limit_keys(registry: Registry, owner: str, outcomes: list[Outcome], now: datetime) -> None:
     """A named limits key takes the limits of the last job of the batch created with it."""
     last: dict[str, Mapping[str, Any]] = {}
     for outcome in outcomes:
-        if outcome is not None and outcome.created and named_key(outcome.job["target"]) is not None:
-            last[named_key(outcome.job["target"])] = outcome.job["target"]
+        if outcome.created and outcome.job is not None:
+            name = named_key(outcome.job["target"])
+            if name is not None:
+                last[name] = outcome.job["target"]
     for target in last.values():
         record_limit_key(registry, owner, target, now)

@@ -31,9 +31,9 @@ from pathlib import Path
 
 import pytest
 
+from app.settings import VARIABLES
 from punctual_client import Client
 from punctual_client.signature import signature_header
-from app.settings import VARIABLES
 from tests.acceptance.dev_process import DevProcess, clean_env, kill_leftovers, leftovers, wait_until
 from tests.acceptance.readme import README, blocks, run_block
 

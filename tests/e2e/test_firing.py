@@ -8,12 +8,12 @@ from datetime import timedelta
 from itertools import pairwise
 
 import pytest
-from punctual_client.signature import verify_signature
 
 from app.core.timefmt import format_instant, parse_instant, utcnow
 from app.pollers.claim import claim_batch
 from app.registry.engines import registry_for
 from app.registry.sharding import shard_for
+from punctual_client.signature import verify_signature
 from tests.e2e.conftest import make_env
 from tests.sink import Answer
 

@@ -14,9 +14,7 @@ from app.registry.migrate import migrate_all
 from app.registry.schema import jobs, limit_keys
 from app.services.owners import create_key
 from app.settings import Settings
-from tests.integration.api_fixtures import (  # noqa: F401  (fixtures)
-    WEBHOOK, alice, api_app, api_settings, bob, job_body, job_row, live_server,
-)
+from tests.integration.api_fixtures import WEBHOOK, job_body, job_row
 
 pytestmark = pytest.mark.integration
 MISSING_DATABASE = "postgresql://root@127.0.0.1:5432/punctual_no_such_db_"

@@ -18,7 +18,6 @@ from app.registry.engines import registry_for
 from app.registry.schema import owners
 from app.services.owners import KEY_CACHE_TTL_S, OwnerDirectory, create_key
 from punctual_client import SignatureError, verify_signature
-from tests.integration.api_fixtures import alice, api_app, api_settings  # noqa: F401
 
 pytestmark = pytest.mark.integration
 

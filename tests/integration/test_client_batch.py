@@ -9,9 +9,7 @@ from click.testing import CliRunner
 
 from app.cli import main
 from punctual_client import BatchResult, Client, ConflictError, Job, ValidationError
-from tests.integration.api_fixtures import (  # noqa: F401  (fixtures)
-    WEBHOOK, alice, api_app, api_settings, job_body, live_server,
-)
+from tests.integration.api_fixtures import WEBHOOK, job_body
 from tests.integration.test_api_batch import owner_rows
 
 pytestmark = pytest.mark.integration

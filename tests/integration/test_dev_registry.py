@@ -9,7 +9,6 @@ import json
 import stat
 
 import pytest
-from punctual_client.signature import signature_header
 
 from app.api import create_app
 from app.devserver import credentials
@@ -17,6 +16,7 @@ from app.registry.engines import registry_for
 from app.registry.migrate import migrate_all
 from app.services.owners import create_key
 from app.settings import Settings
+from punctual_client.signature import signature_header
 
 
 @pytest.fixture

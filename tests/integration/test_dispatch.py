@@ -6,13 +6,13 @@ import time
 from datetime import timedelta
 
 import pytest
-from punctual_client.signature import verify_signature
 
 from app.core.timefmt import format_instant, utcnow
 from app.pollers.claim import claim_batch
 from app.registry.engines import registry_for
 from app.services.owners import create_key
 from app.worker.context import WorkerContext
+from punctual_client.signature import verify_signature
 from tests.rows import insert_jobs, job, job_row, runs_of, webhook_target
 from tests.sink import Answer, Sink
 

@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 import pytest
 from kombu import Connection, Queue
 
-from punctual_client.signature import verify_signature
 from app.worker.queue_publisher import EXCHANGE, QueueCall, QueuePublisher
+from punctual_client.signature import verify_signature
 
 pytestmark = pytest.mark.integration
 

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 import requests
+
 from punctual_client import (
     AuthenticationError,
     Client,
@@ -19,7 +20,6 @@ from punctual_client import (
     verify_signature,
 )
 from punctual_client.signature import signature_header
-
 from tests.integration.api_fixtures import WEBHOOK, insert_run
 
 pytestmark = pytest.mark.integration

@@ -9,10 +9,10 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from punctual_client.signature import verify_signature
 
 from app.services.addresses import resolve_target
 from app.worker.webhook import WebhookCall, WebhookCaller
+from punctual_client.signature import verify_signature
 
 pytestmark = pytest.mark.integration
 
