@@ -202,3 +202,15 @@ def test_the_embedded_sqlite_registry_takes_batches_too(tmp_path):
     assert [i["status"] for i in first] == [201, 201, 422] and [i["status"] for i in again] == [200, 201, 422]
     assert again[0]["job"]["id"] == first[0]["job"]["id"]
     registry_for(settings).dispose()
+
+
+def test_a_past_run_at_is_refused_per_job_as_post_jobs_refuses_it(alice):
+    from datetime import timedelta
+
+    from app.core.timefmt import format_instant, utcnow
+
+    past = {**job_body(name="late"), "schedule": {"run_at": format_instant(utcnow() - timedelta(hours=1))}}
+    single = alice.post("/jobs", json=past)
+    [late, ok] = batch(alice, [past, job_body(name="fine")]).get_json()["items"]
+    assert single.status_code == 422 and late["status"] == 422 and ok["status"] == 201
+    assert late["problem"]["errors"] == single.get_json()["errors"]
