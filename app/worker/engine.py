@@ -225,7 +225,8 @@ class Dispatcher:
             return self._queues().publish(QueueCall(str(run.job_id), run.scheduled_for, run.attempt,
                                                     run.target["topic"], run.payload, signing_secrets))
         return self.webhooks.call(
-            WebhookCall(str(run.job_id), run.scheduled_for, run.attempt, run.target, run.payload, signing_secrets,
+            WebhookCall(str(run.job_id), run.scheduled_for, run.attempt, run.target, run.payload,
+                        signing_secrets,
                         # No round trip here: only whether the lease known at the check
                         # still runs, as the request is about to go out.
                         may_send=lambda: not call.lost and time.monotonic() < call.lease_until)
