@@ -81,9 +81,8 @@ def _client_thread(
             if status != (200 if batched else 201):
                 failures.extend([f"HTTP {status}"] * jobs_sent)
             elif batched:
-                failures.extend(
-                    f"item {item['status']}" for item in json.loads(conn.body)["items"] if item["status"] != 201
-                )
+                items = json.loads(conn.body)["items"]
+                failures.extend(f"item {item['status']}" for item in items if item["status"] != 201)
         except (OSError, ValueError, StopIteration) as exc:
             failures.extend([type(exc).__name__] * jobs_sent)
             conn.close()
@@ -236,7 +235,8 @@ def main(argv: list[str] | None = None) -> dict:
     path.write_text(json.dumps(result, indent=2) + "\n")
     per_request = f"batches of {args.batch}, " if args.batch else ""
     print(
-        f"{result['jobs_per_s']:.0f} jobs/s  ({result['jobs']} jobs, {per_request}{result['clients']} clients, "
+        f"{result['jobs_per_s']:.0f} jobs/s  ({result['jobs']} jobs, {per_request}"
+        f"{result['clients']} clients, "
         f"{result['elapsed_s']}s, p50 {result['latency_ms']['p50']} ms, "
         f"p99 {result['latency_ms']['p99']} ms, {result['failures']} failures, "
         f"load {result['load_average_1m']['before']}->{result['load_average_1m']['after']})"

@@ -82,7 +82,8 @@ class Client:
         headers = {} if idempotency_key is None else {"Idempotency-Key": idempotency_key}
         return Job.from_json(self._request("POST", "/jobs", json_body=body, headers=headers))
 
-    def create_jobs(self, jobs: Iterable[dict[str, Any]], *, batch_size: int = MAX_BATCH) -> list[BatchResult]:
+    def create_jobs(self, jobs: Iterable[dict[str, Any]], *,
+                    batch_size: int = MAX_BATCH) -> list[BatchResult]:
         """Create many jobs through POST /jobs/batch, `batch_size` (at most 1,000) per request.
 
         Each job is a whole API body, plus an optional `idempotency_key` (as the

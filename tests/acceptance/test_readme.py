@@ -40,7 +40,8 @@ from tests.acceptance.readme import README, blocks, run_block
 pytestmark = pytest.mark.acceptance
 
 REPO = README.parent
-INSTALL_SET = ("setup.cfg", "setup.py", "pyproject.toml", "README.md", "celeryconfig.py", "app", "migrations", "client")
+INSTALL_SET = ("setup.cfg", "setup.py", "pyproject.toml", "README.md", "celeryconfig.py", "app", "migrations",
+               "client")
 DUE_WITHIN_S = 5.0
 TESTED = {"run", "env", "first_job.py", "first-job", "cli", "curl", "receiver.py"}
 

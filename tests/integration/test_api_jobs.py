@@ -343,7 +343,8 @@ def test_jobs_sharing_a_cron_get_the_same_first_fire_and_it_moves_with_now(alice
     assert a["next_run_at"] == b["next_run_at"]
     schedule = Schedule(kind="cron", cron="*/5 * * * *")
     at = parse_instant(a["next_run_at"])
-    assert jobs.first_fire_remembered(schedule, DstPolicy(), at, at) == at + timedelta(minutes=5)  # not the remembered one
+    # not the remembered one:
+    assert jobs.first_fire_remembered(schedule, DstPolicy(), at, at) == at + timedelta(minutes=5)
     assert jobs.first_fire_remembered(schedule, DstPolicy(), at - timedelta(seconds=1), at) == at
 
 
