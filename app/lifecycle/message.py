@@ -18,7 +18,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from app.core.timefmt import format_instant, parse_instant
 from app.registry.records import Row
@@ -107,6 +107,26 @@ class DispatchRun:
         )
 
 
+def round_robin(items: Sequence, key) -> list:
+    """`items` reordered so that the groups by `key` take turns, one item each, in the
+    order each group first appears; within a group the order is kept.
+
+    [a1, a2, a3, b1, c1, c2] -> [a1, b1, c1, a2, c2, a3]."""
+    groups: dict = {}
+    for item in items:
+        groups.setdefault(key(item), []).append(item)
+    if len(groups) <= 1:
+        return list(items)
+    out: list = []
+    queues = list(groups.values())
+    depth = 0
+    while queues:
+        out.extend(queue[depth] for queue in queues)
+        depth += 1
+        queues = [queue for queue in queues if len(queue) > depth]
+    return out
+
+
 def chunks(items: list, size: int = CHUNK_RUNS) -> Iterator[list]:
     """`items` in consecutive slices of at most `size`, spread evenly.
 
@@ -134,10 +154,18 @@ def eta_of(fire_at: datetime | None, now: datetime) -> datetime | None:
 
 
 def to_messages(runs: Iterable[DispatchRun], now: datetime, size: int = CHUNK_RUNS) -> list[tuple[datetime | None, list[dict]]]:
-    """The messages that carry `runs`: (eta, entries) pairs, runs grouped by eta and
-    then in slices of at most `size`; the ones due now come first."""
+    """The messages that carry `runs`: (eta, entries) pairs, runs grouped by eta,
+    owners in turn (`round_robin`), then in slices of at most `size`; the ones due now
+    come first."""
     by_eta: dict[datetime | None, list[DispatchRun]] = {}
     for run in runs:
         by_eta.setdefault(eta_of(run.fire_at, now), []).append(run)
     order = sorted(by_eta, key=lambda eta: (eta is not None, eta or now))
-    return [(eta, [run.to_message() for run in chunk]) for eta in order for chunk in chunks(by_eta[eta], size)]
+    # Owners take turns within each eta: every message of a batch carries every owner's
+    # first runs before anyone's later ones, and a worker starts a message in order.
+    return [(eta, [run.to_message() for run in chunk]) for eta in order
+            for chunk in chunks(round_robin(by_eta[eta], _owner), size)]
+
+
+def _owner(run: DispatchRun) -> str:
+    return run.owner
