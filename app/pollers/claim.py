@@ -272,6 +272,7 @@ def claim_batch(engine: sa.Engine, shard: int, now: datetime, settings: Settings
     if rows:
         metrics.CLAIM_BATCHES.labels(str(shard)).inc()
         metrics.CLAIMS.labels(str(shard)).inc(len(to_publish))
+        metrics.count_by_owner("claimed", (run.owner for run in to_publish))
     if skipped_count:
         metrics.RUNS.labels("skipped").inc(skipped_count)
     return ClaimResult(runs=to_publish, taken=len(rows), full=full)
