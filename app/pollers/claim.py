@@ -144,8 +144,8 @@ def fair_due_jobs(shard: int, horizon: datetime, shares: Sequence[tuple[str, int
     return sa.select(due).select_from(share).join(due, sa.true())
 
 
-# Per (database, shard): the last owner a batch of this process served when not every
-# owner fitted in it; the next batch starts after it (app.pollers.shares). Only a
+# Per (database, shard): where the owners' turns ended in this process's last batch;
+# the next batch starts after it (app.pollers.shares). Only a
 # fairness hint: another process, or a restart, starts the turns elsewhere.
 _last_served: dict[tuple[str, int], str] = {}
 
@@ -160,9 +160,9 @@ def _select_due(conn: sa.Connection, shard: int, horizon: datetime, limit: int, 
         rows = conn.execute(due_jobs(shard, horizon, limit, lock)).mappings().all() if found else []
         return rows, len(rows) >= limit
     turns = (conn.engine.url.render_as_string(), shard)
-    shares = fair_shares(found, weights, limit, after=_last_served.get(turns))
-    if len(shares) < len(found):
-        _last_served[turns] = shares[-1][0]
+    shares, turn_ends = fair_shares(found, weights, limit, after=_last_served.get(turns))
+    if turn_ends is not None:
+        _last_served[turns] = turn_ends
     if is_postgres(conn):
         rows = conn.execute(fair_due_jobs(shard, horizon, shares, lock)).mappings().all()
     else:

@@ -18,44 +18,52 @@ batch, whatever another owner has waiting, and one owner alone gets the whole ba
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
-__all__ = ["DEFAULT_WEIGHT", "MAX_WEIGHT", "fair_shares"]
+__all__ = ["DEFAULT_WEIGHT", "MAX_WEIGHT", "Shares", "fair_shares"]
 
 DEFAULT_WEIGHT = 1
 MAX_WEIGHT = 1000
 
 
-def fair_shares(due_owners: Sequence[str], weights: Mapping[str, int], limit: int,
-                after: str | None = None) -> list[tuple[str, int]]:
-    """(owner, rows it may take) for the owners in `due_owners` (those with due rows)
-    that get a share of a batch of `limit`, in turn order.
+class Shares(NamedTuple):
+    takes: list[tuple[str, int]]  # (owner, rows it may take), in turn order
+    turn_ends: str | None  # where the next batch's turn starts after; None: wherever it was
 
-    `weights` holds the owners whose weight is not DEFAULT_WEIGHT."""
+
+def fair_shares(due_owners: Sequence[str], weights: Mapping[str, int], limit: int,
+                after: str | None = None) -> Shares:
+    """Each owner's share of a batch of `limit`, for the owners in `due_owners` (those
+    with due rows), in turn order after `after`.
+
+    `weights` holds the owners whose weight is not DEFAULT_WEIGHT. `turn_ends` is the
+    last owner that got one of the odd rows left after dividing by weight (or, when not
+    every owner fitted, the last owner served): the next batch's turns start after it,
+    so that no owner always gets the odd rows."""
     if limit <= 0 or not due_owners:
-        return []
+        return Shares([], None)
     by_name = sorted(set(due_owners))
     turn = next((i for i, owner in enumerate(by_name) if after is not None and owner > after), 0)
     order = by_name[turn:] + by_name[:turn]
     weight = {owner: _weight(weights.get(owner, DEFAULT_WEIGHT)) for owner in order}
     round_rows = sum(weight.values())
     if round_rows > limit:  # not every owner fits: those next in turn get their round
-        shares, left = [], limit
+        takes, left = [], limit
         for owner in order:
             if left <= 0:
                 break
             take = min(weight[owner], left)
-            shares.append((owner, take))
+            takes.append((owner, take))
             left -= take
-        return shares
+        return Shares(takes, takes[-1][0])
     rounds = limit // round_rows
-    left = limit - rounds * round_rows
-    shares = []
-    for owner in order:
-        extra = min(weight[owner], left)  # a part of one more round
-        left -= extra
-        shares.append((owner, rounds * weight[owner] + extra))
-    return shares
+    left = limit - rounds * round_rows  # a part of one more round, shared by weight too
+    extra = {owner: left * weight[owner] // round_rows for owner in order}
+    odd = left - sum(extra.values())  # fewer than the owners: one row each, in turn
+    turn_ends = order[odd - 1] if odd else None
+    for owner in order[:odd]:
+        extra[owner] += 1
+    return Shares([(owner, rounds * weight[owner] + extra[owner]) for owner in order], turn_ends)
 
 
 def _weight(value) -> int:

@@ -14,47 +14,76 @@ def _due(*owners: str) -> list[str]:
     return list(owners)
 
 
+def shares_of(*args, **kwargs) -> list[tuple[str, int]]:
+    return fair_shares(*args, **kwargs).takes
+
+
 def test_one_owner_takes_the_whole_batch():
-    assert fair_shares(_due("a"), {}, 500) == [("a", 500)]
+    assert shares_of(_due("a"), {}, 500) == [("a", 500)]
 
 
 def test_two_owners_split_the_batch_and_the_odd_row_goes_to_the_one_next_in_turn():
-    assert fair_shares(_due("b", "a"), {}, 501) == [("a", 251), ("b", 250)]
-    assert fair_shares(_due("b", "a"), {}, 501, after="a") == [("b", 251), ("a", 250)]
+    assert shares_of(_due("b", "a"), {}, 501) == [("a", 251), ("b", 250)]
+    assert shares_of(_due("b", "a"), {}, 501, after="a") == [("b", 251), ("a", 250)]
+
+
+def test_the_rest_of_a_round_is_shared_by_weight_and_the_odd_row_goes_round():
+    # 10 rows for weights 3 and 1: two whole rounds (6 + 2), 2 rows left: 1 by weight to
+    # heavy, and 1 odd row to whoever is next in turn; the next batch starts after it.
+    first = fair_shares(_due("heavy", "light"), {"heavy": 3}, 10)
+    assert first == ([("heavy", 8), ("light", 2)], "heavy")
+    second = fair_shares(_due("heavy", "light"), {"heavy": 3}, 10, after=first.turn_ends)
+    assert second == ([("light", 3), ("heavy", 7)], "light")
+    assert fair_shares(_due("heavy", "light"), {"heavy": 3}, 10, after=second.turn_ends) == first
+    assert fair_shares(_due("a", "b"), {}, 10).turn_ends is None  # whole rounds: nothing odd
+
+
+def test_over_many_batches_the_service_is_in_weight_proportion_within_a_row_per_batch():
+    weights = {"a": 3, "b": 2}
+    served = {"a": 0, "b": 0, "c": 0}
+    after = None
+    for _ in range(20):
+        shares = fair_shares(_due("a", "b", "c"), weights, 500, after)
+        for owner, take in shares.takes:
+            served[owner] += take
+        after = shares.turn_ends if shares.turn_ends is not None else after
+    exact = {"a": 5000, "b": 10000 / 3, "c": 5000 / 3}  # 10,000 rows as 3:2:1
+    assert all(abs(served[owner] - exact[owner]) <= 20 for owner in served), served
 
 
 def test_weights_are_proportional():
-    assert fair_shares(_due("a", "b"), {"a": 3}, 500) == [("a", 375), ("b", 125)]
-    assert fair_shares(_due("a", "b", "c"), {"b": 2}, 8) == [("a", 2), ("b", 4), ("c", 2)]
+    assert shares_of(_due("a", "b"), {"a": 3}, 500) == [("a", 375), ("b", 125)]
+    assert shares_of(_due("a", "b", "c"), {"b": 2}, 8) == [("a", 2), ("b", 4), ("c", 2)]
 
 
 def test_more_owners_than_rows_take_turns_across_batches():
     owners = [f"o{i:04}" for i in range(1000)]
-    first = fair_shares(_due(*owners), {}, 400)
+    first = shares_of(_due(*owners), {}, 400)
     assert first == [(owner, 1) for owner in owners[:400]]
-    second = fair_shares(_due(*owners), {}, 400, after=first[-1][0])
+    assert fair_shares(_due(*owners), {}, 400).turn_ends == first[-1][0]
+    second = shares_of(_due(*owners), {}, 400, after=first[-1][0])
     assert second == [(owner, 1) for owner in owners[400:800]]
-    third = fair_shares(_due(*owners), {}, 400, after=second[-1][0])
+    third = shares_of(_due(*owners), {}, 400, after=second[-1][0])
     assert third == [(owner, 1) for owner in owners[800:] + owners[:200]]
 
 
 def test_more_owners_than_rows_with_weights_the_last_round_is_cut_to_the_batch():
-    assert fair_shares(_due("a", "b", "c"), {"a": 2, "b": 3}, 4) == [("a", 2), ("b", 2)]
+    assert shares_of(_due("a", "b", "c"), {"a": 2, "b": 3}, 4) == [("a", 2), ("b", 2)]
 
 
 def test_turns_wrap_around_and_an_owner_gone_from_the_list_is_skipped():
-    assert fair_shares(_due("a", "c", "d"), {}, 2, after="b") == [("c", 1), ("d", 1)]
-    assert fair_shares(_due("a", "c"), {}, 1, after="c") == [("a", 1)]
+    assert shares_of(_due("a", "c", "d"), {}, 2, after="b") == [("c", 1), ("d", 1)]
+    assert shares_of(_due("a", "c"), {}, 1, after="c") == [("a", 1)]
 
 
 def test_nothing_due_or_no_room_gives_no_share():
-    assert fair_shares([], {}, 500) == []
-    assert fair_shares(_due("a"), {}, 0) == []
+    assert shares_of([], {}, 500) == []
+    assert shares_of(_due("a"), {}, 0) == []
 
 
 def test_bad_weights_are_clamped_not_trusted():
-    assert fair_shares(_due("a", "b"), {"a": 0, "b": -5}, 4) == [("a", 2), ("b", 2)]
-    assert fair_shares(_due("a", "b"), {"a": 10**9}, MAX_WEIGHT + 1) == [("a", MAX_WEIGHT), ("b", 1)]
+    assert shares_of(_due("a", "b"), {"a": 0, "b": -5}, 4) == [("a", 2), ("b", 2)]
+    assert shares_of(_due("a", "b"), {"a": 10**9}, MAX_WEIGHT + 1) == [("a", MAX_WEIGHT), ("b", 1)]
 
 
 def test_property_shares_fill_the_batch_in_weight_proportion():
@@ -65,7 +94,7 @@ def test_property_shares_fill_the_batch_in_weight_proportion():
         weights = {owner: rng.randint(1, 5) for owner in owners if rng.random() < 0.5}
         limit = rng.randint(1, 600)
         after = rng.choice([None, *owners])
-        shares = fair_shares(owners, weights, limit, after)
+        shares = shares_of(owners, weights, limit, after)
         total_weight = sum(weights.get(owner, 1) for owner in owners)
         assert sum(take for _, take in shares) == limit  # a share is never wasted on paper
         assert len({owner for owner, _ in shares}) == len(shares)
