@@ -69,14 +69,14 @@ def keys() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print {owner, api_key, signing_secret} as JSON.")
 def keys_create(owner: str, as_json: bool) -> None:
     """Print a new API key and the owner's signing secret (only a hash of the key is stored)."""
-    from app.services.owners import create_key
     from app.registry.engines import registry_for
+    from app.services.owners import create_key
 
     settings = load_settings()
     try:
         new = create_key(registry_for(settings), owner)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--owner")
+        raise click.BadParameter(str(exc), param_hint="--owner") from None
     if as_json:
         click.echo(json.dumps(new.as_dict()))
     else:
@@ -110,7 +110,8 @@ def owners_list(as_json: bool) -> None:
             click.echo(json.dumps({**item.as_dict(), "max_in_flight": quota}))
         return
     width = max([len("owner")] + [len(item.owner) for item in found])
-    click.echo(f"{'owner'.ljust(width)}  {'weight':>6}  {'quota':>6}  {'due':>8}  {'waiting':>8}  {'running':>8}")
+    click.echo(f"{'owner'.ljust(width)}  {'weight':>6}  {'quota':>6}  {'due':>8}  "
+               f"{'waiting':>8}  {'running':>8}")
     for item in found:
         click.echo(f"{item.owner.ljust(width)}  {item.weight:>6}  {quota or '-':>6}  {item.due:>8}  "
                    f"{item.waiting:>8}  {item.running:>8}")

@@ -16,9 +16,10 @@ Pure: building entries from run rows, grouping them into messages, parsing them 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from app.core.timefmt import format_instant, parse_instant
 from app.registry.records import Row
@@ -31,7 +32,7 @@ CHUNK_RUNS = 100
 # a message (and are up to this late); a finer step means more messages per second
 # at steady load.
 ETA_STEP = timedelta(milliseconds=100)
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class DispatchRun:
         }
 
     @classmethod
-    def from_message(cls, entry: Mapping[str, Any]) -> "DispatchRun":
+    def from_message(cls, entry: Mapping[str, Any]) -> DispatchRun:
         return cls(
             run_id=uuid.UUID(entry["run_id"]),
             job_id=uuid.UUID(entry["job_id"]),
@@ -88,7 +89,7 @@ class DispatchRun:
         )
 
     @classmethod
-    def from_row(cls, row: Row, payload: Any, fire_at: datetime | None = None) -> "DispatchRun":
+    def from_row(cls, row: Row, payload: Any, fire_at: datetime | None = None) -> DispatchRun:
         """From a runs row (plus the job's payload, which runs do not store, and the
         fire instant of a run claimed ahead, which is the job's next_run_at)."""
         return cls(

@@ -17,8 +17,9 @@ A run is admitted only when every spec admits it (app.limits.limiter).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 __all__ = ["LimitSpec", "limit_specs", "owner_quota", "target_origin"]

@@ -56,24 +56,24 @@ poller and takes the write lock at BEGIN.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from app import metrics
-from app.registry.bulk import insert_many, update_many
 from app.core.misfire import skip_reason
-from app.registry.records import Row, run_row
+from app.lifecycle.message import DispatchRun
 from app.pollers.plan import ClaimPlan, plan_claim
-from app.registry.records import retry_of
+from app.pollers.shares import fair_shares
+from app.registry.bulk import insert_many, update_many
+from app.registry.dialect import is_postgres, locks_rows
+from app.registry.records import Row, retry_of, run_row
 from app.registry.schema import jobs, runs
 from app.settings import Settings
-from app.lifecycle.message import DispatchRun
-from app.registry.dialect import is_postgres, locks_rows
-from app.pollers.shares import fair_shares
 
 
 def due_jobs(shard: int, horizon: datetime, limit: int, lock: bool = True) -> sa.Select:
@@ -124,7 +124,8 @@ def _due_owners_grouped(shard: int, horizon: datetime) -> sa.Select:
             .group_by(jobs.c.owner))
 
 
-def fair_due_jobs(shard: int, horizon: datetime, shares: Sequence[tuple[str, int]], lock: bool = True) -> sa.Select:
+def fair_due_jobs(shard: int, horizon: datetime, shares: Sequence[tuple[str, int]],
+                  lock: bool = True) -> sa.Select:
     """The fair claim query (PostgreSQL): each owner's oldest due rows, at most its
     share, locked, skipping locked ones; one range scan of ix_jobs_due_by_owner each."""
     share = sa.func.unnest(
@@ -151,7 +152,7 @@ _last_served: dict[tuple[str, int], str] = {}
 
 
 def _select_due(conn: sa.Connection, shard: int, horizon: datetime, limit: int, lock: bool,
-                weights: Mapping[str, int]) -> tuple[list, bool]:
+                weights: Mapping[str, int]) -> tuple[Sequence[Row], bool]:
     """The due rows this batch takes, fairly between owners, and whether more may be
     due (the batch, or some owner's share, came back full)."""
     owners_stmt = due_owners(shard, horizon) if is_postgres(conn) else _due_owners_grouped(shard, horizon)

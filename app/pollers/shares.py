@@ -16,9 +16,11 @@ batch is smaller than `limit` (the poll goes on, since an owner that filled its
 share may have more). So an owner with few due rows gets all of them in the next
 batch, whatever another owner has waiting, and one owner alone gets the whole batch.
 """
+
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple, Sequence
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 __all__ = ["DEFAULT_WEIGHT", "MAX_WEIGHT", "Shares", "fair_shares"]
 
@@ -31,8 +33,9 @@ class Shares(NamedTuple):
     turn_ends: str | None  # where the next batch's turn starts after; None: wherever it was
 
 
-def fair_shares(due_owners: Sequence[str], weights: Mapping[str, int], limit: int,
-                after: str | None = None) -> Shares:
+def fair_shares(
+    due_owners: Sequence[str], weights: Mapping[str, int], limit: int, after: str | None = None
+) -> Shares:
     """Each owner's share of a batch of `limit`, for the owners in `due_owners` (those
     with due rows), in turn order after `after`.
 

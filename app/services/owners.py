@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from app.core.timefmt import utcnow
-from app.registry.engines import Registry
 from app.pollers.shares import DEFAULT_WEIGHT, MAX_WEIGHT
+from app.registry.engines import Registry
 from app.registry.schema import api_keys, jobs, owners, runs
 
 KEY_PREFIX = "pk_"
@@ -79,7 +79,8 @@ def set_weight(registry: Registry, owner: str, weight: int) -> None:
     if not DEFAULT_WEIGHT <= weight <= MAX_WEIGHT:
         raise ValueError(f"weight must be an integer from {DEFAULT_WEIGHT} to {MAX_WEIGHT}")
     with registry.home.begin() as conn:
-        changed = conn.execute(sa.update(owners).where(owners.c.owner == owner).values(weight=weight)).rowcount
+        update = sa.update(owners).where(owners.c.owner == owner).values(weight=weight)
+        changed = conn.execute(update).rowcount
     if not changed:
         raise LookupError(f"no owner {owner!r} (owners are made by `punctual keys create --owner`)")
 
@@ -87,19 +88,22 @@ def set_weight(registry: Registry, owner: str, weight: int) -> None:
 def weights(registry: Registry) -> dict[str, int]:
     """The owners whose weight is not the default (the rest weigh DEFAULT_WEIGHT)."""
     with registry.home.connect() as conn:
-        rows = conn.execute(sa.select(owners.c.owner, owners.c.weight).where(owners.c.weight != DEFAULT_WEIGHT))
-        return {row.owner: row.weight for row in rows}
+        query = sa.select(owners.c.owner, owners.c.weight).where(owners.c.weight != DEFAULT_WEIGHT)
+        return {row.owner: row.weight for row in conn.execute(query)}
 
 
 def activity(registry: Registry) -> list[OwnerActivity]:
     """Every owner with its weight and its due, waiting and running counts, by name."""
     now = utcnow()
     with registry.home.connect() as conn:
-        weight_of = {row.owner: row.weight for row in conn.execute(sa.select(owners.c.owner, owners.c.weight))}
+        query = sa.select(owners.c.owner, owners.c.weight)
+        weight_of = {row.owner: row.weight for row in conn.execute(query)}
     counts: dict[str, list[int]] = {owner: [0, 0, 0] for owner in weight_of}
-    due = (sa.select(jobs.c.owner, sa.func.count()).where(jobs.c.state == "scheduled", jobs.c.next_run_at <= now)
+    due = (sa.select(jobs.c.owner, sa.func.count())
+           .where(jobs.c.state == "scheduled", jobs.c.next_run_at <= now)
            .group_by(jobs.c.owner))
-    active = (sa.select(runs.c.owner, runs.c.state, sa.func.count()).where(runs.c.state.in_(("claimed", "running")))
+    active = (sa.select(runs.c.owner, runs.c.state, sa.func.count())
+              .where(runs.c.state.in_(("claimed", "running")))
               .group_by(runs.c.owner, runs.c.state))
     for engine in registry.engines:
         with engine.connect() as conn:
@@ -107,7 +111,8 @@ def activity(registry: Registry) -> list[OwnerActivity]:
                 counts.setdefault(owner, [0, 0, 0])[0] += count
             for owner, state, count in conn.execute(active):
                 counts.setdefault(owner, [0, 0, 0])[1 if state == "claimed" else 2] += count
-    return [OwnerActivity(owner, weight_of.get(owner, DEFAULT_WEIGHT), *counts[owner]) for owner in sorted(counts)]
+    return [OwnerActivity(owner, weight_of.get(owner, DEFAULT_WEIGHT), *counts[owner])
+            for owner in sorted(counts)]
 
 
 class OwnerDirectory:

@@ -8,6 +8,7 @@ weight column has a constant default, so adding it rewrites nothing.
 Revision ID: 0005
 Revises: 0002
 """
+
 import sqlalchemy as sa
 from alembic import op
 
@@ -19,6 +20,11 @@ depends_on = None
 
 def upgrade() -> None:
     scheduled = sa.text("state = 'scheduled'")
-    op.create_index("ix_jobs_due_by_owner", "jobs", ["shard", "owner", "next_run_at"],
-                    postgresql_where=scheduled, sqlite_where=scheduled)
+    op.create_index(
+        "ix_jobs_due_by_owner",
+        "jobs",
+        ["shard", "owner", "next_run_at"],
+        postgresql_where=scheduled,
+        sqlite_where=scheduled,
+    )
     op.add_column("owners", sa.Column("weight", sa.Integer(), server_default="1", nullable=False))

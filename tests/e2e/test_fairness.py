@@ -7,6 +7,7 @@ workers see it. (With the shipped claim-ahead window a burst is published before
 instant, and runs already published are served in publishing order: docs/design.md
 "The fair claim".)
 """
+
 from __future__ import annotations
 
 import threading
@@ -90,8 +91,14 @@ class CountingSink:
 
 
 def _env(pg_dsns, amqp_url, prefix, **overrides):
-    slow_claim = dict(PUNCTUAL_SHARDS="1", PUNCTUAL_CLAIM_AHEAD_S="0", PUNCTUAL_CLAIM_BATCH="10",
-                      PUNCTUAL_POLL_BUDGET_S="0", PUNCTUAL_LEASE_S="30", PUNCTUAL_HEARTBEAT_S="5")
+    slow_claim = dict(
+        PUNCTUAL_SHARDS="1",
+        PUNCTUAL_CLAIM_AHEAD_S="0",
+        PUNCTUAL_CLAIM_BATCH="10",
+        PUNCTUAL_POLL_BUDGET_S="0",
+        PUNCTUAL_LEASE_S="30",
+        PUNCTUAL_HEARTBEAT_S="5",
+    )
     return make_env(pg_dsns[:1], amqp_url, prefix, **{**slow_claim, **overrides})
 
 
@@ -123,39 +130,61 @@ def _run(env, logs, body):
 
 
 def test_a_late_owners_jobs_start_on_time_while_another_owners_backlog_drains(
-        pg_dsns, amqp_url, module_redis_prefix, logs, counting_sink):
+    pg_dsns, amqp_url, module_redis_prefix, logs, counting_sink
+):
     env = _env(pg_dsns, amqp_url, module_redis_prefix + ":late")
     registry = registry_for(_settings(env))
     for owner in ("a", "b"):
         create_key(registry, owner)
     at = utcnow() + timedelta(seconds=4)
     late_at = at + timedelta(seconds=3)
-    insert_jobs(registry, [job_row(1, owner="a", run_at=at, target=webhook_target(counting_sink.url("a", i)))
-                           for i in range(BACKLOG)])
-    insert_jobs(registry, [job_row(1, owner="b", run_at=late_at, target=webhook_target(counting_sink.url("b", i)))
-                           for i in range(LATE_JOBS)])
+    insert_jobs(
+        registry,
+        [
+            job_row(1, owner="a", run_at=at, target=webhook_target(counting_sink.url("a", i)))
+            for i in range(BACKLOG)
+        ],
+    )
+    insert_jobs(
+        registry,
+        [
+            job_row(1, owner="b", run_at=late_at, target=webhook_target(counting_sink.url("b", i)))
+            for i in range(LATE_JOBS)
+        ],
+    )
 
     def body():
         arrived = counting_sink.wait_for("b", LATE_JOBS, timeout_s=60)
         a_by_then = len(counting_sink.arrivals["a"])
         lateness = sorted(t - late_at.timestamp() for t in arrived)
-        assert a_by_then < BACKLOG - 500, f"A's backlog was no longer draining ({a_by_then} of {BACKLOG} called)"
-        assert lateness[-1] <= 2.0, (f"B's calls came {[round(x, 2) for x in lateness]} s after their instant "
-                                     f"({a_by_then} of A's before); {_claimed_and_started(registry, 'b', late_at)}")
+        assert a_by_then < BACKLOG - 500, (
+            f"A's backlog was no longer draining ({a_by_then} of {BACKLOG} called)"
+        )
+        assert lateness[-1] <= 2.0, (
+            f"B's calls came {[round(x, 2) for x in lateness]} s after their instant "
+            f"({a_by_then} of A's before); {_claimed_and_started(registry, 'b', late_at)}"
+        )
 
     _run(env, logs, body)
 
 
 def test_weights_share_the_service_in_proportion_while_both_have_a_backlog(
-        pg_dsns, amqp_url, module_redis_prefix, logs, counting_sink):
+    pg_dsns, amqp_url, module_redis_prefix, logs, counting_sink
+):
     env = _env(pg_dsns, amqp_url, module_redis_prefix + ":weights")
     registry = registry_for(_settings(env))
     for owner in ("heavy", "light"):
         create_key(registry, owner)
     set_weight(registry, "heavy", 3)
     at = utcnow() + timedelta(seconds=4)
-    insert_jobs(registry, [job_row(1, owner=owner, run_at=at, target=webhook_target(counting_sink.url(owner, i)))
-                           for owner in ("heavy", "light") for i in range(1200)])
+    insert_jobs(
+        registry,
+        [
+            job_row(1, owner=owner, run_at=at, target=webhook_target(counting_sink.url(owner, i)))
+            for owner in ("heavy", "light")
+            for i in range(1200)
+        ],
+    )
 
     def body():
         counting_sink.wait_for("heavy", 600, timeout_s=60)
@@ -166,17 +195,27 @@ def test_weights_share_the_service_in_proportion_while_both_have_a_backlog(
     _run(env, logs, body)
 
 
-def test_the_owner_quota_holds_calls_in_flight_across_workers(
-        pg_dsns, amqp_url, module_redis_prefix, logs):
+def test_the_owner_quota_holds_calls_in_flight_across_workers(pg_dsns, amqp_url, module_redis_prefix, logs):
     sink = CountingSink(delay_s=0.3)
-    env = _env(pg_dsns, amqp_url, module_redis_prefix + ":quota", PUNCTUAL_OWNER_MAX_IN_FLIGHT="4",
-               PUNCTUAL_CLAIM_BATCH="500")
+    env = _env(
+        pg_dsns,
+        amqp_url,
+        module_redis_prefix + ":quota",
+        PUNCTUAL_OWNER_MAX_IN_FLIGHT="4",
+        PUNCTUAL_CLAIM_BATCH="500",
+    )
     registry = registry_for(_settings(env))
     for owner in ("a", "b"):
         create_key(registry, owner)
     at = utcnow() + timedelta(seconds=3)
-    insert_jobs(registry, [job_row(1, owner=owner, run_at=at, target=webhook_target(sink.url(owner, i)))
-                           for owner in ("a", "b") for i in range(40)])
+    insert_jobs(
+        registry,
+        [
+            job_row(1, owner=owner, run_at=at, target=webhook_target(sink.url(owner, i)))
+            for owner in ("a", "b")
+            for i in range(40)
+        ],
+    )
 
     def body():
         sink.wait_for("a", 40, timeout_s=90)
@@ -196,7 +235,9 @@ def _claimed_and_started(registry, owner: str, due) -> str:
     from app.registry.schema import runs
 
     with registry.engines[0].connect() as conn:
-        rows = conn.execute(sa.select(runs.c.created_at, runs.c.started_at).where(runs.c.owner == owner)).all()
+        rows = conn.execute(
+            sa.select(runs.c.created_at, runs.c.started_at).where(runs.c.owner == owner)
+        ).all()
     claimed = sorted(round((row.created_at - due).total_seconds(), 2) for row in rows)
     started = sorted(round((row.started_at - due).total_seconds(), 2) for row in rows if row.started_at)
     return f"claimed at {claimed}, started at {started}"

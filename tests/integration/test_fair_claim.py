@@ -1,6 +1,7 @@
 """The fair claim on real Postgres: owners take turns within a shard's batch, by weight,
 with the same guarantees as the plain claim (SKIP LOCKED, one claim per row), and the
 query stays index scans (invariant 5)."""
+
 from __future__ import annotations
 
 import threading
@@ -8,12 +9,11 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
-import sqlalchemy as sa
 
+from app.core.timefmt import utcnow
 from app.pollers import claim
 from app.pollers.claim import claim_batch, due_owners, fair_due_jobs
 from app.registry.engines import create_engine_for, registry_for
-from app.core.timefmt import utcnow
 from tests.rows import insert_jobs, job_row
 
 pytestmark = pytest.mark.integration
@@ -30,7 +30,9 @@ def _owners(result) -> Counter:
     return Counter(run.owner for run in result.runs)
 
 
-def test_an_owner_with_few_due_rows_gets_them_in_the_next_batch_whatever_another_has_waiting(registry, pg_settings):
+def test_an_owner_with_few_due_rows_gets_them_in_the_next_batch_whatever_another_has_waiting(
+    registry, pg_settings
+):
     now = utcnow()
     # A's 1,200 rows are all older than B's 5: the oldest-first claim would take 1,200 of A first.
     backlog = [job_row(16, owner="a", run_at=now - timedelta(seconds=60), shard=2) for _ in range(1200)]
@@ -47,8 +49,14 @@ def test_an_owner_with_few_due_rows_gets_them_in_the_next_batch_whatever_another
 
 def test_weights_share_each_batch_in_proportion(registry, pg_settings):
     now = utcnow()
-    insert_jobs(registry, [job_row(16, owner=owner, run_at=now - timedelta(seconds=5), shard=1)
-                           for owner in ("heavy", "light") for _ in range(300)])
+    insert_jobs(
+        registry,
+        [
+            job_row(16, owner=owner, run_at=now - timedelta(seconds=5), shard=1)
+            for owner in ("heavy", "light")
+            for _ in range(300)
+        ],
+    )
     engine = registry.engine_for_shard(1)
 
     result = claim_batch(engine, 1, now, pg_settings, limit=200, weights={"heavy": 3})
@@ -59,8 +67,14 @@ def test_weights_share_each_batch_in_proportion(registry, pg_settings):
 def test_more_owners_than_the_batch_holds_are_served_in_turn_across_batches(registry, pg_settings):
     now = utcnow()
     owners = [f"o{i:02}" for i in range(30)]
-    insert_jobs(registry, [job_row(16, owner=owner, run_at=now - timedelta(seconds=30 - i), shard=5)
-                           for i, owner in enumerate(owners) for _ in range(2)])
+    insert_jobs(
+        registry,
+        [
+            job_row(16, owner=owner, run_at=now - timedelta(seconds=30 - i), shard=5)
+            for i, owner in enumerate(owners)
+            for _ in range(2)
+        ],
+    )
     engine = registry.engine_for_shard(5)
 
     first = claim_batch(engine, 5, now, pg_settings, limit=20)
@@ -74,7 +88,9 @@ def test_more_owners_than_the_batch_holds_are_served_in_turn_across_batches(regi
 
 def test_two_pollers_claim_each_row_once_with_owners_mixed(registry, pg_settings):
     now = utcnow()
-    rows = [job_row(16, owner=f"o{i % 7}", run_at=now - timedelta(seconds=i % 13), shard=4) for i in range(1400)]
+    rows = [
+        job_row(16, owner=f"o{i % 7}", run_at=now - timedelta(seconds=i % 13), shard=4) for i in range(1400)
+    ]
     insert_jobs(registry, rows)
     engine = registry.engine_for_shard(4)
     claimed: list = []
@@ -146,3 +162,23 @@ def test_the_fair_claim_is_an_index_range_scan_per_owner(many_owners):
     assert "Nested Loop" in plan and "ix_jobs_due_by_owner" in plan, plan
     assert "LockRows" in plan, plan
     assert "Seq Scan on jobs" not in plan, plan
+
+
+def test_the_embedded_registry_claims_fairly_too(tmp_path):
+    from app.registry.migrate import migrate_all
+    from app.settings import Settings
+
+    settings = Settings.from_env({"PUNCTUAL_DATA_DIR": str(tmp_path), "PUNCTUAL_SHARDS": "1"})
+    migrate_all(settings.database_urls)
+    registry = registry_for(settings)
+    now = utcnow()
+    backlog = [job_row(1, owner="a", run_at=now - timedelta(seconds=60)) for _ in range(300)]
+    late = [job_row(1, owner="b", run_at=now - timedelta(seconds=1)) for _ in range(5)]
+    insert_jobs(registry, backlog + late)
+
+    first = claim_batch(registry.engine_for_shard(0), 0, now, settings, limit=100)
+
+    try:
+        assert _owners(first) == {"a": 50, "b": 5} and first.full
+    finally:
+        registry.dispose()

@@ -1,4 +1,5 @@
 """`punctual owners`: weights stored with the owner, and what each owner has on the way."""
+
 from __future__ import annotations
 
 import json
@@ -31,18 +32,31 @@ def registry(pg_settings, truncate):
 
 
 def _punctual(pg_settings, *args: str) -> subprocess.CompletedProcess:
-    env = {"PATH": os.environ.get("PATH", ""), "PUNCTUAL_DATABASE_URLS": ",".join(pg_settings.database_urls),
-           "PUNCTUAL_SHARDS": str(pg_settings.shards), "PUNCTUAL_OWNER_MAX_IN_FLIGHT": "40"}
-    return subprocess.run([sys.executable, "-m", "app.cli", "owners", *args], capture_output=True, text=True, env=env)
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "PUNCTUAL_DATABASE_URLS": ",".join(pg_settings.database_urls),
+        "PUNCTUAL_SHARDS": str(pg_settings.shards),
+        "PUNCTUAL_OWNER_MAX_IN_FLIGHT": "40",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", "owners", *args], capture_output=True, text=True, env=env
+    )
 
 
 def test_set_stores_the_weight_and_list_shows_weight_quota_due_waiting_and_running(registry, pg_settings):
     for owner in ("acme", "globex"):
         create_key(registry, owner)
     now = utcnow()
-    insert_jobs(registry, [job_row(pg_settings.shards, owner="acme", run_at=now - timedelta(seconds=5), shard=0)
-                           for _ in range(4)])
-    insert_jobs(registry, [job_row(pg_settings.shards, owner="globex", run_at=now - timedelta(seconds=5), shard=0)])
+    insert_jobs(
+        registry,
+        [
+            job_row(pg_settings.shards, owner="acme", run_at=now - timedelta(seconds=5), shard=0)
+            for _ in range(4)
+        ],
+    )
+    insert_jobs(
+        registry, [job_row(pg_settings.shards, owner="globex", run_at=now - timedelta(seconds=5), shard=0)]
+    )
     claimed = claim_batch(registry.engine_for_shard(0), 0, now, pg_settings, limit=3)
     started = next(run for run in claimed.runs if run.owner == "acme")
     with registry.engine_for_shard(0).begin() as conn:
@@ -61,14 +75,22 @@ def test_set_stores_the_weight_and_list_shows_weight_quota_due_waiting_and_runni
         {"owner": "globex", "weight": 1, "due": 0, "waiting": 1, "running": 0, "max_in_flight": 40},
     ]
     table = _punctual(pg_settings)  # `punctual owners` alone lists too
-    assert table.returncode == 0 and table.stdout.splitlines()[1].split() == ["acme", "3", "40", "2", "1", "1"]
+    assert table.returncode == 0 and table.stdout.splitlines()[1].split() == [
+        "acme",
+        "3",
+        "40",
+        "2",
+        "1",
+        "1",
+    ]
 
 
 def test_an_unknown_owner_or_a_bad_weight_is_refused_with_one_line(registry, pg_settings):
     create_key(registry, "acme")
     unknown = _punctual(pg_settings, "set", "nobody", "--weight", "2")
     assert unknown.returncode == 1 and unknown.stderr.strip() == (
-        "punctual: no owner 'nobody' (owners are made by `punctual keys create --owner`)")
+        "punctual: no owner 'nobody' (owners are made by `punctual keys create --owner`)"
+    )
     bad = _punctual(pg_settings, "set", "acme", "--weight", "0")
     assert bad.returncode == 2 and "--weight" in bad.stderr
     assert weights(registry) == {}

@@ -176,5 +176,6 @@ def test_no_owner_name_or_job_key_can_reach_another_owners_quota():
     settings = Quota(owner_max_in_flight=1)
     [quota] = limit_specs("a/b:c", webhook("https://x.example/"), settings)
     assert quota.key == "owner-total:a%2Fb%3Ac"
-    keyed = limit_specs("acme", webhook("https://x.example/", key="owner-total:acme", max_concurrency=1), settings)
+    forged = webhook("https://x.example/", key="owner-total:acme", max_concurrency=1)
+    keyed = limit_specs("acme", forged, settings)
     assert [spec.key for spec in keyed] == ["owner:acme:key:owner-total:acme", "owner-total:acme"]

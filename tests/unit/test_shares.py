@@ -1,13 +1,14 @@
 """Each owner's share of a claim batch (app.pollers.shares), and owners taking turns in messages."""
+
 from __future__ import annotations
 
 import random
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from app.lifecycle.message import round_robin
 from app.pollers.shares import MAX_WEIGHT, fair_shares
 
-T = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def _due(*owners: str) -> list[str]:
@@ -106,7 +107,7 @@ def test_property_shares_fill_the_batch_in_weight_proportion():
                 assert rounds * weights.get(owner, 1) <= take <= (rounds + 1) * weights.get(owner, 1)
         else:  # those served are the ones next in turn after `after`, wrapping around
             start = 0 if after is None else owners.index(after) + 1
-            in_turn = (owners[start:] + owners[:start])[:len(shares)]
+            in_turn = (owners[start:] + owners[:start])[: len(shares)]
             assert [owner for owner, _ in shares] == in_turn
 
 
