@@ -83,8 +83,8 @@ def _poller(args: tuple) -> tuple[int, int]:
     claimed = batches = 0
     time.sleep(max(0.0, start_at - time.time()))
     if mode in ("code", "oldest"):
-        from app.pollers import claim
         from app.core.timefmt import utcnow
+        from app.pollers import claim
 
         if mode == "oldest":
             claim._select_due = _oldest_first
@@ -211,7 +211,8 @@ def main() -> None:
                         "tries": tries,
                     }
                     line = (
-                        f"owners {owners:5}  batch {batch:5}  pollers {pollers}  code {rate['code']:7,.0f} rows/s "
+                        f"owners {owners:5}  batch {batch:5}  pollers {pollers}  "
+                        f"code {rate['code']:7,.0f} rows/s "
                         f"({ms['code']:.1f} ms/batch)  bare {rate['bare']:7,.0f} rows/s  "
                         f"bare/code {rate['bare'] / rate['code']:.2f}x"
                     )

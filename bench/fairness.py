@@ -35,7 +35,9 @@ def _insert(stack: Stack, owner: str, count: int, due: datetime, url: str) -> No
     from tests.rows import insert_jobs, job_row, webhook_target
 
     target = webhook_target(url)
-    insert_jobs(stack.registry, [job_row(stack.shards, owner=owner, run_at=due, target=target) for _ in range(count)])
+    insert_jobs(
+        stack.registry, [job_row(stack.shards, owner=owner, run_at=due, target=target) for _ in range(count)]
+    )
 
 
 def _started(stack: Stack) -> list:
@@ -100,8 +102,13 @@ def run(args) -> dict:
                 # B calls another target (the same sink by another name) unless told to share
                 # A's: a target's concurrency cap is shared by every owner calling it.
                 own = owner == "b" and not args.same_target
-                _insert(stack, owner, count, due + timedelta(seconds=late), url.replace("127.0.0.1", "localhost")
-                        if own else url)
+                _insert(
+                    stack,
+                    owner,
+                    count,
+                    due + timedelta(seconds=late),
+                    url.replace("127.0.0.1", "localhost") if own else url,
+                )
             stack.start_workers(1, args.concurrency)
             stack.start_beat()
             print(f"{total:,} jobs of {len(owners):,} owners, due at {due:%H:%M:%S}", flush=True)
@@ -111,8 +118,11 @@ def run(args) -> dict:
             runs = _started(stack)
             settings = {k: v for k, v in stack.env.items() if k.startswith("PUNCTUAL_")}
             settings.update(
-                {f"PUNCTUAL_{name.upper()}": value for name, value in vars(stack.settings).items()
-                 if f"PUNCTUAL_{name.upper()}" not in settings and name not in ("database_urls",)}
+                {
+                    f"PUNCTUAL_{name.upper()}": value
+                    for name, value in vars(stack.settings).items()
+                    if f"PUNCTUAL_{name.upper()}" not in settings and name not in ("database_urls",)
+                }
             )
     finally:
         sink.close()
@@ -147,7 +157,8 @@ def run(args) -> dict:
         print(
             f"A: {args.jobs:,} jobs, p50 {result['a']['p50_s']:.2f} s, p99 {result['a']['p99_s']:.2f} s, "
             f"drained {result['drain_s']:.1f} s after T\n"
-            f"B: {args.late_jobs} jobs due T+{args.late_after_s:g} s: lateness max {result['b']['max_s']:.2f} s "
+            f"B: {args.late_jobs} jobs due T+{args.late_after_s:g} s: "
+            f"lateness max {result['b']['max_s']:.2f} s "
             f"(goal <= 2 s); {result['a_started_before_b_s']:,} of A's had started by then"
         )
     else:
@@ -175,15 +186,27 @@ def main() -> None:
     parser.add_argument("scenario", choices=("late", "many"))
     parser.add_argument("--jobs", type=int, default=100_000, help="late: owner A's jobs due at T")
     parser.add_argument("--late-jobs", type=int, default=10, help="late: owner B's jobs")
-    parser.add_argument("--late-after-s", type=float, default=3.0, help="late: B's jobs are due this long after T")
-    parser.add_argument("--same-target", action="store_true",
-                        help="late: B calls the same target as A (by default another host name of the sink)")
+    parser.add_argument(
+        "--late-after-s", type=float, default=3.0, help="late: B's jobs are due this long after T"
+    )
+    parser.add_argument(
+        "--same-target",
+        action="store_true",
+        help="late: B calls the same target as A (by default another host name of the sink)",
+    )
     parser.add_argument("--owners", type=int, default=1000, help="many: owners")
-    parser.add_argument("--jobs-per-owner", type=int, default=100, help="many: jobs of each owner, all due at T")
+    parser.add_argument(
+        "--jobs-per-owner", type=int, default=100, help="many: jobs of each owner, all due at T"
+    )
     parser.add_argument("--concurrency", type=int, default=(os.cpu_count() or 1) + 1, help="worker processes")
     parser.add_argument("--timeout-s", type=float, default=900)
-    parser.add_argument("--set", action="append", default=[], metavar="PUNCTUAL_X=V",
-                        help="a setting other than the shipped default (repeatable)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="PUNCTUAL_X=V",
+        help="a setting other than the shipped default (repeatable)",
+    )
     args = parser.parse_args()
     result = run(args)
     path = write_result("fairness", result, label=args.scenario)
