@@ -3,10 +3,10 @@
     python -m bench.fairness late [--jobs 100000] [--late-jobs 10] [--late-after-s 3]
     python -m bench.fairness many [--owners 1000] [--jobs-per-owner 100]
 
-The real stack (bench.common.Stack: fresh databases, vhost and Redis prefix, one
+The real stack (bench.common.Stack: fresh databases, vhost and Redis prefix; one
 `celery -A app worker`, `celery -A app beat`) on the shipped defaults, except
-PUNCTUAL_ALLOW_PRIVATE_TARGETS=1 (the sink is local) and what --set gives; a local sink
-(bench.sink.FastSink) answers 200. The jobs are written straight into the registry
+PUNCTUAL_ALLOW_PRIVATE_TARGETS=1 (the sink is local) and what --set gives; the test
+suite's sink (tests.sink.Sink, in this process) answers 200. The jobs are written straight into the registry
 (tests.rows), not through the API: registering 100,000 through the API takes minutes
 here and is not what is measured. Lateness = runs.started_at - the run's instant.
 
@@ -27,8 +27,12 @@ import time
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 
-from bench.common import Stack, machine, percentile, shown, write_result
-from bench.sink import FastSink
+from bench.common import Stack, machine, shown, write_result
+
+
+def percentile(values, q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 def _insert(stack: Stack, owner: str, count: int, due: datetime, url: str) -> None:
@@ -81,8 +85,10 @@ def _figures(values: list[float]) -> dict:
 
 def run(args) -> dict:
     from app.services.owners import create_key
+    from tests.e2e.processes import start_beat, start_worker, wait_ready
+    from tests.sink import Sink
 
-    sink = FastSink()
+    sink = Sink(record=False)
     env = dict(kv.split("=", 1) for kv in args.set)
     env.setdefault("PUNCTUAL_ALLOW_PRIVATE_TARGETS", "1")
     stack = Stack(physical=1, shards=16, broker=True, env=env)
@@ -109,8 +115,13 @@ def run(args) -> dict:
                     due + timedelta(seconds=late),
                     url.replace("127.0.0.1", "localhost") if own else url,
                 )
-            stack.start_workers(1, args.concurrency)
-            stack.start_beat()
+            procs = [
+                start_worker(stack.env, stack.log_dir, concurrency=args.concurrency),
+                start_beat(stack.env, stack.log_dir),
+            ]
+            stack.procs.extend(procs)  # stopped by the stack's exit, before its databases go
+            for proc in procs:
+                wait_ready(proc, 0.5)
             print(f"{total:,} jobs of {len(owners):,} owners, due at {due:%H:%M:%S}", flush=True)
             time.sleep(max(0.0, due.timestamp() - time.time()))
             load_at_t = os.getloadavg()
