@@ -38,3 +38,23 @@ START_LATENESS = Histogram(
     "Run start minus its nominal scheduled instant",
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600),
 )
+
+# Per owner: one series per owner and event in each process that saw the owner (claimed
+# in pollers; started and held in workers). Their number grows with the owners that
+# have runs: fine for hundreds or a few thousand owners, too many for a registry of
+# hundreds of thousands, where these should be dropped at scrape (docs/api.md
+# "Operations"). Waiting = claimed - started - held, per owner.
+OWNER_RUNS = Counter(
+    "punctual_owner_runs_total",
+    "Runs per owner: claimed (by a poller), started and held (by a worker)",
+    ["owner", "event"],
+)
+
+
+def count_by_owner(event: str, owners) -> None:
+    """Count one `event` for each owner in `owners` (an iterable, with repeats)."""
+    counts: dict[str, int] = {}
+    for owner in owners:
+        counts[owner] = counts.get(owner, 0) + 1
+    for owner, count in counts.items():
+        OWNER_RUNS.labels(owner, event).inc(count)

@@ -7,9 +7,10 @@ one-line error naming the variable.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 from app.core.errors import SettingsError
@@ -37,6 +38,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("PUNCTUAL_ALLOW_PRIVATE_TARGETS", "0", "allow loopback/private target addresses"),
     Variable("PUNCTUAL_TARGET_RATE_PER_S", "0", "default per-target rate limit (0 = none)"),
     Variable("PUNCTUAL_TARGET_MAX_CONCURRENCY", "200", "default per-target concurrency cap (0 = none)"),
+    Variable("PUNCTUAL_OWNER_MAX_IN_FLIGHT", "0", "calls in flight per owner across all workers (0 = none)"),
     Variable("PUNCTUAL_DATA_DIR", ".punctual", "where the embedded defaults keep their files (dev)"),
     Variable("PUNCTUAL_CLAIM_BATCH", "500", "rows claimed per transaction"),
     Variable("PUNCTUAL_POLL_BUDGET_S", "5", "how long one poll task keeps claiming while batches come back full"),
@@ -120,6 +122,7 @@ class Settings:
     allow_private_targets: bool = False
     target_rate_per_s: float = 0.0
     target_max_concurrency: int = 200
+    owner_max_in_flight: int = 0
     data_dir: Path = Path(".punctual")
     claim_batch: int = 500
     poll_budget_s: float = 5.0
@@ -139,7 +142,7 @@ class Settings:
         return all(url.startswith("sqlite") for url in self.database_urls)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> "Settings":
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> Settings:
         env = dict(os.environ if environ is None else environ)
         # PUNCTUAL_URL/PUNCTUAL_API_KEY are the client commands'; PUNCTUAL_TEST_* the
         # test harness's (scripts/test, .ci/run), inherited by every process a test starts.
@@ -185,6 +188,9 @@ class Settings:
             allow_private_targets=_flag("PUNCTUAL_ALLOW_PRIVATE_TARGETS", get("PUNCTUAL_ALLOW_PRIVATE_TARGETS")),
             target_rate_per_s=_number("PUNCTUAL_TARGET_RATE_PER_S", get("PUNCTUAL_TARGET_RATE_PER_S"), float, minimum=0),
             target_max_concurrency=int(_number("PUNCTUAL_TARGET_MAX_CONCURRENCY", get("PUNCTUAL_TARGET_MAX_CONCURRENCY"), int, minimum=0)),
+            owner_max_in_flight=int(
+                _number("PUNCTUAL_OWNER_MAX_IN_FLIGHT", get("PUNCTUAL_OWNER_MAX_IN_FLIGHT"), int, minimum=0)
+            ),
             data_dir=data_dir,
             claim_batch=int(_number("PUNCTUAL_CLAIM_BATCH", get("PUNCTUAL_CLAIM_BATCH"), int, minimum=1)),
             poll_budget_s=_number("PUNCTUAL_POLL_BUDGET_S", get("PUNCTUAL_POLL_BUDGET_S"), float, minimum=0),

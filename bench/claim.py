@@ -1,6 +1,6 @@
 """The claim path alone, next to the same SQL run bare.
 
-    python -m bench.claim [--jobs 20000] [--batches 100,500,1000] [--pollers 1,2,4]
+    python -m bench.claim [--jobs 20000] [--batches 100,500,1000] [--pollers 1,2,4] [--owners 1,1000]
 
 One fresh Postgres database, 16 logical shards. For each batch size and number of
 pollers (processes; poller i drains shards i, i + P, ...): insert --jobs one-off
@@ -11,7 +11,13 @@ jobs that are all due, then time how long the pollers take to claim every one.
   of run rows, one transaction), and the DispatchRun list it returns;
 - bare: one statement doing the same writes (a CTE: the same SELECT, the UPDATE of
   jobs, the INSERT of run rows RETURNING what a dispatch message needs), sent
-  through the driver (psycopg) with no Python around it but the loop.
+  through the driver (psycopg) with no Python around it but the loop;
+- oldest (with --owners): the code with the claim's SELECT as it was before the fair
+  claim (`due_jobs` alone: oldest first, whoever the owner), to price fairness.
+
+--owners N spreads the jobs over N owners (owner-0 ... owner-N-1, round-robin), so
+the fair claim has N owners to take turns between; ms/batch is the time one poller
+spends per claim transaction (elapsed / batches).
 
 rows/s = jobs / elapsed; the ratio bare/code is the cost of the code. Each figure
 is the median of --repeat measurements, bare and code alternated (the box is
@@ -57,7 +63,15 @@ SELECT inserted.*, claimed.payload FROM inserted JOIN claimed USING (job_id)
 """
 
 
-def _poller(args: tuple) -> int:
+def _oldest_first(conn, shard, horizon, limit, lock, weights):
+    """The claim's SELECT before the fair claim: the oldest due rows, whoever the owner."""
+    from app.pollers.claim import due_jobs
+
+    rows = conn.execute(due_jobs(shard, horizon, limit, lock)).mappings().all()
+    return rows, len(rows) >= limit
+
+
+def _poller(args: tuple) -> tuple[int, int]:
     mode, dsn, shards, batch, start_at = args
     from app.registry.engines import create_engine_for
     from app.settings import Settings
@@ -66,16 +80,19 @@ def _poller(args: tuple) -> int:
     engine = create_engine_for(dsn, pool_size=1)
     with engine.connect() as warm:  # connect before the clock starts
         warm.exec_driver_sql("SELECT 1")
-    claimed = 0
+    claimed = batches = 0
     time.sleep(max(0.0, start_at - time.time()))
-    if mode == "code":
+    if mode in ("code", "oldest"):
         from app.core.timefmt import utcnow
-        from app.pollers.claim import claim_batch
+        from app.pollers import claim
 
+        if mode == "oldest":
+            claim._select_due = _oldest_first
         for shard in shards:
             while True:
-                result = claim_batch(engine, shard, utcnow(), settings, batch)
+                result = claim.claim_batch(engine, shard, utcnow(), settings, batch)
                 claimed += len(result.runs)
+                batches += 1
                 if result.empty:
                     break
     else:
@@ -97,14 +114,15 @@ def _poller(args: tuple) -> int:
                 rows = cursor.fetchall()
                 raw.commit()
                 claimed += len(rows)
+                batches += 1
                 if not rows:
                     break
         raw.close()
     engine.dispose()
-    return claimed
+    return claimed, batches
 
 
-def measure(stack: Stack, mode: str, jobs: int, batch: int, pollers: int) -> dict:
+def measure(stack: Stack, mode: str, jobs: int, batch: int, pollers: int, owners: int = 1) -> dict:
     import sqlalchemy as sa
 
     from tests.rows import insert_jobs, job_row, webhook_target
@@ -115,31 +133,38 @@ def measure(stack: Stack, mode: str, jobs: int, batch: int, pollers: int) -> dic
         conn.exec_driver_sql("DELETE FROM jobs")
     due = datetime.now(UTC) - timedelta(seconds=1)
     target = webhook_target("http://127.0.0.1:9/claim")
+    names = [stack.owner] if owners == 1 else [f"owner-{i}" for i in range(owners)]
     insert_jobs(
         stack.registry,
-        [job_row(16, owner=stack.owner, run_at=due, target=target, payload={"n": i}) for i in range(jobs)],
+        [
+            job_row(16, owner=names[i % owners], run_at=due, target=target, payload={"n": i})
+            for i in range(jobs)
+        ],
     )
+    with engine.begin() as conn:
+        conn.exec_driver_sql("ANALYZE jobs")
     start_at = time.time() + 1.0
-    work = [
-        ("code" if mode == "code" else "bare", stack.dsns[0], list(range(p, 16, pollers)), batch, start_at)
-        for p in range(pollers)
-    ]
+    work = [(mode, stack.dsns[0], list(range(p, 16, pollers)), batch, start_at) for p in range(pollers)]
     with multiprocessing.get_context("fork").Pool(pollers) as pool:
         result = pool.map_async(_poller, work)
         time.sleep(max(0.0, start_at - time.time()))
         began = time.perf_counter()
-        claimed = sum(result.get())
+        counts = result.get()
         elapsed = time.perf_counter() - began
+    claimed, batches = sum(c for c, _ in counts), sum(b for _, b in counts)
     with engine.connect() as conn:
         runs = conn.execute(sa.text("SELECT count(*) FROM runs")).scalar_one()
     return {
         "mode": mode,
         "batch": batch,
         "pollers": pollers,
+        "owners": owners,
         "claimed": claimed,
         "run_rows": runs,
+        "batches": batches,
         "elapsed_s": round(elapsed, 3),
         "rows_per_s": round(claimed / elapsed),
+        "ms_per_batch": round(elapsed * 1000 * pollers / batches, 2),
     }
 
 
@@ -149,36 +174,53 @@ def main() -> None:
     parser.add_argument("--batches", default="100,500,1000")
     parser.add_argument("--pollers", default="1,2,4")
     parser.add_argument(
+        "--owners",
+        default="1",
+        help="owners the jobs are spread over (comma-separated: one "
+        "measurement each); with more than one, the oldest-first claim is measured beside the fair one",
+    )
+    parser.add_argument(
         "--repeat", type=int, default=3, help="alternated bare/code measurements; medians are reported"
     )
     args = parser.parse_args()
     load_before = os.getloadavg()
     rows = []
     with Stack(physical=1) as stack:
-        for batch in [int(b) for b in args.batches.split(",")]:
-            for pollers in [int(p) for p in args.pollers.split(",")]:
-                tries = {"bare": [], "code": []}
-                for _ in range(args.repeat):  # alternated, so drift in the box's load hits both
-                    for mode in ("bare", "code"):
-                        tries[mode].append(measure(stack, mode, args.jobs, batch, pollers))
-                code = median(t["rows_per_s"] for t in tries["code"])
-                bare = median(t["rows_per_s"] for t in tries["bare"])
-                rows.append(
-                    {
+        for owners in [int(o) for o in args.owners.split(",")]:
+            for batch in [int(b) for b in args.batches.split(",")]:
+                for pollers in [int(p) for p in args.pollers.split(",")]:
+                    modes = (
+                        ("bare", "oldest", "code")
+                        if owners > 1 or len(args.owners.split(",")) > 1
+                        else ("bare", "code")
+                    )
+                    tries: dict[str, list] = {mode: [] for mode in modes}
+                    for _ in range(args.repeat):  # alternated, so drift in the box's load hits every mode
+                        for mode in modes:
+                            tries[mode].append(measure(stack, mode, args.jobs, batch, pollers, owners))
+                    rate = {mode: median(t["rows_per_s"] for t in tries[mode]) for mode in modes}
+                    ms = {mode: median(t["ms_per_batch"] for t in tries[mode]) for mode in modes}
+                    row = {
+                        "owners": owners,
                         "batch": batch,
                         "pollers": pollers,
-                        "code_rows_per_s": round(code),
-                        "bare_rows_per_s": round(bare),
-                        "bare_over_code": round(bare / code, 2),
+                        "code_rows_per_s": round(rate["code"]),
+                        "bare_rows_per_s": round(rate["bare"]),
+                        "bare_over_code": round(rate["bare"] / rate["code"], 2),
+                        "ms_per_batch": ms,
                         "tries": tries,
                     }
-                )
-                print(
-                    f"batch {batch:5}  pollers {pollers}  code {code:7,.0f} rows/s  "
-                    f"bare {bare:7,.0f} rows/s  "
-                    f"bare/code {bare / code:.2f}x   (medians of {args.repeat})",
-                    flush=True,
-                )
+                    line = (
+                        f"owners {owners:5}  batch {batch:5}  pollers {pollers}  "
+                        f"code {rate['code']:7,.0f} rows/s "
+                        f"({ms['code']:.1f} ms/batch)  bare {rate['bare']:7,.0f} rows/s  "
+                        f"bare/code {rate['bare'] / rate['code']:.2f}x"
+                    )
+                    if "oldest" in modes:
+                        row["oldest_rows_per_s"] = round(rate["oldest"])
+                        line += f"  oldest-first {rate['oldest']:7,.0f} rows/s ({ms['oldest']:.1f} ms/batch)"
+                    rows.append(row)
+                    print(line + f"   (medians of {args.repeat})", flush=True)
     result = {
         "jobs_per_measurement": args.jobs,
         "results": rows,

@@ -1,9 +1,11 @@
-"""Operator commands: `punctual migrate` (and the settings every operator command loads).
+"""Operator commands: `punctual migrate` and `punctual owners` (and the settings every
+operator command loads).
 
 `punctual keys ...` lives in app.cli.keys.
 """
 from __future__ import annotations
 
+import json
 import logging
 import sys
 
@@ -61,10 +63,59 @@ def _reason(exc: Exception) -> str:
     return " ".join(text.split())
 
 
+@click.group(invoke_without_command=True)
+@click.pass_context
+def owners(ctx: click.Context) -> None:
+    """Owners: their weights, quota and runs on the way (alone: `owners list`)."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(owners_list)
+
+
+@owners.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per owner.")
+def owners_list(as_json: bool) -> None:
+    """Every owner: weight, quota (PUNCTUAL_OWNER_MAX_IN_FLIGHT), and its jobs due,
+    runs waiting (claimed, not started) and running, counted in the registry now."""
+    from app.registry.engines import registry_for
+    from app.services.owners import activity
+
+    settings = load_settings()
+    quota = settings.owner_max_in_flight or None
+    found = activity(registry_for(settings))
+    if as_json:
+        for item in found:
+            click.echo(json.dumps({**item.as_dict(), "max_in_flight": quota}))
+        return
+    width = max([len("owner")] + [len(item.owner) for item in found])
+    click.echo(f"{'owner'.ljust(width)}  {'weight':>6}  {'quota':>6}  {'due':>8}  "
+               f"{'waiting':>8}  {'running':>8}")
+    for item in found:
+        click.echo(f"{item.owner.ljust(width)}  {item.weight:>6}  {quota or '-':>6}  {item.due:>8}  "
+                   f"{item.waiting:>8}  {item.running:>8}")
+
+
+@owners.command("set")
+@click.argument("owner")
+@click.option("--weight", type=click.IntRange(1, 1000), required=True,
+              help="The owner's share of each claim batch relative to other owners with due rows (1-1000).")
+def owners_set(owner: str, weight: int) -> None:
+    """Set an owner's weight (pollers pick it up within 30 s)."""
+    from app.registry.engines import registry_for
+    from app.services.owners import set_weight
+
+    settings = load_settings()
+    try:
+        set_weight(registry_for(settings), owner, weight)
+    except LookupError as exc:
+        click.echo(f"punctual: {exc.args[0]}", err=True)
+        sys.exit(1)
+    click.echo(f"{owner}: weight {weight}")
+
+
 def _redact(dsn: str) -> str:
     from sqlalchemy.engine import make_url
 
     return make_url(dsn).render_as_string(hide_password=True)
 
 
-COMMANDS = [migrate]
+COMMANDS = [migrate, owners]

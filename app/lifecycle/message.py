@@ -16,9 +16,10 @@ Pure: building entries from run rows, grouping them into messages, parsing them 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, Iterator, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from app.core.timefmt import format_instant, parse_instant
 from app.registry.records import Row
@@ -31,7 +32,7 @@ CHUNK_RUNS = 100
 # a message (and are up to this late); a finer step means more messages per second
 # at steady load.
 ETA_STEP = timedelta(milliseconds=100)
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class DispatchRun:
         }
 
     @classmethod
-    def from_message(cls, entry: Mapping[str, Any]) -> "DispatchRun":
+    def from_message(cls, entry: Mapping[str, Any]) -> DispatchRun:
         return cls(
             run_id=uuid.UUID(entry["run_id"]),
             job_id=uuid.UUID(entry["job_id"]),
@@ -88,7 +89,7 @@ class DispatchRun:
         )
 
     @classmethod
-    def from_row(cls, row: Row, payload: Any, fire_at: datetime | None = None) -> "DispatchRun":
+    def from_row(cls, row: Row, payload: Any, fire_at: datetime | None = None) -> DispatchRun:
         """From a runs row (plus the job's payload, which runs do not store, and the
         fire instant of a run claimed ahead, which is the job's next_run_at)."""
         return cls(
@@ -105,6 +106,26 @@ class DispatchRun:
             payload=payload,
             fire_at=fire_at,
         )
+
+
+def round_robin(items: Sequence, key) -> list:
+    """`items` reordered so that the groups by `key` take turns, one item each, in the
+    order each group first appears; within a group the order is kept.
+
+    [a1, a2, a3, b1, c1, c2] -> [a1, b1, c1, a2, c2, a3]."""
+    groups: dict = {}
+    for item in items:
+        groups.setdefault(key(item), []).append(item)
+    if len(groups) <= 1:
+        return list(items)
+    out: list = []
+    queues = list(groups.values())
+    depth = 0
+    while queues:
+        out.extend(queue[depth] for queue in queues)
+        depth += 1
+        queues = [queue for queue in queues if len(queue) > depth]
+    return out
 
 
 def chunks(items: list, size: int = CHUNK_RUNS) -> Iterator[list]:
@@ -134,10 +155,18 @@ def eta_of(fire_at: datetime | None, now: datetime) -> datetime | None:
 
 
 def to_messages(runs: Iterable[DispatchRun], now: datetime, size: int = CHUNK_RUNS) -> list[tuple[datetime | None, list[dict]]]:
-    """The messages that carry `runs`: (eta, entries) pairs, runs grouped by eta and
-    then in slices of at most `size`; the ones due now come first."""
+    """The messages that carry `runs`: (eta, entries) pairs, runs grouped by eta,
+    owners in turn (`round_robin`), then in slices of at most `size`; the ones due now
+    come first."""
     by_eta: dict[datetime | None, list[DispatchRun]] = {}
     for run in runs:
         by_eta.setdefault(eta_of(run.fire_at, now), []).append(run)
     order = sorted(by_eta, key=lambda eta: (eta is not None, eta or now))
-    return [(eta, [run.to_message() for run in chunk]) for eta in order for chunk in chunks(by_eta[eta], size)]
+    # Owners take turns within each eta: every message of a batch carries every owner's
+    # first runs before anyone's later ones, and a worker starts a message in order.
+    return [(eta, [run.to_message() for run in chunk]) for eta in order
+            for chunk in chunks(round_robin(by_eta[eta], _owner), size)]
+
+
+def _owner(run: DispatchRun) -> str:
+    return run.owner

@@ -1,6 +1,6 @@
 """Which limits apply to a run (pure): docs/api.md "Limits".
 
-A run is subject to at most two specs:
+A run is subject to at most three specs:
 
 - the job's own `limits` (rate_per_s, max_concurrency), under its named `key` or,
   without one, under the target's origin (`scheme://host:port`, port always
@@ -8,17 +8,21 @@ A run is subject to at most two specs:
   share a bucket by choosing the same name;
 - the operator's defaults (PUNCTUAL_TARGET_RATE_PER_S, PUNCTUAL_TARGET_MAX_CONCURRENCY,
   0 = none) under the target's origin ACROSS ALL OWNERS: they protect a target from
-  Punctual as a whole, on top of whatever the owners chose.
+  Punctual as a whole, on top of whatever the owners chose;
+- the owner's quota (PUNCTUAL_OWNER_MAX_IN_FLIGHT, 0 = none): a concurrency cap on
+  all of the owner's calls, whatever the target, so that one owner's burst leaves
+  the workers' call threads to the others.
 
 A run is admitted only when every spec admits it (app.limits.limiter).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import quote, urlsplit
 
-__all__ = ["LimitSpec", "limit_specs", "target_origin"]
+__all__ = ["LimitSpec", "limit_specs", "owner_quota", "target_origin"]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -68,7 +72,8 @@ def limit_specs(
 ) -> list[LimitSpec]:
     """The specs a run of `owner`'s job with `target` must pass (possibly none).
 
-    `settings` needs `target_rate_per_s` and `target_max_concurrency` (0 = none).
+    `settings` needs `target_rate_per_s` and `target_max_concurrency` (0 = none), and
+    may have `owner_max_in_flight` (0 = none).
     `named` maps (owner, key name) to the limits recorded for that named key (those
     of the job most recently created or updated with it: app.limits.keys); a named
     key found there takes those limits instead of this run's own snapshot.
@@ -88,4 +93,13 @@ def limit_specs(
     default_concurrency = int(getattr(settings, "target_max_concurrency", 0) or 0)
     if default_rate or default_concurrency:
         specs.append(LimitSpec(f"all:{origin}", default_rate or None, default_concurrency or None))
+    quota = int(getattr(settings, "owner_max_in_flight", 0) or 0)
+    if quota:
+        specs.append(owner_quota(owner, quota))
     return specs
+
+
+def owner_quota(owner: str, max_in_flight: int) -> LimitSpec:
+    """The cap on all of `owner`'s calls in flight (its key names no target, so no
+    job's own key or origin can be it)."""
+    return LimitSpec(f"owner-total:{quote(str(owner), safe='')}", None, max_in_flight)

@@ -1,14 +1,39 @@
 """The claim: due jobs of one shard become runs, one transaction per batch.
 
-THE claim SQL is `due_jobs` below, the shape of docs/design.md:
+The claim is fair between owners (docs/design.md "The fair claim"): one owner's
+backlog does not make another owner's due rows wait. It is two statements:
+
+`due_owners`: the owners of the shard with due rows, each with its oldest due
+instant, by a loose index scan of ix_jobs_due_by_owner (shard, owner, next_run_at)
+WHERE state = 'scheduled': one index probe per owner of the shard, however many
+rows each has:
+
+    WITH RECURSIVE due_owners(owner, next_run_at) AS (
+        (SELECT owner, next_run_at FROM jobs WHERE shard = :s AND state = 'scheduled'
+         ORDER BY owner, next_run_at LIMIT 1)
+        UNION ALL
+        SELECT next.owner, next.next_run_at FROM due_owners, LATERAL (
+            SELECT owner, next_run_at FROM jobs WHERE shard = :s AND state = 'scheduled'
+            AND owner > due_owners.owner ORDER BY owner, next_run_at LIMIT 1) AS next)
+    SELECT owner, next_run_at FROM due_owners WHERE next_run_at <= :now + ahead
+
+`fair_due_jobs`: each owner's share of the batch (app.pollers.shares: weighted
+round-robin), a range scan of the same index per owner, locked, skipping locked rows:
+
+    SELECT due.* FROM unnest(:owners, :takes) AS share(owner, take), LATERAL (
+        SELECT ... FROM jobs WHERE shard = :s AND state = 'scheduled'
+        AND owner = share.owner AND next_run_at <= :now + ahead
+        ORDER BY next_run_at LIMIT share.take FOR UPDATE SKIP LOCKED) AS due
+
+With one owner due this is `due_jobs`, the claim before fairness, a range scan of
+ix_jobs_due (shard, next_run_at) WHERE state = 'scheduled' (invariant 5):
 
     SELECT ... FROM jobs
     WHERE shard = :s AND state = 'scheduled' AND next_run_at <= :now + ahead
     ORDER BY next_run_at LIMIT :n
     FOR UPDATE SKIP LOCKED
 
-It is a range scan of the partial index ix_jobs_due (shard, next_run_at) WHERE
-state = 'scheduled' (invariant 5). In the same transaction every row gets its plan
+In the same transaction every row gets its plan
 (app.pollers.plan, misfires included) and the writes are batched (app.registry.bulk: one
 statement each, whatever the batch size): one UPDATE for the claimed jobs (state
 running, a new lease_token each, leased_until = fire instant + queued_lease_s), one for
@@ -31,22 +56,24 @@ poller and takes the write lock at BEGIN.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Mapping
+from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 
 from app import metrics
-from app.registry.bulk import insert_many, update_many
 from app.core.misfire import skip_reason
-from app.registry.records import Row, run_row
+from app.lifecycle.message import DispatchRun
 from app.pollers.plan import ClaimPlan, plan_claim
-from app.registry.records import retry_of
+from app.pollers.shares import fair_shares
+from app.registry.bulk import insert_many, update_many
+from app.registry.dialect import is_postgres, locks_rows
+from app.registry.records import Row, retry_of, run_row
 from app.registry.schema import jobs, runs
 from app.settings import Settings
-from app.lifecycle.message import DispatchRun
-from app.registry.dialect import locks_rows
 
 
 def due_jobs(shard: int, horizon: datetime, limit: int, lock: bool = True) -> sa.Select:
@@ -75,6 +102,81 @@ def queued_lease_s(settings: Settings) -> float:
     return settings.lease_s * QUEUED_LEASES
 
 
+def due_owners(shard: int, horizon: datetime) -> sa.Select:
+    """The owners of `shard` with rows due by `horizon`, each with its oldest due
+    instant: a loose index scan (one probe of ix_jobs_due_by_owner per owner of the
+    shard, due or not). PostgreSQL; SQLite groups instead (`_due_owners_grouped`)."""
+    scheduled = (jobs.c.shard == shard, jobs.c.state == "scheduled")
+    first = (sa.select(jobs.c.owner, jobs.c.next_run_at).where(*scheduled)
+             .order_by(jobs.c.owner, jobs.c.next_run_at).limit(1))
+    found = first.cte("due_owners", recursive=True)
+    following = (sa.select(jobs.c.owner, jobs.c.next_run_at).where(*scheduled, jobs.c.owner > found.c.owner)
+                 .order_by(jobs.c.owner, jobs.c.next_run_at).limit(1).lateral("next"))
+    found = found.union_all(sa.select(following.c.owner, following.c.next_run_at)
+                            .select_from(found).join(following, sa.true()))
+    return sa.select(found.c.owner, found.c.next_run_at).where(found.c.next_run_at <= horizon)
+
+
+def _due_owners_grouped(shard: int, horizon: datetime) -> sa.Select:
+    """`due_owners` where there is no LATERAL (SQLite, one process, a small registry)."""
+    return (sa.select(jobs.c.owner, sa.func.min(jobs.c.next_run_at).label("next_run_at"))
+            .where(jobs.c.shard == shard, jobs.c.state == "scheduled", jobs.c.next_run_at <= horizon)
+            .group_by(jobs.c.owner))
+
+
+def fair_due_jobs(shard: int, horizon: datetime, shares: Sequence[tuple[str, int]],
+                  lock: bool = True) -> sa.Select:
+    """The fair claim query (PostgreSQL): each owner's oldest due rows, at most its
+    share, locked, skipping locked ones; one range scan of ix_jobs_due_by_owner each."""
+    share = sa.func.unnest(
+        sa.literal([owner for owner, _ in shares], postgresql.ARRAY(sa.Text)),
+        sa.literal([take for _, take in shares], postgresql.ARRAY(sa.Integer)),
+    ).table_valued("owner", "take").render_derived("share")
+    per_owner = (
+        sa.select(jobs)
+        .where(jobs.c.shard == shard, jobs.c.state == "scheduled", jobs.c.owner == share.c.owner,
+               jobs.c.next_run_at <= horizon)
+        .order_by(jobs.c.next_run_at)
+        .limit(share.c.take)
+    )
+    if lock:
+        per_owner = per_owner.with_for_update(skip_locked=True)
+    due = per_owner.lateral("due")
+    return sa.select(due).select_from(share).join(due, sa.true())
+
+
+# Per (database, shard): where the owners' turns ended in this process's last batch;
+# the next batch starts after it (app.pollers.shares). Only a
+# fairness hint: another process, or a restart, starts the turns elsewhere.
+_last_served: dict[tuple[str, int], str] = {}
+
+
+def _select_due(conn: sa.Connection, shard: int, horizon: datetime, limit: int, lock: bool,
+                weights: Mapping[str, int]) -> tuple[Sequence[Row], bool]:
+    """The due rows this batch takes, fairly between owners, and whether more may be
+    due (the batch, or some owner's share, came back full)."""
+    owners_stmt = due_owners(shard, horizon) if is_postgres(conn) else _due_owners_grouped(shard, horizon)
+    found = conn.execute(owners_stmt).scalars().all()
+    if len(found) <= 1:  # one owner: the whole batch is its share, the plain range scan
+        rows = conn.execute(due_jobs(shard, horizon, limit, lock)).mappings().all() if found else []
+        return rows, len(rows) >= limit
+    turns = (conn.engine.url.render_as_string(), shard)
+    shares, turn_ends = fair_shares(found, weights, limit, after=_last_served.get(turns))
+    if turn_ends is not None:
+        _last_served[turns] = turn_ends
+    if is_postgres(conn):
+        rows = conn.execute(fair_due_jobs(shard, horizon, shares, lock)).mappings().all()
+    else:
+        rows = [row for owner, take in shares for row in conn.execute(
+            due_jobs(shard, horizon, take, lock).where(jobs.c.owner == owner)).mappings()]
+    taken: dict[str, int] = {}
+    for row in rows:
+        taken[row["owner"]] = taken.get(row["owner"], 0) + 1
+    full = (len(rows) >= limit or len(shares) < len(found)
+            or any(taken.get(owner, 0) >= take for owner, take in shares))
+    return rows, full
+
+
 def relay_grace_s(settings: Settings) -> float:
     """How long a claimed run may wait for the claim's own publish before the relay
     sweep publishes it: long enough not to race the normal path, well inside the lease
@@ -86,7 +188,7 @@ def relay_grace_s(settings: Settings) -> float:
 class ClaimResult:
     runs: list[DispatchRun]  # to publish
     taken: int  # due rows this batch took (claimed or moved on)
-    full: bool  # the batch was full: more may be due
+    full: bool  # the batch, or an owner's share of it, was full: more may be due
 
     @property
     def empty(self) -> bool:
@@ -99,9 +201,12 @@ _CLAIMED_COLUMNS = ("lease_token", "leased_until", "nominal_at", "next_run_at", 
 _MOVED_COLUMNS = ("state", "nominal_at", "next_run_at")
 
 
-def claim_batch(engine: sa.Engine, shard: int, now: datetime, settings: Settings, limit: int | None = None) -> ClaimResult:
+def claim_batch(engine: sa.Engine, shard: int, now: datetime, settings: Settings, limit: int | None = None,
+                weights: Mapping[str, int] | None = None) -> ClaimResult:
     """Claim at most `limit` (settings.claim_batch) jobs of `shard` due by now +
-    settings.claim_ahead_s, and commit. After the SELECT (`due_jobs`), the batch is written with:
+    settings.claim_ahead_s, fairly between owners (`weights`: the owners whose weight is
+    not 1), and commit. After the SELECTs (`due_owners`, `fair_due_jobs`), the batch is
+    written with:
 
     Claimed jobs (a run to start):
 
@@ -143,7 +248,7 @@ def claim_batch(engine: sa.Engine, shard: int, now: datetime, settings: Settings
     to_publish: list[DispatchRun] = []
     skipped_count = 0
     with engine.begin() as conn:
-        rows = conn.execute(due_jobs(shard, horizon, limit, lock)).mappings().all()
+        rows, full = _select_due(conn, shard, horizon, limit, lock, weights or {})
         for job in rows:
             plan = plan_claim(job, now, settings.misfire_grace_s)
             new_runs.extend(_skipped_rows(job, plan, now, settings.misfire_grace_s))
@@ -168,9 +273,10 @@ def claim_batch(engine: sa.Engine, shard: int, now: datetime, settings: Settings
     if rows:
         metrics.CLAIM_BATCHES.labels(str(shard)).inc()
         metrics.CLAIMS.labels(str(shard)).inc(len(to_publish))
+        metrics.count_by_owner("claimed", (run.owner for run in to_publish))
     if skipped_count:
         metrics.RUNS.labels("skipped").inc(skipped_count)
-    return ClaimResult(runs=to_publish, taken=len(rows), full=len(rows) >= limit)
+    return ClaimResult(runs=to_publish, taken=len(rows), full=full)
 
 
 def _claim_params(job: Row, plan: ClaimPlan, token: uuid.UUID, leased_until: datetime,

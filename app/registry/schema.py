@@ -117,6 +117,16 @@ sa.Index(
     postgresql_where=jobs.c.state == "scheduled",
     sqlite_where=jobs.c.state == "scheduled",
 )
+# "What is due, owner by owner": the fair claim (app.pollers.claim) probes this once per
+# owner of the shard, then takes each owner's share of the batch as a range of it.
+sa.Index(
+    "ix_jobs_due_by_owner",
+    jobs.c.shard,
+    jobs.c.owner,
+    jobs.c.next_run_at,
+    postgresql_where=jobs.c.state == "scheduled",
+    sqlite_where=jobs.c.state == "scheduled",
+)
 # "Whose lease expired": only rows holding a lease (running, or paused/cancelled in flight).
 sa.Index(
     "ix_jobs_leased",
@@ -194,6 +204,9 @@ owners = sa.Table(
     # `punctual keys rotate`: the secret before, which signs too until previous_secret_until.
     sa.Column("previous_signing_secret", sa.Text(), nullable=True),
     sa.Column("previous_secret_until", UTCDateTime(), nullable=True),
+    # The owner's share of each claim batch relative to the other owners with due rows
+    # (app.pollers.shares); `punctual owners set OWNER --weight N`.
+    sa.Column("weight", sa.Integer(), nullable=False, server_default="1"),
 )
 
 api_keys = sa.Table(

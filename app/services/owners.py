@@ -1,4 +1,7 @@
-"""Owners, their API keys and signing secrets.
+"""Owners, their API keys, signing secrets and weights.
+
+An owner's weight (default 1) is its share of each claim batch relative to the other
+owners with due rows (app.pollers.shares); `punctual owners set OWNER --weight N`.
 
 Owners and keys live on the home DSN (logical shard 0's). Only the SHA-256 of a key
 is stored; a request's key is hashed and looked up, then compared in constant time.
@@ -29,8 +32,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from app.core.timefmt import format_instant, utcnow
+from app.pollers.shares import DEFAULT_WEIGHT, MAX_WEIGHT
 from app.registry.engines import Registry
-from app.registry.schema import api_keys, owners
+from app.registry.schema import api_keys, jobs, owners, runs
 from app.services.errors import NotFound
 
 KEY_PREFIX = "pk_"
@@ -117,6 +121,63 @@ def list_keys(registry: Registry, owner: str | None = None) -> list[KeyInfo]:
         return [_info(row) for row in conn.execute(query).mappings()]
 
 
+@dataclass(frozen=True)
+class OwnerActivity:
+    """An owner as `punctual owners` shows it: its weight and what it has on the way
+    right now, counted in the registry (every DSN)."""
+
+    owner: str
+    weight: int
+    due: int  # scheduled jobs whose next_run_at has come, not claimed yet
+    waiting: int  # runs claimed, not started (in a dispatch message, or waiting in a worker)
+    running: int  # runs started, their call in flight
+
+    def as_dict(self) -> dict:
+        return {"owner": self.owner, "weight": self.weight, "due": self.due, "waiting": self.waiting,
+                "running": self.running}
+
+
+def set_weight(registry: Registry, owner: str, weight: int) -> None:
+    """Store `owner`'s weight; the pollers see it within CACHE_TTL_S."""
+    if not DEFAULT_WEIGHT <= weight <= MAX_WEIGHT:
+        raise ValueError(f"weight must be an integer from {DEFAULT_WEIGHT} to {MAX_WEIGHT}")
+    with registry.home.begin() as conn:
+        update = sa.update(owners).where(owners.c.owner == owner).values(weight=weight)
+        changed = conn.execute(update).rowcount
+    if not changed:
+        raise LookupError(f"no owner {owner!r} (owners are made by `punctual keys create --owner`)")
+
+
+def weights(registry: Registry) -> dict[str, int]:
+    """The owners whose weight is not the default (the rest weigh DEFAULT_WEIGHT)."""
+    with registry.home.connect() as conn:
+        query = sa.select(owners.c.owner, owners.c.weight).where(owners.c.weight != DEFAULT_WEIGHT)
+        return {row.owner: row.weight for row in conn.execute(query)}
+
+
+def activity(registry: Registry) -> list[OwnerActivity]:
+    """Every owner with its weight and its due, waiting and running counts, by name."""
+    now = utcnow()
+    with registry.home.connect() as conn:
+        query = sa.select(owners.c.owner, owners.c.weight)
+        weight_of = {row.owner: row.weight for row in conn.execute(query)}
+    counts: dict[str, list[int]] = {owner: [0, 0, 0] for owner in weight_of}
+    due = (sa.select(jobs.c.owner, sa.func.count())
+           .where(jobs.c.state == "scheduled", jobs.c.next_run_at <= now)
+           .group_by(jobs.c.owner))
+    active = (sa.select(runs.c.owner, runs.c.state, sa.func.count())
+              .where(runs.c.state.in_(("claimed", "running")))
+              .group_by(runs.c.owner, runs.c.state))
+    for engine in registry.engines:
+        with engine.connect() as conn:
+            for owner, count in conn.execute(due):
+                counts.setdefault(owner, [0, 0, 0])[0] += count
+            for owner, state, count in conn.execute(active):
+                counts.setdefault(owner, [0, 0, 0])[1 if state == "claimed" else 2] += count
+    return [OwnerActivity(owner, weight_of.get(owner, DEFAULT_WEIGHT), *counts[owner])
+            for owner in sorted(counts)]
+
+
 def revoke_key(registry: Registry, key_id: str) -> KeyInfo:
     """Revoke the key whose id is `key_id`; repeating it answers the key as it is.
 
@@ -174,6 +235,7 @@ class OwnerDirectory:
         self.secret_ttl_s = secret_ttl_s
         self._owners: dict[str, tuple[float, str | None]] = {}
         self._secrets: dict[str, tuple[float, tuple | None]] = {}
+        self._weights: tuple[float, dict[str, int]] | None = None
         self._lock = threading.Lock()
 
     def authenticate(self, api_key: str | None) -> str | None:
@@ -219,6 +281,15 @@ class OwnerDirectory:
         if previous is not None and until is not None and utcnow() < until:
             return (current, previous)
         return (current,)
+
+    def weights(self) -> dict[str, int]:
+        """`weights(registry)`, cached for ttl_s: the claim asks before every batch."""
+        cached = self._weights
+        if cached is not None and cached[0] > time.monotonic():
+            return cached[1]
+        found = weights(self.registry)
+        self._weights = (time.monotonic() + self.ttl_s, found)
+        return found
 
     def _cached(self, table: dict, key: str) -> tuple[Any] | None:
         with self._lock:

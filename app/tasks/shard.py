@@ -11,6 +11,7 @@ the relay sweep runs once more.
 """
 from __future__ import annotations
 
+import logging
 import time
 
 from celery import shared_task
@@ -24,16 +25,19 @@ from app.registry.transient import retrying
 from app.settings import Settings
 from app.worker.context import get_context
 
+log = logging.getLogger("punctual.poll")
 
-def poll_shard(settings: Settings, engine, shard: int, send) -> dict:
-    """One poll tick of one shard; returns what it did (for logs and tests)."""
+
+def poll_shard(settings: Settings, engine, shard: int, send, weights: dict[str, int] | None = None) -> dict:
+    """One poll tick of one shard; returns what it did (for logs and tests). `weights`:
+    the owners whose weight is not 1 (the claim is fair between owners by weight)."""
     deadline = time.monotonic() + settings.poll_budget_s
     claimed = batches = 0
     while True:
         # A claim that met a dropped connection is sent again (a new `now` each time);
         # past the poll budget the tick gives up and the next one claims.
-        result = retrying(lambda: claim_batch(engine, shard, utcnow(), settings), f"claim on shard {shard}",
-                          budget_s=max(1.0, settings.poll_budget_s))
+        result = retrying(lambda: claim_batch(engine, shard, utcnow(), settings, weights=weights),
+                          f"claim on shard {shard}", budget_s=max(1.0, settings.poll_budget_s))
         relay.publish_claimed(engine, shard, result.runs, send)
         claimed += len(result.runs)
         batches += 1
@@ -53,7 +57,16 @@ def poll(shard: int) -> dict:
 
     context = get_context()
     with log_context(shard=shard):
-        return poll_shard(context.settings, context.registry.engine_for_shard(shard), shard, send_dispatch)
+        return poll_shard(context.settings, context.registry.engine_for_shard(shard), shard, send_dispatch,
+                          _weights(context))
+
+
+def _weights(context) -> dict[str, int]:
+    try:
+        return context.owners.weights()
+    except Exception:  # the home DSN down must not stop a shard's claim: equal weights meanwhile
+        log.warning("owner weights unavailable; claiming with equal weights", exc_info=True)
+        return {}
 
 
 @shared_task(name=SWEEP_TASK, acks_late=False, ignore_result=True, max_retries=0, send_events=False)

@@ -157,6 +157,8 @@ class Dispatcher:
                 metrics.RUNS.labels("held").inc(lease.hold(self.registry, held, now))
             except Exception:  # the started runs are called regardless; the held ones wait for their lease
                 log.exception("holding %d runs failed; their leases will bring them back", len(held))
+            metrics.count_by_owner("held", (run.owner for run, _ in held))
+        metrics.count_by_owner("started", (call.run.owner for call in calls))
         return calls, len(held), stale
 
     def _release_quietly(self, slots: list) -> None:

@@ -148,3 +148,34 @@ def test_a_named_key_takes_the_limits_recorded_for_it_not_the_runs_snapshot():
     # No named key: the record is irrelevant.
     unnamed = {"type": "webhook", "url": "https://a.example/x", "limits": {"rate_per_s": 3}}
     assert limit_specs("acme", unnamed, no_defaults, recorded)[0].rate_per_s == 3.0
+
+
+@dataclass(frozen=True)
+class Quota(Ops):
+    owner_max_in_flight: int = 0
+
+
+def test_the_owner_quota_caps_every_run_of_the_owner_whatever_its_target():
+    settings = Quota(owner_max_in_flight=7)
+    a = limit_specs("acme", webhook("https://a.example/x"), settings)
+    b = limit_specs("acme", {"type": "queue", "topic": "t"}, settings)
+    other = limit_specs("globex", webhook("https://a.example/x"), settings)
+    assert a == b == [LimitSpec("owner-total:acme", None, 7)]
+    assert other == [LimitSpec("owner-total:globex", None, 7)]
+
+
+def test_the_owner_quota_comes_on_top_of_the_jobs_limits_and_the_operators_defaults():
+    settings = Quota(target_max_concurrency=200, owner_max_in_flight=3)
+    specs = limit_specs("acme", webhook("https://a.example/x", max_concurrency=5), settings)
+    assert [spec.key for spec in specs] == ["owner:acme:https://a.example:443", "all:https://a.example:443",
+                                            "owner-total:acme"]
+    assert limit_specs("acme", webhook("https://a.example/x"), Quota()) == []
+
+
+def test_no_owner_name_or_job_key_can_reach_another_owners_quota():
+    settings = Quota(owner_max_in_flight=1)
+    [quota] = limit_specs("a/b:c", webhook("https://x.example/"), settings)
+    assert quota.key == "owner-total:a%2Fb%3Ac"
+    forged = webhook("https://x.example/", key="owner-total:acme", max_concurrency=1)
+    keyed = limit_specs("acme", forged, settings)
+    assert [spec.key for spec in keyed] == ["owner:acme:key:owner-total:acme", "owner-total:acme"]
