@@ -7,6 +7,7 @@ Every test injects `now`; none sleeps.
 """
 from __future__ import annotations
 
+import heapq
 import threading
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
@@ -23,6 +24,27 @@ def admitted(admissions) -> list[bool]:
     return [a.admitted for a in admissions]
 
 
+def simulate(limiter, spec, arrivals, until):
+    """Runs arrive at their instants; a held run comes back at its retry time (as the
+    registry would bring it back). Returns {run: start instant} and {run: holds}."""
+    pending = [(at, i, name) for i, (at, name) in enumerate(arrivals)]
+    heapq.heapify(pending)
+    starts: dict[str, float] = {}
+    holds = {name: 0 for _, name in arrivals}
+    seq = len(pending)
+    while pending and pending[0][0] <= until:
+        at, _, name = heapq.heappop(pending)
+        answer = limiter.acquire(spec, name, at, LEASE_S)
+        if answer.admitted:
+            starts[name] = at
+        else:
+            assert answer.retry_at > at
+            holds[name] += 1
+            seq += 1
+            heapq.heappush(pending, (answer.retry_at, seq, name))
+    return starts, holds
+
+
 class LimiterContract:
     @pytest.fixture
     def limiter(self, pair):
@@ -35,27 +57,40 @@ class LimiterContract:
         answers = limiter.acquire_many([(spec, f"r{i}") for i in range(50)], T0, LEASE_S)
         assert admitted(answers) == [True] * 5 + [False] * 45
 
-    def test_then_it_admits_at_the_rate(self, limiter):
-        spec = [LimitSpec("b", rate_per_s=5)]
-        assert all(admitted(limiter.acquire_many([(spec, f"burst{i}") for i in range(5)], T0, LEASE_S)))
-        # One request every 50 ms for 4 s: a token comes every 200 ms.
-        got = [limiter.acquire(spec, f"r{i}", T0 + 0.05 * i + 0.001, LEASE_S).admitted for i in range(1, 81)]
-        assert sum(got) == 20
-        # And never two in the same 200 ms.
-        times = [i for i, ok in enumerate(got, 1) if ok]
-        assert all(b - a >= 4 for a, b in pairwise(times))
+    def test_a_held_run_is_held_once_and_starts_come_out_at_the_rate(self, limiter):
+        # 300 runs at once and one more every 50 ms for 30 s; each held run comes back
+        # at its retry time (as the registry brings it back), with the same reserver.
+        rate = 10
+        spec = [LimitSpec("b", rate_per_s=rate)]
+        arrivals = [(T0, f"backlog{i}") for i in range(300)]
+        arrivals += [(T0 + 0.05 * i, f"new{i}") for i in range(600)]
+        starts, holds = simulate(limiter, spec, arrivals, until=T0 + 120)
+        assert sorted(starts) == sorted(name for _, name in arrivals)  # every run started once
+        assert max(holds.values()) == 1  # held at most once each
+        times = sorted(starts.values())
+        for i, begin in enumerate(times):  # one second of burst at the start, then never above the rate
+            in_window = sum(1 for t in times[i:i + 2 * rate + 2] if t < begin + 1.0 - 1e-9)
+            assert in_window <= (2 * rate if begin < T0 + 1 else rate)
+        steady = [t for t in times if T0 + 1 <= t < T0 + 61]
+        assert len(steady) == 60 * rate
 
-    def test_never_more_than_the_rate_over_any_window(self, limiter):
-        spec = [LimitSpec("b", rate_per_s=10)]
-        starts = []
-        for step in range(400):  # 20 requests every 100 ms for 4 s
-            now = T0 + step * 0.01
-            answers = limiter.acquire_many([(spec, f"r{step}-{i}") for i in range(2)], now, LEASE_S)
-            starts += [now] * sum(admitted(answers))
-        for begin in starts:
-            in_window = [t for t in starts if begin <= t < begin + 1.0]
-            assert len(in_window) <= 10 + 10  # one second of burst plus one second of rate
-        assert 10 + 10 * 3.9 - 1 <= len(starts) <= 10 + 10 * 4 + 1
+    def test_a_reservation_belongs_to_the_reserver_not_the_holder(self, limiter):
+        spec = [LimitSpec("b", rate_per_s=1)]
+        assert limiter.acquire(spec, "run1", T0, LEASE_S, reserver="job").admitted
+        held = limiter.acquire(spec, "run2", T0, LEASE_S, reserver="job2")
+        assert held.reason == "rate" and held.retry_at == pytest.approx(T0 + 1)
+        # The schedule run is made anew at the next claim: another holder, the same job.
+        assert limiter.acquire(spec, "run3", held.retry_at, LEASE_S, reserver="job2").admitted
+
+    def test_a_run_back_early_keeps_its_turn_and_reserves_no_other(self, limiter):
+        spec = [LimitSpec("b", rate_per_s=1)]
+        assert limiter.acquire(spec, "a", T0, LEASE_S).admitted
+        held = limiter.acquire(spec, "b", T0, LEASE_S)
+        early = limiter.acquire(spec, "b", T0 + 0.5, LEASE_S)
+        assert early.reason == "rate" and early.retry_at == held.retry_at
+        newcomer = limiter.acquire(spec, "c", T0 + 0.5, LEASE_S)
+        assert newcomer.retry_at == pytest.approx(T0 + 2)  # not T0 + 3: b holds one turn only
+        assert limiter.acquire(spec, "b", held.retry_at, LEASE_S).admitted
 
     def test_a_rate_below_one_still_admits_one_start(self, limiter):
         spec = [LimitSpec("slow", rate_per_s=0.5)]
@@ -95,7 +130,7 @@ class LimiterContract:
         assert one.acquire(spec, "a", T0, LEASE_S).admitted
         assert two.acquire(spec, "b", T0, LEASE_S).admitted
         held = two.acquire(spec, "c", T0 + 0.5, LEASE_S)
-        assert not held.admitted and T0 + 0.5 < held.retry_at <= T0 + 0.5 + 1.0
+        assert not held.admitted and held.reason == "cap" and T0 + 0.5 < held.retry_at <= T0 + 0.5 + 1.0
         one.release(spec, "a")
         assert two.acquire(spec, "c", T0 + 0.6, LEASE_S).admitted
         assert not one.acquire(spec, "d", T0 + 0.7, LEASE_S).admitted
@@ -113,12 +148,41 @@ class LimiterContract:
         held = limiter.acquire(spec, "b", T0 + 0.1, LEASE_S)
         assert held.retry_at == pytest.approx(T0 + 0.3)
 
-    def test_runs_held_behind_a_cap_are_spread(self, limiter):
+    def test_runs_behind_a_full_cap_take_nothing_and_are_not_spread(self, limiter):
         spec = [LimitSpec("c", max_concurrency=2)]
         answers = limiter.acquire_many([(spec, f"r{i}") for i in range(10)], T0, LEASE_S)
-        retry_at = [a.retry_at for a in answers if not a.admitted]
-        assert len(retry_at) == 8 and retry_at == sorted(set(retry_at))
-        assert retry_at[0] == pytest.approx(T0 + limiter.hold_s)
+        held = [a for a in answers if not a.admitted]
+        assert len(held) == 8 and {a.reason for a in held} == {"cap"}
+        # A cap bounds calls in flight, not starts per second: no schedule is handed out.
+        assert [a.retry_at for a in held] == pytest.approx([T0 + limiter.hold_s] * 8)
+        limiter.release(spec, "r0")
+        answers = limiter.acquire_many([(spec, "r2"), (spec, "r3")], T0 + 0.001, LEASE_S)
+        assert admitted(answers) == [True, False]
+
+    def test_a_cap_lets_the_next_run_in_as_soon_as_one_ends(self, limiter):
+        spec = [LimitSpec("c", max_concurrency=4)]
+        waiting = [f"r{i}" for i in range(80)]
+        in_flight: list[str] = []
+        now, peak = T0, 0
+        while waiting:
+            answers = limiter.acquire_many([(spec, h) for h in waiting], now, LEASE_S)
+            in_flight += [h for h, a in zip(waiting, answers, strict=True) if a.admitted]
+            waiting = [h for h, a in zip(waiting, answers, strict=True) if not a.admitted]
+            peak = max(peak, len(in_flight))
+            assert len(in_flight) == 4 or not waiting
+            limiter.release(spec, in_flight.pop(0))  # one call ends: exactly one more starts
+            now += 0.001
+        assert peak == 4
+
+    def test_free_slots_counts_the_live_leases_of_every_limiter(self, pair):
+        one, two = pair
+        spec = [LimitSpec("c", max_concurrency=3)]
+        assert one.acquire(spec, "a", T0, LEASE_S).admitted
+        assert two.acquire(spec, "b", T0, 5.0).admitted
+        assert two.free_slots({"c": 3, "idle": 2}, T0 + 1) == {"c": 1, "idle": 2}
+        assert one.free_slots({"c": 3}, T0 + 6) == {"c": 2}  # b's lease ran out
+        one.release(spec, "a")
+        assert one.free_slots({"c": 3}, T0 + 1) == {"c": 2}
 
     def test_renew_extends_a_lease(self, pair):
         one, two = pair
@@ -155,7 +219,7 @@ class LimiterContract:
         bucket, cap = LimitSpec("bucket", rate_per_s=1), LimitSpec("cap", max_concurrency=1)
         assert limiter.acquire([cap], "holder", T0, LEASE_S).admitted
         blocked = limiter.acquire([bucket, cap], "run", T0, LEASE_S)
-        assert not blocked.admitted
+        assert not blocked.admitted and blocked.reason == "cap"
         # The bucket's only token is still there.
         assert limiter.acquire([bucket], "other", T0, LEASE_S).admitted
 
@@ -163,7 +227,7 @@ class LimiterContract:
         bucket, cap = LimitSpec("bucket", rate_per_s=1), LimitSpec("cap", max_concurrency=2)
         assert limiter.acquire([bucket], "spender", T0, LEASE_S).admitted
         blocked = limiter.acquire([bucket, cap], "run", T0, LEASE_S)
-        assert not blocked.admitted and blocked.retry_at == pytest.approx(T0 + 1)
+        assert not blocked.admitted and blocked.reason == "rate" and blocked.retry_at == pytest.approx(T0 + 1)
         # Both slots of the cap are still free.
         assert all(admitted(limiter.acquire_many([([cap], "x"), ([cap], "y")], T0, LEASE_S)))
 

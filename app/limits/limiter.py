@@ -1,21 +1,31 @@
 """The limiter contract, shared by the Redis and the in-process implementations.
 
 For each run, a worker asks to start it under all of its specs (app.limits.policy)
-at once. Admission is all or nothing, atomically: either the run takes one token
-from every rate-limited spec and one slot in every capped spec, or it takes
-nothing and learns the earliest time it may start (`retry_at`).
+at once. Admission is all or nothing, atomically: either the run is admitted under
+every spec, or it takes nothing now and learns why and until when (`Admission`).
 
-- Token bucket: a bucket holds `max(rate_per_s, 1)` tokens (one second of burst;
-  at least one token, so that rates below 1/s can admit anything), refilled
-  continuously at `rate_per_s`. A start takes one token; nothing gives it back.
-- Concurrency cap: a run holds a slot from admission until `release`, or until its
-  lease (`lease_s`, extended by `renew`) runs out, so a dead worker's slots come back
-  by themselves.
-- Spreading: runs held behind one limit are given DIFFERENT retry times, one
-  token interval (1/rate) apart for a bucket, `hold_s / max_concurrency` apart for
-  a cap, so that they come back about as fast as the limit lets them through rather
-  than all at once. These are hints: admission itself only ever looks at tokens
-  and slots, so the limits hold whatever the hints were.
+- Rate (`rate_per_s` R): a GCRA, the virtual-scheduling form of a token bucket
+  holding max(R, 1) tokens (one second of burst). Each key keeps its theoretical
+  arrival time `tat`; a start is conforming when tat - tolerance <= now, where the
+  tolerance is (max(R, 1) - 1) / R, and it moves tat on by 1/R.
+- Reservation: a run the rate holds back is not simply told "later". Its start is
+  RESERVED: it gets the next conforming instant (tat - tolerance, which then moves on
+  by 1/R) as `retry_at`, recorded under its `reserver` id. When it comes back at that
+  instant it is admitted without touching the rate again, so a held run is held once,
+  however many newcomers arrive meanwhile, and starts come out at exactly R/s. The
+  caller must come back with the same reserver id (a schedule run: its job id, since
+  the run row is made anew at the next claim). A reservation not used within
+  RESERVATION_KEEP_S is forgotten (its job was paused or cancelled); its turn is lost.
+- Concurrency cap (`max_concurrency` C): a run holds a slot from admission until
+  `release`, or until its lease (`lease_s`, extended by `renew`) runs out, so a dead
+  worker's slots come back by themselves. A run that finds every slot taken takes
+  nothing and reserves nothing (`reason` "cap"): a slot frees when a call ends, which
+  no schedule predicts, so the caller waits for a release (app.worker.slot_wait) and
+  asks again. Its `retry_at` is only a hint: the first slot's lease end, at most
+  `hold_s` away.
+
+A run blocked by a rate and by a cap at once is held by the rate (reason "rate"):
+it cannot start before its reservation anyway.
 
 `now` is the caller's clock: unix seconds, or an aware datetime. `retry_at` comes
 back in the same form.
@@ -24,28 +34,36 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Iterable, Sequence
+from datetime import UTC, datetime
 
 from app.limits.policy import LimitSpec
 
-__all__ = ["Admission", "Limiter", "Request"]
+__all__ = ["Admission", "Limiter", "Request", "RATE", "CAP"]
 
-# (the run's specs, a holder id unique to the run: its run_id)
-Request = tuple[Sequence[LimitSpec], str]
+# (the run's specs, a holder id unique to the run: its run_id[, the reserver id that
+# owns the run's rate reservations across holds: its job id for a schedule run])
+Request = tuple[Sequence[LimitSpec], str] | tuple[Sequence[LimitSpec], str, str]
 
-# When a capped key is full, how soon a slot is expected to free up (seconds).
+# When a capped key is full, the latest retry hint given (seconds).
 DEFAULT_HOLD_S = 1.0
-# A token due this soon counts as there: unix times in floats are exact to ~0.2 us
-# only, and a run that comes back at its retry time must find its token.
+# An instant due this soon counts as come: unix times in floats are exact to ~0.2 us
+# only, and a run that comes back at its retry time must find its turn.
 EARLY_S = 1e-6
+# How long an unused rate reservation is kept (seconds): a held run comes back at its
+# turn unless its job was paused or cancelled, or the registry fell far behind.
+RESERVATION_KEEP_S = 3600.0
+
+RATE = "rate"  # held by a rate: a start is reserved at retry_at
+CAP = "cap"  # every slot of a cap is taken: ask again when one frees
 
 
 @dataclass(frozen=True)
 class Admission:
     admitted: bool
     retry_at: float | datetime | None = None  # set when not admitted
+    reason: str | None = None  # RATE or CAP when not admitted
 
     def retry_instant(self) -> datetime:
         """`retry_at` of a hold from acquire_many(now=<a datetime>), which answers in kind."""
@@ -56,8 +74,14 @@ class Admission:
 ADMITTED = Admission(True, None)
 
 
+def rate_tolerance(rate_per_s: float) -> float:
+    """How far ahead of now a key's tat may be for a start to conform: one second of
+    burst (max(rate, 1) starts at once), at least one start."""
+    return (max(rate_per_s, 1.0) - 1.0) / rate_per_s
+
+
 class Limiter(ABC):
-    """Token buckets and concurrency caps keyed by LimitSpec.key; thread-safe."""
+    """Rates and concurrency caps keyed by LimitSpec.key; thread-safe."""
 
     def __init__(self, hold_s: float = DEFAULT_HOLD_S):
         self.hold_s = hold_s
@@ -69,22 +93,29 @@ class Limiter(ABC):
         cost one round trip for the whole batch.
         """
         now_s = _seconds(now)
-        limited = [(tuple(s for s in specs if s.limited), holder) for specs, holder in requests]
-        admissions = [ADMITTED] * len(limited)
-        todo = [i for i, (specs, _) in enumerate(limited) if specs]
+        admissions = [ADMITTED] * len(requests)
+        todo: list[int] = []
+        limited: list[tuple[tuple[LimitSpec, ...], str, str]] = []
+        for i, request in enumerate(requests):
+            specs = tuple(s for s in request[0] if s.limited)
+            if specs:
+                todo.append(i)
+                limited.append((specs, request[1], request[2] if len(request) > 2 else request[1]))
         if todo:
-            answers = self._acquire([limited[i] for i in todo], now_s, float(lease_s))
-            for i, retry_at in zip(todo, answers):
-                if retry_at is not None:
-                    at = datetime.fromtimestamp(retry_at, timezone.utc) if isinstance(now, datetime) else retry_at
-                    admissions[i] = Admission(False, at)
+            answers = self._acquire(limited, now_s, float(lease_s))
+            for i, answer in zip(todo, answers, strict=True):
+                if answer is not None:
+                    reason, retry_at = answer
+                    at = datetime.fromtimestamp(retry_at, UTC) if isinstance(now, datetime) else retry_at
+                    admissions[i] = Admission(False, at, reason)
         return admissions
 
-    def acquire(self, specs: Sequence[LimitSpec], holder: str, now: float | datetime, lease_s: float) -> Admission:
-        return self.acquire_many([(specs, holder)], now, lease_s)[0]
+    def acquire(self, specs: Sequence[LimitSpec], holder: str, now: float | datetime, lease_s: float,
+                reserver: str | None = None) -> Admission:
+        return self.acquire_many([(specs, holder, reserver or holder)], now, lease_s)[0]
 
     def release(self, specs: Sequence[LimitSpec], holder: str) -> None:
-        """Give back `holder`'s concurrency slots (tokens are spent for good)."""
+        """Give back `holder`'s concurrency slots (rate starts are spent for good)."""
         self.release_many([(specs, holder)])
 
     def release_many(self, items: Iterable[Request]) -> None:
@@ -105,9 +136,22 @@ class Limiter(ABC):
         if capped:
             self._renew(capped, time.time() if now is None else _seconds(now), float(lease_s))
 
+    def free_slots(self, caps: dict[str, int], now: float | datetime) -> dict[str, int]:
+        """How many slots each cap (spec key -> max_concurrency) has free now; a
+        read only, for runs waiting for a slot (app.worker.slot_wait)."""
+        if not caps:
+            return {}
+        held = self._held(list(caps), _seconds(now))
+        return {key: max(0, cap - count) for (key, cap), count in zip(caps.items(), held, strict=True)}
+
     @abstractmethod
-    def _acquire(self, requests: list[tuple[tuple[LimitSpec, ...], str]], now: float, lease_s: float) -> list[float | None]:
-        """For each request: None when admitted, else the retry time (unix seconds)."""
+    def _held(self, keys: list[str], now: float) -> list[int]:
+        """For each spec key: how many slots are held by leases running past `now`."""
+
+    @abstractmethod
+    def _acquire(self, requests: list[tuple[tuple[LimitSpec, ...], str, str]], now: float,
+                 lease_s: float) -> list[tuple[str, float] | None]:
+        """For each (specs, holder, reserver): None when admitted, else (reason, retry time)."""
 
     @abstractmethod
     def _release(self, items: list[tuple[str, str]]) -> None:
@@ -123,4 +167,4 @@ def _seconds(now: float | datetime) -> float:
 
 
 def _capped(items: Iterable[Request]) -> list[tuple[str, str]]:
-    return [(spec.key, holder) for specs, holder in items for spec in specs if spec.max_concurrency]
+    return [(spec.key, item[1]) for item in items for spec in item[0] if spec.max_concurrency]

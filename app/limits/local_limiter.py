@@ -2,7 +2,7 @@
 
 Same contract and arithmetic as the Redis script (app.limits.limiter explains
 both); one lock guards all state, as the script runs alone in Redis. Keys that
-have nothing left to remember (a full bucket, no holders, no pending spread) are
+have nothing left to remember (tat in the past, no holders, no reservations) are
 swept now and then, so memory follows the set of busy targets.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from app.limits.limiter import DEFAULT_HOLD_S, EARLY_S, Limiter
+from app.limits.limiter import CAP, DEFAULT_HOLD_S, EARLY_S, RATE, RESERVATION_KEEP_S, Limiter, rate_tolerance
 from app.limits.policy import LimitSpec
 
 __all__ = ["LocalLimiter"]
@@ -20,11 +20,8 @@ _SWEEP_EVERY = 1024  # acquisitions between sweeps of idle keys
 
 @dataclass
 class _Key:
-    tokens: float | None = None  # None: a full bucket (never used, or swept)
-    ts: float = 0.0  # when `tokens` was true
-    full_at: float = 0.0  # when the bucket is full again (then it may be forgotten)
-    rate_next: float = 0.0  # the next retry time to hand out behind the bucket
-    slot_next: float = 0.0  # the next retry time to hand out behind the cap
+    tat: float = 0.0  # the rate's theoretical arrival time (0: never used)
+    reservations: dict[str, float] = field(default_factory=dict)  # reserver -> reserved start
     holders: dict[str, float] = field(default_factory=dict)  # holder -> lease expiry
 
 
@@ -37,56 +34,67 @@ class LocalLimiter(Limiter):
 
     def _acquire(self, requests, now, lease_s):
         with self._lock:
-            answers = [self._admit(specs, holder, now, lease_s) for specs, holder in requests]
+            answers = [self._admit(specs, holder, reserver, now, lease_s)
+                       for specs, holder, reserver in requests]
             self._since_sweep += len(requests)
             if self._since_sweep >= _SWEEP_EVERY:
                 self._sweep(now)
             return answers
 
-    def _admit(self, specs: tuple[LimitSpec, ...], holder: str, now: float, lease_s: float) -> float | None:
-        # First look at every spec without changing anything that matters...
+    def _admit(self, specs: tuple[LimitSpec, ...], holder: str, reserver: str, now: float,
+               lease_s: float) -> tuple[str, float] | None:
+        # First look at every spec without changing anything...
         looks = []
-        blocked = False
+        rate_at = cap_at = None
         for spec in specs:
             state = self._keys.setdefault(spec.key, _Key())
-            tokens = ts = rate_wait = slot_wait = None
+            reserved = new_wait = None
             if spec.rate_per_s:
-                rate = spec.rate_per_s
-                burst = max(rate, 1.0)
-                tokens, ts = (burst, now) if state.tokens is None else (state.tokens, state.ts)
-                if now > ts:
-                    tokens, ts = min(burst, tokens + (now - ts) * rate), now
-                if tokens + rate * EARLY_S < 1:
-                    rate_wait = max(ts + (1 - tokens) / rate, state.rate_next)
+                reserved = state.reservations.get(reserver)
+                if reserved is not None and reserved < now - RESERVATION_KEEP_S:
+                    del state.reservations[reserver]
+                    reserved = None
+                if reserved is not None:
+                    if reserved > now + EARLY_S:  # came back early: its turn is still reserved
+                        rate_at = max(rate_at or 0.0, reserved)
+                else:
+                    conforming_at = state.tat - rate_tolerance(spec.rate_per_s)
+                    if conforming_at > now + EARLY_S:
+                        new_wait = conforming_at
             if spec.max_concurrency:
                 # Expired leases are gone whatever happens next: a dead worker's slots.
                 state.holders = {h: exp for h, exp in state.holders.items() if exp > now}
                 if holder not in state.holders and len(state.holders) >= spec.max_concurrency:
-                    free_at = min(min(state.holders.values()), now + self.hold_s)
-                    slot_wait = max(free_at, state.slot_next)
-            blocked = blocked or rate_wait is not None or slot_wait is not None
-            looks.append((spec, state, tokens, ts, rate_wait, slot_wait))
-        # ...then either take from all of them, or only move the spread hints on.
-        if blocked:
-            retry_at = 0.0
-            for spec, state, _, _, rate_wait, slot_wait in looks:
-                if rate_wait is not None:
+                    first_end = min(state.holders.values())
+                    cap_at = min(cap_at or first_end, first_end, now + self.hold_s)
+            looks.append((spec, state, reserved, new_wait))
+        # ...then reserve future starts, or wait for a slot, or take from every spec.
+        if rate_at is not None or any(new_wait is not None for _, _, _, new_wait in looks):
+            retry_at = rate_at or 0.0
+            for spec, state, _, new_wait in looks:
+                if new_wait is not None:
                     assert spec.rate_per_s  # only a rate makes a rate wait
-                    state.rate_next = rate_wait + 1 / spec.rate_per_s
-                    retry_at = max(retry_at, rate_wait)
-                if slot_wait is not None:
-                    assert spec.max_concurrency  # only a cap makes a slot wait
-                    state.slot_next = slot_wait + self.hold_s / spec.max_concurrency
-                    retry_at = max(retry_at, slot_wait)
-            return retry_at
-        for spec, state, tokens, ts, _, _ in looks:
+                    state.reservations[reserver] = new_wait
+                    state.tat += 1 / spec.rate_per_s
+                    retry_at = max(retry_at, new_wait)
+            return RATE, retry_at
+        if cap_at is not None:
+            return CAP, cap_at
+        for spec, state, reserved, _ in looks:
             if spec.rate_per_s:
-                assert tokens is not None and ts is not None  # the look above set both for a rate
-                state.tokens, state.ts = tokens - 1, ts
-                state.full_at = ts + (max(spec.rate_per_s, 1.0) - state.tokens) / spec.rate_per_s
+                if reserved is not None:
+                    del state.reservations[reserver]
+                else:
+                    state.tat = max(state.tat, now) + 1 / spec.rate_per_s
             if spec.max_concurrency:
                 state.holders[holder] = now + lease_s
         return None
+
+    def _held(self, keys, now):
+        with self._lock:
+            states = [self._keys.get(key) for key in keys]
+            return [sum(1 for expiry in state.holders.values() if expiry > now) if state else 0
+                    for state in states]
 
     def _release(self, items):
         with self._lock:
@@ -104,10 +112,13 @@ class LocalLimiter(Limiter):
 
     def _sweep(self, now: float) -> None:
         self._since_sweep = 0
+        for state in self._keys.values():
+            if state.reservations:
+                state.reservations = {r: at for r, at in state.reservations.items()
+                                      if at >= now - RESERVATION_KEEP_S}
         idle = [
             key for key, s in self._keys.items()
-            if s.full_at <= now and s.rate_next <= now and s.slot_next <= now
-            and not any(expiry > now for expiry in s.holders.values())
+            if s.tat <= now and not s.reservations and not any(expiry > now for expiry in s.holders.values())
         ]
         for key in idle:
             del self._keys[key]

@@ -1,21 +1,20 @@
 """The limiter on Redis: shared by every worker, one round trip per batch.
 
 All of admission is the one Lua script below (contract: app.limits.limiter).
-Per spec key K there are two Redis keys:
+Per spec key K there are three Redis keys:
 
-- `<prefix>:bucket:K`, a hash: `tokens` and `ts` (the bucket as of `ts`; absent =
-  full), `full_at` (when it is full again), `rate_next` / `slot_next` (the next
-  retry time to hand out to a run held behind the bucket / the cap);
+- `<prefix>:bucket:K`, a hash: `tat`, the rate's theoretical arrival time;
+- `<prefix>:resv:K`, a sorted set: reserver -> the start reserved for it;
 - `<prefix>:slots:K`, a sorted set: holder -> lease expiry (unix seconds).
 
-Both expire once they hold nothing worth remembering. Release and renew touch only
-the sorted sets and need no script: a pipeline of ZREM / ZADD XX GT.
+Each expires once it holds nothing worth remembering. Release and renew touch only
+the slots and need no script: a pipeline of ZREM / ZADD XX GT.
 """
 from __future__ import annotations
 
 import redis
 
-from app.limits.limiter import DEFAULT_HOLD_S, EARLY_S, Limiter
+from app.limits.limiter import CAP, DEFAULT_HOLD_S, EARLY_S, RATE, RESERVATION_KEEP_S, Limiter
 
 __all__ = ["RedisLimiter", "ADMIT_SCRIPT"]
 
@@ -25,105 +24,142 @@ _KEY_GRACE_S = 60
 ADMIT_SCRIPT = r"""
 -- Admit a batch of runs, each all-or-nothing across its limit specs.
 --
--- ARGV: now, lease_s, hold_s, n_runs, then per run: holder, n_specs, and per spec:
---       rate_per_s (0 = no bucket), max_concurrency (0 = no cap)
--- KEYS: per spec of each run, in the same order: bucket hash, slots sorted set
--- Returns one string per run: "ok" (admitted: a token taken from every bucket and a
--- slot held until now + lease_s in every cap), or the earliest time it may start
--- (nothing taken; only the spread hints moved on).
+-- ARGV: now, lease_s, hold_s, n_runs, then per run: holder, reserver, n_specs, and per
+--       spec: rate_per_s (0 = no rate), max_concurrency (0 = no cap)
+-- KEYS: per spec of each run, in the same order: bucket hash, slots sorted set,
+--       reservations sorted set
+-- Returns one string per run: "ok" (admitted: its rate start taken or its reservation
+-- used, a slot held until now + lease_s in every cap), "r<t>" (held by a rate: a start
+-- is reserved for it at t, nothing else taken) or "c<t>" (every slot of a cap taken:
+-- nothing taken; t is a hint).
 --
--- Bucket: holds max(rate, 1) tokens, refilled continuously at `rate`; a start
--- takes one (a token due within `early` seconds counts: float time is not exact).
--- Cap: holders whose lease expired are dropped first (a dead worker's slots come
--- back). Spread: a run held behind a bucket gets the later of "when the next token
--- exists" and `rate_next`, and `rate_next` moves 1/rate further, so held runs come
--- back one token interval apart; behind a cap likewise with
--- hold_s / max_concurrency. Times are the caller's (workers share NTP time).
+-- Rate: a GCRA. A start conforms when tat - tolerance <= now (tolerance: one second
+-- of burst) and moves tat on by 1/rate; a run that does not conform reserves the next
+-- conforming instant, which moves tat on as a start would, so a held run is held once.
+-- Cap: holders whose lease expired are dropped first (a dead worker's slots come back).
+-- Each key is read once per call and written once at its end. Times are the caller's
+-- (workers share NTP time), written with 17 digits (Lua's own tostring keeps 14).
 local now = tonumber(ARGV[1])
 local lease_s = tonumber(ARGV[2])
 local hold_s = tonumber(ARGV[3])
 local n_runs = tonumber(ARGV[4])
 local grace = __GRACE__
 local early = __EARLY__
+local keep = __KEEP__
 local a, k = 5, 1
 local answers = {}
+local seen, order = {}, {}
+
+local function fmt(x)
+  return string.format('%.17g', x)
+end
 
 local function keep_for(key, seconds)
   redis.call('PEXPIRE', key, math.ceil((math.max(seconds, 0) + grace) * 1000))
 end
 
+local function load(bucket, slots, resv, rate, cap)
+  local S = seen[bucket]
+  if S then return S end
+  S = {bucket = bucket, slots = slots, resv = resv, rate = rate, cap = cap}
+  if rate > 0 then
+    S.tat = tonumber(redis.call('HGET', bucket, 'tat')) or 0
+    S.tat0 = S.tat
+    S.tolerance = (math.max(rate, 1) - 1) / rate
+    redis.call('ZREMRANGEBYSCORE', resv, '-inf', '(' .. fmt(now - keep))
+    S.n_resv = redis.call('ZCARD', resv)
+  end
+  if cap > 0 then
+    redis.call('ZREMRANGEBYSCORE', slots, '-inf', fmt(now))
+    S.count = redis.call('ZCARD', slots)
+  end
+  seen[bucket] = S
+  order[#order + 1] = S
+  return S
+end
+
 for r = 1, n_runs do
-  local holder, n_specs = ARGV[a], tonumber(ARGV[a + 1])
-  a = a + 2
-  local looks, blocked = {}, false
+  local holder, reserver, n_specs = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
+  a = a + 3
+  local looks, rate_at, cap_at, new_rate = {}, nil, nil, false
   for s = 1, n_specs do
-    local L = {bucket = KEYS[k], slots = KEYS[k + 1], rate = tonumber(ARGV[a]), cap = tonumber(ARGV[a + 1])}
-    k, a = k + 2, a + 2
-    local h = redis.call('HMGET', L.bucket, 'tokens', 'ts', 'full_at', 'rate_next', 'slot_next')
-    L.full_at, L.rate_next, L.slot_next = tonumber(h[3]) or 0, tonumber(h[4]) or 0, tonumber(h[5]) or 0
-    if L.rate > 0 then
-      local burst = math.max(L.rate, 1)
-      L.tokens, L.ts = tonumber(h[1]) or burst, tonumber(h[2]) or now
-      if now > L.ts then
-        L.tokens, L.ts = math.min(burst, L.tokens + (now - L.ts) * L.rate), now
-      end
-      if L.tokens + L.rate * early < 1 then
-        L.rate_wait = math.max(L.ts + (1 - L.tokens) / L.rate, L.rate_next)
-        blocked = true
+    local S = load(KEYS[k], KEYS[k + 1], KEYS[k + 2], tonumber(ARGV[a]), tonumber(ARGV[a + 1]))
+    k, a = k + 3, a + 2
+    local L = {S = S}
+    if S.rate > 0 then
+      local reserved = S.n_resv > 0 and redis.call('ZSCORE', S.resv, reserver)
+      if reserved then
+        L.reserved = tonumber(reserved)
+        if L.reserved > now + early then rate_at = math.max(rate_at or 0, L.reserved) end
+      elseif S.tat - S.tolerance > now + early then
+        L.wait = S.tat - S.tolerance
+        new_rate = true
       end
     end
-    if L.cap > 0 then
-      redis.call('ZREMRANGEBYSCORE', L.slots, '-inf', now)
-      if not redis.call('ZSCORE', L.slots, holder) and redis.call('ZCARD', L.slots) >= L.cap then
-        local first = redis.call('ZRANGE', L.slots, 0, 0, 'WITHSCORES')
-        L.slot_wait = math.max(math.min(tonumber(first[2]), now + hold_s), L.slot_next)
-        blocked = true
+    if S.cap > 0 and S.count >= S.cap and not redis.call('ZSCORE', S.slots, holder) then
+      if not S.first then
+        S.first = tonumber(redis.call('ZRANGE', S.slots, 0, 0, 'WITHSCORES')[2])
       end
+      local at = math.min(S.first, now + hold_s)
+      cap_at = math.min(cap_at or at, at)
     end
     looks[s] = L
   end
 
-  if blocked then
-    local retry_at = 0
+  if rate_at or new_rate then
+    local retry_at = rate_at or 0
     for s = 1, n_specs do
       local L = looks[s]
-      if L.rate_wait then
-        L.rate_next = L.rate_wait + 1 / L.rate
-        redis.call('HSET', L.bucket, 'rate_next', L.rate_next)
-        retry_at = math.max(retry_at, L.rate_wait)
-      end
-      if L.slot_wait then
-        L.slot_next = L.slot_wait + hold_s / L.cap
-        redis.call('HSET', L.bucket, 'slot_next', L.slot_next)
-        retry_at = math.max(retry_at, L.slot_wait)
-      end
-      if L.rate_wait or L.slot_wait then
-        keep_for(L.bucket, math.max(L.full_at, L.rate_next, L.slot_next) - now)
+      if L.wait then
+        local S = L.S
+        redis.call('ZADD', S.resv, fmt(L.wait), reserver)
+        S.n_resv = S.n_resv + 1
+        S.tat = S.tat + 1 / S.rate
+        S.resv_until = math.max(S.resv_until or 0, L.wait)
+        retry_at = math.max(retry_at, L.wait)
       end
     end
-    -- Rounded up: a run that comes back at this instant finds its token there.
-    answers[r] = string.format('%.6f', math.ceil(retry_at * 1e6) / 1e6)
+    -- Rounded up: a run that comes back at this instant finds its turn come.
+    answers[r] = 'r' .. string.format('%.6f', math.ceil(retry_at * 1e6) / 1e6)
+  elseif cap_at then
+    answers[r] = 'c' .. string.format('%.6f', math.ceil(cap_at * 1e6) / 1e6)
   else
     for s = 1, n_specs do
       local L = looks[s]
-      if L.rate > 0 then
-        L.tokens = L.tokens - 1
-        L.full_at = L.ts + (math.max(L.rate, 1) - L.tokens) / L.rate
-        redis.call('HSET', L.bucket, 'tokens', L.tokens, 'ts', L.ts, 'full_at', L.full_at)
-        keep_for(L.bucket, math.max(L.full_at, L.rate_next, L.slot_next) - now)
-      end
-      if L.cap > 0 then
-        redis.call('ZADD', L.slots, now + lease_s, holder)
-        if redis.call('PTTL', L.slots) < (lease_s + grace) * 1000 then
-          keep_for(L.slots, lease_s)
+      local S = L.S
+      if S.rate > 0 then
+        if L.reserved then
+          redis.call('ZREM', S.resv, reserver)
+        else
+          S.tat = math.max(S.tat, now) + 1 / S.rate
         end
+      end
+      if S.cap > 0 then
+        S.count = S.count + redis.call('ZADD', S.slots, fmt(now + lease_s), holder)
+        S.added = true
       end
     end
     answers[r] = 'ok'
   end
 end
+
+for _, S in ipairs(order) do
+  if S.rate > 0 and S.tat ~= S.tat0 then
+    redis.call('HSET', S.bucket, 'tat', fmt(S.tat))
+    keep_for(S.bucket, S.tat - now)
+  end
+  if S.resv_until then
+    keep_for(S.resv, S.resv_until - now + keep)
+  end
+  if S.added and redis.call('PTTL', S.slots) < (lease_s + grace) * 1000 then
+    keep_for(S.slots, lease_s)
+  end
+end
 return answers
-""".replace("__GRACE__", str(_KEY_GRACE_S)).replace("__EARLY__", repr(EARLY_S))
+""".replace("__GRACE__", str(_KEY_GRACE_S)).replace("__EARLY__", repr(EARLY_S)).replace(
+    "__KEEP__", repr(RESERVATION_KEEP_S))
+
+_REASONS = {"r": RATE, "c": CAP}
 
 
 class RedisLimiter(Limiter):
@@ -135,9 +171,10 @@ class RedisLimiter(Limiter):
         self._prefix = prefix
         # register_script: EVALSHA, loading the script again if Redis lost it.
         self._admit = client.register_script(ADMIT_SCRIPT)
+        self._keys: dict[str, tuple[str, str, str]] = {}  # spec key -> its three Redis keys
 
     @classmethod
-    def from_url(cls, url: str, prefix: str, hold_s: float = DEFAULT_HOLD_S) -> "RedisLimiter":
+    def from_url(cls, url: str, prefix: str, hold_s: float = DEFAULT_HOLD_S) -> RedisLimiter:
         return cls(redis.Redis.from_url(url), prefix, hold_s)
 
     def bucket_key(self, key: str) -> str:
@@ -146,16 +183,33 @@ class RedisLimiter(Limiter):
     def slots_key(self, key: str) -> str:
         return f"{self._prefix}:slots:{key}"
 
+    def reservations_key(self, key: str) -> str:
+        return f"{self._prefix}:resv:{key}"
+
+    def _redis_keys(self, key: str) -> tuple[str, str, str]:
+        found = self._keys.get(key)
+        if found is None:
+            if len(self._keys) > 10_000:  # keys of targets long gone
+                self._keys.clear()
+            found = self._keys[key] = (self.bucket_key(key), self.slots_key(key), self.reservations_key(key))
+        return found
+
     def _acquire(self, requests, now, lease_s):
         keys: list[str] = []
         args: list[str | int | float] = [now, lease_s, self.hold_s, len(requests)]
-        for specs, holder in requests:
-            args += [holder, len(specs)]
+        for specs, holder, reserver in requests:
+            args += [holder, reserver, len(specs)]
             for spec in specs:
-                keys += [self.bucket_key(spec.key), self.slots_key(spec.key)]
+                keys += self._redis_keys(spec.key)
                 args += [spec.rate_per_s or 0, spec.max_concurrency or 0]
         answers = self._admit(keys=keys, args=args)
-        return [None if answer in (b"ok", "ok") else float(answer) for answer in answers]
+        return [None if answer in (b"ok", "ok") else _held(answer) for answer in answers]
+
+    def _held(self, keys, now):
+        pipe = self._client.pipeline(transaction=False)
+        for key in keys:
+            pipe.zcount(self.slots_key(key), f"({now!r}", "+inf")
+        return [int(count) for count in pipe.execute()]
 
     def _release(self, items):
         pipe = self._client.pipeline(transaction=False)
@@ -171,3 +225,8 @@ class RedisLimiter(Limiter):
             pipe.zadd(self.slots_key(key), {holder: now + lease_s}, xx=True, gt=True)
             pipe.expire(self.slots_key(key), int(lease_s + _KEY_GRACE_S) + 1, gt=True)
         pipe.execute()
+
+
+def _held(answer: bytes | str) -> tuple[str, float]:
+    text = answer.decode() if isinstance(answer, bytes) else answer
+    return _REASONS[text[0]], float(text[1:])
