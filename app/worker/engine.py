@@ -2,16 +2,21 @@
 
 `dispatch(batch)` (called by the Celery dispatch task) does, for a batch of runs:
 
-1. limits: one `acquire_many` for the batch (token bucket + concurrency cap per
-   key, app.limits); a run held back is put off (app.lifecycle.lease.hold) without
-   spending an attempt;
+1. limits: one `acquire_many` for the batch (rate + concurrency cap per key,
+   app.limits). A run held by a rate has its start reserved and is put off until
+   then (app.lifecycle.lease.hold: one registry write, no attempt spent). A run that
+   finds a cap full waits here for a slot, its message unacknowledged, up to a
+   second or two (app.worker.slot_wait): it is admitted as soon as calls of this
+   process on that key end, or a poll finds slots freed elsewhere; only a run still
+   waiting then is put off, once, to when a slot is expected;
 2. start: one fenced UPDATE for the admitted runs; a run it does not return was
    started already (a duplicated message) or lost its lease: nothing is called
    and its slot goes back;
 3. call: each started run is handed to the process's pool of
    PUNCTUAL_DISPATCH_THREADS threads, and dispatch returns. The calls finish in
-   the background; their completions are written in batches by the completion
-   buffer, and their leases extended by the heartbeat while they are in flight.
+   the background; a call's concurrency slots go back the moment it ends (a cap
+   bounds calls in flight), its completion is written in batches by the completion
+   buffer, and its lease is extended by the heartbeat until then.
 4. lease check: right before its call, a thread makes sure the run's lease still
    holds. The worker knows until when it does (from the start and from each
    heartbeat that extended it); a run whose lease may have run out (the process was
@@ -32,31 +37,43 @@ queueing calls it cannot make.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from app import metrics
+from app.core.retries import CallOutcome
+from app.core.timefmt import utcnow
+from app.lifecycle import lease
+from app.lifecycle.completion import Finished, complete
+from app.lifecycle.message import DispatchRun, chunks
 from app.limits import limit_specs
 from app.limits.keys import LimitKeyDirectory, named_key
-from app.limits.limiter import Limiter
-from app.core.retries import CallOutcome
-from app.lifecycle import lease
-from app.worker.buffer import CompletionBuffer
-from app.lifecycle.completion import Finished, complete
-from app.worker.inflight import InFlight
-from app.lifecycle.message import DispatchRun, chunks
+from app.limits.limiter import CAP, Limiter
+from app.logs import log_context
 from app.registry.engines import Registry
 from app.registry.transient import retrying
 from app.services.owners import OwnerDirectory
 from app.settings import Settings
+from app.worker.buffer import CompletionBuffer
+from app.worker.inflight import InFlight
 from app.worker.queue_publisher import QueueCall, QueuePublisher
+from app.worker.slot_wait import (
+    BATCH_WAIT_S,
+    POLL_S,
+    SlotReleaser,
+    SlotWaits,
+    batch_size,
+    expected_slot_at,
+    pick_runs,
+    wait_budget_s,
+)
 from app.worker.webhook import NotSent, WebhookCall, WebhookCaller
-from app.core.timefmt import utcnow
-from app.logs import log_context
 
 log = logging.getLogger("punctual.dispatch")
 
@@ -72,10 +89,22 @@ class DispatchReport:
 class _Call:
     run: DispatchRun
     specs: list
+    capped: bool = False  # holds concurrency slots, given back when the call ends
     # Until when (time.monotonic) the registry is known to hold this run's lease for
     # us: set from the start, moved on by each heartbeat that extended it.
     lease_until: float = 0.0
     lost: bool = False  # a heartbeat found the token gone: the janitor took the run back
+
+
+def _reserver(run: DispatchRun) -> str:
+    """Who owns a run's rate reservation across a hold: a schedule run is made anew
+    by the next claim, so its job; an off-schedule run keeps its row."""
+    return str(run.run_id if run.off_schedule else run.job_id)
+
+
+def _cap_of(specs: list):
+    """The tightest cap among a run's specs (the one it most likely waits for)."""
+    return min((s for s in specs if s.max_concurrency), key=lambda s: s.max_concurrency, default=None)
 
 
 class Dispatcher:
@@ -102,56 +131,120 @@ class Dispatcher:
         self._calls = _CallThreads(self.capacity, self._call)
         self._inflight: InFlight[_Call] = InFlight(self._heartbeat, settings.heartbeat_s)
         self._buffer: CompletionBuffer[Finished] = CompletionBuffer(self._flush)
+        self._waits = SlotWaits()
+        self._releaser = SlotReleaser(limiter.release_many, self._waits)
+        self.wait_s = wait_budget_s(settings.lease_s)
 
     def dispatch(self, batch: Sequence[DispatchRun]) -> DispatchReport:
         started = held = stale = 0
         for part in chunks(list(batch), self.capacity):
             for _ in part:
                 self._slots.acquire()
+            unsettled = [len(part)]  # thread slots still taken by runs not handed to a call thread
             try:
-                calls, held_now, stale_now = self._admit_and_start(part)
-            except BaseException:
-                for _ in part:
+                report = self._dispatch_part(part, unsettled)
+            finally:
+                for _ in range(unsettled[0]):
                     self._slots.release()
-                raise
-            for _ in range(len(part) - len(calls)):
-                self._slots.release()
-            for call in calls:
-                self._inflight.add(call.run.run_id, call)
-                self._calls.put(call)
-            started, held, stale = started + len(calls), held + held_now, stale + stale_now
+            started, held, stale = started + report.started, held + report.held, stale + report.stale
         return DispatchReport(started, held, stale)
 
-    def _admit_and_start(self, part: list[DispatchRun]) -> tuple[list[_Call], int, int]:
+    def _dispatch_part(self, part: list[DispatchRun], unsettled: list[int]) -> DispatchReport:
+        """Start what the limits admit; let runs behind a full cap wait for a slot here
+        (at most self.wait_s), then put off the ones still waiting."""
         settings = self.settings
-        now = utcnow()
         named_pairs = {(run.owner, key) for run in part if (key := named_key(run.target))}
         named = self.limit_keys.lookup_many(named_pairs) if named_pairs else None
-        specs = [limit_specs(run.owner, run.target, settings, named) for run in part]
+        waiting = [(run, limit_specs(run.owner, run.target, settings, named)) for run in part]
+        began = last_try = time.monotonic()
+        released = self._waits.released
+        calls, waiting, held, stale = self._admit_and_start(waiting, utcnow())
+        unsettled[0] -= len(calls)  # their call threads give their thread slots back
+        started = len(calls)
+        got_slot: Counter = Counter()  # cap key -> runs that got a slot after waiting
+        while waiting:
+            left = began + self.wait_s - time.monotonic()
+            if left <= 0:
+                break
+            # Woken once this process's calls gave back enough slots for a batch, or
+            # after POLL_S for slots freed by other processes (app.worker.slot_wait).
+            caps = {spec.key: spec.max_concurrency
+                    for _, specs in waiting for spec in specs if spec.max_concurrency}
+            batch = batch_size(len(waiting), min(caps.values()))
+            released = self._waits.wait(released, min(POLL_S, left), enough=batch)
+            free = retrying(functools.partial(self._free_slots, caps), "free slots")
+            ready, rest = pick_runs(waiting, free)
+            if not ready or (len(ready) < batch and time.monotonic() - last_try < BATCH_WAIT_S):
+                continue
+            last_try = time.monotonic()
+            calls, still, held_now, stale_now = self._admit_and_start(ready, utcnow())
+            waiting = still + rest
+            got_slot.update(cap.key for call in calls if (cap := _cap_of(call.specs)))
+            unsettled[0] -= len(calls)
+            started, held, stale = started + len(calls), held + held_now, stale + stale_now
+        if waiting:
+            held += self._put_off(waiting, got_slot, time.monotonic() - began)
+        return DispatchReport(started, held, stale)
+
+    def _free_slots(self, caps: dict[str, int]) -> dict[str, int]:
+        return self.limiter.free_slots(caps, utcnow())
+
+    def _put_off(self, waiting: list, got_slot: Counter, waited_s: float) -> int:
+        """Hold runs that waited their while for a slot back to the registry, each to
+        when its turn is expected at the pace slots came meanwhile (no attempt spent)."""
+        now = utcnow()
+        positions: Counter = Counter()
+        put_off = []
+        for run, specs in waiting:
+            cap = _cap_of(specs)
+            key = cap.key if cap else ""
+            pace = got_slot[key] / waited_s if waited_s > 0 else 0.0
+            put_off.append((run, expected_slot_at(now, positions[key], pace, waited_s,
+                                                  cap.max_concurrency if cap else 1)))
+            positions[key] += 1
+        try:
+            metrics.RUNS.labels("held").inc(lease.hold(self.registry, put_off, now))
+        except Exception:  # the held ones wait for their lease
+            log.exception("holding %d runs failed; their leases will bring them back", len(put_off))
+        metrics.count_by_owner("held", (run.owner for run, _ in put_off))
+        return len(put_off)
+
+    def _admit_and_start(self, entries: list[tuple[DispatchRun, list]],
+                         now) -> tuple[list[_Call], list, int, int]:
+        """One limiter round trip and one fenced start for `entries`: (calls started,
+        (run, specs) still waiting for a slot, runs put off by a rate, stale runs)."""
+        settings = self.settings
         admissions = retrying(lambda: self.limiter.acquire_many(
-            [(spec, str(run.run_id)) for run, spec in zip(part, specs)], now, settings.lease_s
-        ), f"admission of {len(part)} runs")
-        admitted = [_Call(run, spec) for run, spec, admission in zip(part, specs, admissions) if admission.admitted]
-        held = [(run, admission.retry_instant()) for run, admission in zip(part, admissions) if not admission.admitted]
+            [(specs, str(run.run_id), _reserver(run)) for run, specs in entries], now, settings.lease_s
+        ), f"admission of {len(entries)} runs")
+        admitted, waiting, held = [], [], []
+        for (run, specs), admission in zip(entries, admissions, strict=True):
+            if admission.admitted:
+                admitted.append(_Call(run, specs, any(s.max_concurrency for s in specs)))
+            elif admission.reason == CAP:
+                waiting.append((run, specs))
+            else:  # a rate: its start is reserved at retry_at
+                held.append((run, admission.retry_instant()))
         sent = time.monotonic()
         try:
             started_ids = lease.start(self.registry, [c.run for c in admitted], now) if admitted else set()
         except Exception:  # the registry stayed away: the message goes back (app.tasks.dispatch)
             self._release_quietly([(call.specs, str(call.run.run_id)) for call in admitted])
             raise
-        calls, stale = [], 0
+        calls = []
         for call in admitted:
             if call.run.run_id in started_ids:
                 call.lease_until = sent + settings.lease_s
                 calls.append(call)
                 metrics.START_LATENESS.observe(max(0.0, (now - call.run.scheduled_for).total_seconds()))
                 metrics.RUNS_STARTED.labels(str(call.run.shard)).inc()
+        for call in calls:
+            self._inflight.add(call.run.run_id, call)
+            self._calls.put(call)
         unstarted = [(call.specs, str(call.run.run_id)) for call in admitted if call.run.run_id not in started_ids]
         if unstarted:  # a duplicated message, or a lease lost before the start: nothing is called
-            stale = len(unstarted)
-            self._release_quietly(unstarted)
-        if stale:
-            metrics.STALE_COMPLETIONS.inc(stale)
+            self._releaser.put_many(unstarted)
+            metrics.STALE_COMPLETIONS.inc(len(unstarted))
         if held:
             try:
                 metrics.RUNS.labels("held").inc(lease.hold(self.registry, held, now))
@@ -159,7 +252,7 @@ class Dispatcher:
                 log.exception("holding %d runs failed; their leases will bring them back", len(held))
             metrics.count_by_owner("held", (run.owner for run, _ in held))
         metrics.count_by_owner("started", (call.run.owner for call in calls))
-        return calls, len(held), stale
+        return calls, waiting, len(held), len(unstarted)
 
     def _release_quietly(self, slots: list) -> None:
         try:
@@ -186,6 +279,8 @@ class Dispatcher:
                 log.exception("call of run %s failed", run.run_id)
                 outcome = CallOutcome(error=f"internal error: {type(exc).__name__}: {exc}")
             finally:
+                if call.capped:  # the call is over: its slots go back now, not when it is recorded
+                    self._releaser.put((call.specs, str(run.run_id)))
                 self._slots.release()
             log.debug("run %s called: status %s, error %s", run.run_id, outcome.status_code, outcome.error)
         self._buffer.add(Finished(run, outcome, utcnow()))
@@ -236,11 +331,8 @@ class Dispatcher:
 
     def _flush(self, items: list[Finished]) -> None:
         complete(self.registry, items, utcnow())
-        calls = self._inflight.pop_many([item.run.run_id for item in items])
-        try:  # concurrency slots go back once the outcome is on record, in one round trip
-            self.limiter.release_many([(call.specs, str(call.run.run_id)) for call in calls])
-        except Exception:  # a slot's lease runs out on its own
-            log.exception("releasing %d concurrency slots failed", len(calls))
+        # (Their concurrency slots went back when their calls ended.)
+        self._inflight.pop_many([item.run.run_id for item in items])
 
     def _heartbeat(self, calls: list[_Call]) -> None:
         sent = time.monotonic()
@@ -262,6 +354,7 @@ class Dispatcher:
         self._buffer.close(max(0.1, deadline - time.monotonic()))
         self._inflight.stop()
         self._calls.stop()
+        self._releaser.stop()
 
 
 class _CallThreads:

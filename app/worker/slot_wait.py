@@ -1,0 +1,162 @@
+"""Waiting in the worker for a concurrency slot (app.limits: a cap bounds calls in flight).
+
+A run that finds every slot of a cap taken does not go back to the registry at once:
+its message stays unacknowledged (so a dead worker's runs come back from the broker)
+and the dispatch waits up to `wait_s` (a second or two, well inside the lease) for a
+slot. It looks again:
+
+- as soon as enough of this process's calls ended and gave their slots back (the
+  `SlotReleaser` releases them right at the end of the call, before the outcome is
+  recorded, batched on one Redis connection, and then wakes the waiter): a batch's
+  worth (`batch_size`);
+- otherwise every POLL_S, which also finds slots freed by other processes.
+
+Each try first asks how many slots each cap has free (`Limiter.free_slots`, one
+cheap round trip) and admits only as many waiting runs as that, and only once they
+make a batch (`batch_size`) or BATCH_WAIT_S passed since the last admission: each
+admission costs a limiter call and a fenced start, whatever its size, so a burst
+behind a busy cap is started in batches rather than run by run, while a run behind
+a small cap still starts as soon as a slot frees.
+
+Only a run still waiting after `wait_s` is held back to the registry, once, with
+next_run_at when a slot is expected (`expected_slot_at`). A wait costs no registry
+write; a retry costs the limiter one script call for all the runs waiting.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
+
+log = logging.getLogger("punctual.limits")
+
+# The longest a run waits in the worker for a slot before it is held back (seconds).
+MAX_WAIT_S = 2.0
+# How often a waiting dispatch asks again for slots freed by other processes.
+POLL_S = 0.01
+# Free slots that make a batch worth starting at once (and local releases that wake a
+# waiting dispatch before its poll).
+BATCH_RUNS = 32
+# The longest a waiting run with a free slot is kept for a batch to gather.
+BATCH_WAIT_S = 0.05
+
+
+def wait_budget_s(lease_s: float) -> float:
+    """How long a run may wait in the worker for a slot: MAX_WAIT_S, and a small part
+    of the lease, since the run is claimed (leased) while it waits."""
+    return min(MAX_WAIT_S, lease_s / 10)
+
+
+def batch_size(waiting: int, smallest_cap: int) -> int:
+    """How many free slots make a try worth it at once: BATCH_RUNS, or every run
+    waiting, or a quarter of the smallest cap waited for (behind a cap of 4 each
+    slot counts: a batch there would only add its wait to every call)."""
+    return max(1, min(waiting, BATCH_RUNS, smallest_cap // 4))
+
+
+def expected_slot_at(now: datetime, position: int, started_per_s: float, waited_s: float,
+                     max_concurrency: int) -> datetime:
+    """When a run still waiting for a slot should come back (pure).
+
+    `position`: how many runs of this process wait ahead of it on the same cap;
+    `started_per_s`: how fast this process's waiting runs got slots while it waited.
+    With slots freeing at that pace, its turn comes after position + 1 of them; when
+    none freed at all in `waited_s`, calls last longer than that, so each round of
+    `max_concurrency` runs is expected to take at least as long again.
+    """
+    if started_per_s > 0:
+        return now + timedelta(seconds=(position + 1) / started_per_s)
+    rounds = position // max(1, max_concurrency) + 1
+    return now + timedelta(seconds=max(waited_s, POLL_S) * rounds)
+
+
+class SlotWaits:
+    """A count of slots released by this process, and a condition to wait on it."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._released = 0
+
+    @property
+    def released(self) -> int:
+        with self._cond:
+            return self._released
+
+    def notify(self, count: int = 1) -> None:
+        with self._cond:
+            self._released += count
+            self._cond.notify_all()
+
+    def wait(self, since: int, timeout_s: float, enough: int = 1) -> int:
+        """Sleep until `enough` slots were released after the count `since`, or for
+        `timeout_s`; returns the count then."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._released - since >= enough, timeout_s)
+            return self._released
+
+
+def pick_runs(waiting: list, free: dict[str, int]) -> tuple[list, list]:
+    """(runs to try now, runs left waiting): in order, a run whose every cap still has
+    a free slot in `free` (cap key -> free slots) is tried and takes one of each."""
+    budget = dict(free)
+    now, later = [], []
+    for entry in waiting:
+        keys = [spec.key for spec in entry[1] if spec.max_concurrency]
+        if all(budget.get(key, 0) > 0 for key in keys):
+            for key in keys:
+                budget[key] -= 1
+            now.append(entry)
+        else:
+            later.append(entry)
+    return now, later
+
+
+class SlotReleaser:
+    """Gives concurrency slots back as calls end, batched, then wakes the waiters.
+
+    Call threads `put` what they hold; one thread releases everything queued so far
+    in one round trip (`release`) and notifies `waits`. A failed release is only
+    logged: the slots' leases run out by themselves.
+    """
+
+    def __init__(self, release: Callable[[list], None], waits: SlotWaits):
+        self._release = release
+        self._waits = waits
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="slot-releaser", daemon=True)
+        self._thread.start()
+
+    def put(self, item) -> None:
+        self._queue.put(item)
+
+    def put_many(self, items: Iterable) -> None:
+        for item in items:
+            self._queue.put(item)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout_s)
+
+    def _loop(self) -> None:
+        while True:
+            first = self._queue.get()
+            items, stopping = ([] if first is None else [first]), first is None
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stopping = True
+                else:
+                    items.append(item)
+            if items:
+                try:
+                    self._release(items)
+                except Exception:  # a slot's lease runs out on its own
+                    log.exception("releasing %d concurrency slots failed", len(items))
+                self._waits.notify(len(items))
+            if stopping:
+                return

@@ -1,0 +1,154 @@
+"""Limits in the worker engine on real Postgres and Redis: a cap bounds calls in
+flight (and the next run starts when one ends), held runs spend no attempt, a run
+waiting behind a cap keeps its lease, a rate holds a run once."""
+from __future__ import annotations
+
+import dataclasses
+import time
+from datetime import timedelta
+
+import pytest
+
+from app.core.timefmt import utcnow
+from app.pollers.claim import claim_batch
+from app.pollers.janitor import expire
+from app.registry.engines import registry_for
+from app.services.owners import create_key
+from app.worker.context import WorkerContext
+from tests.rows import insert_jobs, job, job_row, runs_of, webhook_target
+from tests.sink import Answer, Sink
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def sink():
+    server = Sink()
+    yield server
+    server.close()
+
+
+def make_env(pg_settings, truncate, **overrides):
+    truncate()
+    overrides = {"heartbeat_s": 0.5, "target_max_concurrency": 0, **overrides}
+    settings = dataclasses.replace(pg_settings, **overrides)
+    registry = registry_for(settings)
+    create_key(registry, "tests")
+    return WorkerContext(settings), registry
+
+
+@pytest.fixture
+def contexts():
+    made = []
+    yield made
+    for context in made:
+        context.close(10)
+
+
+def due_now(registry, rows) -> None:
+    insert_jobs(registry, rows)
+
+
+def claim_due(registry) -> list:
+    found = []
+    for shard in range(registry.settings.shards):
+        found += claim_batch(registry.engine_for_shard(shard), shard, utcnow(), registry.settings).runs
+    return found
+
+
+def capped(sink, path: str, cap: int, **limits) -> dict:
+    return webhook_target(sink.url(path), limits={"key": path, "max_concurrency": cap, **limits})
+
+
+def test_a_cap_bounds_calls_in_flight_and_the_next_run_starts_when_one_ends(pg_settings, truncate, sink,
+                                                                            contexts):
+    context, registry = make_env(pg_settings, truncate, lease_s=30.0)  # waits up to 2 s for a slot
+    contexts.append(context)
+    call_s = 0.1
+    sink.script("/cap2", [Answer(200, delay_s=call_s)])
+    rows = [job_row(16, run_at=utcnow() - timedelta(seconds=1), target=capped(sink, "/cap2", 2))
+            for _ in range(6)]
+    due_now(registry, rows)
+
+    report = context.dispatcher.dispatch(claim_due(registry))
+
+    # Every run started in this dispatch: none was put off, none waited for a schedule.
+    assert (report.started, report.held) == (6, 0)
+    arrivals = sorted(call.at for call in sink.wait_for(6, "/cap2"))
+    # Never more than 2 in flight: the third call arrives only after the first answered.
+    assert all(later >= earlier + call_s for earlier, later in zip(arrivals, arrivals[2:], strict=False))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(job(registry, r["job_id"])["state"] != "completed"
+                                              for r in rows):
+        time.sleep(0.05)
+    assert all(len(runs_of(registry, r["job_id"])) == 1 for r in rows)
+
+
+def test_runs_still_waiting_for_a_slot_are_put_off_once_without_spending_an_attempt(
+        pg_settings, truncate, sink, contexts):
+    context, registry = make_env(pg_settings, truncate, lease_s=3.0)  # waits up to 0.3 s for a slot
+    contexts.append(context)
+    sink.script("/cap1", [Answer(200, delay_s=-1)])  # answers when released
+    rows = [job_row(16, run_at=utcnow() - timedelta(seconds=1), target=capped(sink, "/cap1", 1))
+            for _ in range(3)]
+    due_now(registry, rows)
+
+    report = context.dispatcher.dispatch(claim_due(registry))
+
+    assert (report.started, report.held) == (1, 2)
+    waiting = [j for j in (job(registry, r["job_id"]) for r in rows) if j["state"] == "scheduled"]
+    assert len(waiting) == 2
+    assert all(j["attempt"] == 0 and j["misfire_exempt"] and j["lease_token"] is None for j in waiting)
+    assert all(runs_of(registry, j["job_id"]) == [] for j in waiting)  # no attempt recorded
+    assert all(j["next_run_at"] > utcnow() for j in waiting)
+    sink.release.set()
+
+
+def test_no_lease_expires_while_runs_wait_behind_a_cap_longer_than_the_lease(pg_settings, truncate, sink,
+                                                                             contexts):
+    """Five 1 s calls behind a cap of 1 take 5 s; the lease is 2 s. The runs wait in the
+    worker or in the registry, never holding a lease they cannot keep."""
+    context, registry = make_env(pg_settings, truncate, lease_s=2.0, claim_ahead_s=0.0)
+    contexts.append(context)
+    sink.script("/slow", [Answer(200, delay_s=1.0)])
+    rows = [job_row(16, run_at=utcnow() - timedelta(seconds=1), target=capped(sink, "/slow", 1))
+            for _ in range(5)]
+    due_now(registry, rows)
+    expired = 0
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        context.dispatcher.dispatch(claim_due(registry))
+        expired += sum(expire(registry.engine_for_shard(shard), shard, utcnow(), registry.settings)
+                       for shard in range(16))
+        if all(job(registry, r["job_id"])["state"] == "completed" for r in rows):
+            break
+        time.sleep(0.1)
+    assert expired == 0
+    for row in rows:
+        [run] = runs_of(registry, row["job_id"])
+        assert run["state"] == "succeeded" and run["attempt"] == 1
+    assert len(sink.calls("/slow")) == 5
+
+
+def test_a_run_held_by_a_rate_starts_at_its_turn_without_a_second_hold(pg_settings, truncate, sink, contexts):
+    context, registry = make_env(pg_settings, truncate, lease_s=30.0, claim_ahead_s=0.0)
+    contexts.append(context)
+    target = webhook_target(sink.url("/rate"), limits={"key": "rate", "rate_per_s": 4})
+    rows = [job_row(16, run_at=utcnow() - timedelta(seconds=1), target=target) for _ in range(12)]
+    due_now(registry, rows)
+    first = context.dispatcher.dispatch(claim_due(registry))
+    assert (first.started, first.held) == (4, 8)
+    # Newcomers arrive while the held runs wait for their turns.
+    late = [job_row(16, run_at=utcnow(), target=target) for _ in range(4)]
+    due_now(registry, late)
+    holds = first.held
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        report = context.dispatcher.dispatch(claim_due(registry))
+        holds += report.held
+        if all(job(registry, r["job_id"])["state"] == "completed" for r in rows + late):
+            break
+        time.sleep(0.02)
+    # 8 held at first, 4 newcomers held behind them; none of them held a second time.
+    assert holds == 12
+    assert len(sink.calls("/rate")) == 16

@@ -1,0 +1,119 @@
+"""Waiting in the worker for a concurrency slot: the pure estimate, the waiter's
+wake-ups and the releaser (threads, no I/O)."""
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+from app.limits import LimitSpec
+from app.worker.slot_wait import (
+    BATCH_RUNS,
+    MAX_WAIT_S,
+    POLL_S,
+    SlotReleaser,
+    SlotWaits,
+    batch_size,
+    expected_slot_at,
+    pick_runs,
+    wait_budget_s,
+)
+
+NOW = datetime(2026, 12, 1, tzinfo=UTC)
+
+
+def test_the_wait_is_short_and_well_inside_the_lease():
+    assert wait_budget_s(60) == MAX_WAIT_S
+    assert wait_budget_s(3) == 0.3
+
+
+def test_runs_come_back_in_turn_at_the_pace_slots_freed():
+    # 10 slots a second went to waiting runs: the 1st run left comes back in 0.1 s, the 20th in 2 s.
+    assert expected_slot_at(NOW, 0, 10.0, 2.0, 4) == NOW + timedelta(seconds=0.1)
+    assert expected_slot_at(NOW, 19, 10.0, 2.0, 4) == NOW + timedelta(seconds=2.0)
+
+
+def test_when_no_slot_freed_each_round_of_the_cap_takes_at_least_the_wait():
+    times = [expected_slot_at(NOW, position, 0.0, 2.0, 4) for position in range(9)]
+    assert times == [NOW + timedelta(seconds=s) for s in [2.0] * 4 + [4.0] * 4 + [6.0]]
+    assert expected_slot_at(NOW, 0, 0.0, 0.0, 4) == NOW + timedelta(seconds=POLL_S)  # never "now"
+
+
+def test_a_batch_is_worth_a_try_sooner_behind_a_small_cap():
+    assert batch_size(waiting=500, smallest_cap=200) == BATCH_RUNS
+    assert batch_size(waiting=5, smallest_cap=200) == 5  # every run waiting
+    assert batch_size(waiting=76, smallest_cap=20) == 5
+    assert batch_size(waiting=76, smallest_cap=4) == 1  # each freed slot counts
+
+
+def test_a_waiter_wakes_on_a_release_it_has_not_seen():
+    waits = SlotWaits()
+    seen = waits.released
+    woke = threading.Event()
+
+    def waiter():
+        waits.wait(seen, 30)
+        woke.set()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    waits.notify()
+    assert woke.wait(10)
+    thread.join()
+
+
+def test_a_waiter_sleeps_until_enough_slots_were_released():
+    waits = SlotWaits()
+    seen = waits.released
+    waits.notify(2)
+    assert waits.wait(seen, 0.01, enough=3) == seen + 2  # not enough: it slept its timeout
+    waits.notify(1)
+    assert waits.wait(seen, 30, enough=3) == seen + 3  # enough: at once
+
+
+def test_only_as_many_waiting_runs_are_tried_as_their_caps_have_free_slots():
+    own, shared = LimitSpec("own", max_concurrency=2), LimitSpec("all", max_concurrency=10)
+    waiting = [(f"r{i}", [own, shared]) for i in range(4)] + [("other", [shared])]
+    now, later = pick_runs(waiting, {"own": 1, "all": 2})
+    assert [name for name, _ in now] == ["r0", "other"]
+    assert [name for name, _ in later] == ["r1", "r2", "r3"]
+    assert pick_runs(waiting, {}) == ([], waiting)
+
+
+def test_a_release_before_the_wait_is_not_lost():
+    waits = SlotWaits()
+    seen = waits.released
+    waits.notify()  # a call ended between the limiter's answer and the wait
+    assert waits.wait(seen, 30) == seen + 1  # returns at once
+
+
+def test_the_releaser_releases_in_batches_then_wakes_the_waiters():
+    waits = SlotWaits()
+    released: list[list] = []
+    gate = threading.Event()
+
+    def release(items):
+        gate.wait(10)
+        released.append(items)
+
+    releaser = SlotReleaser(release, waits)
+    seen = waits.released
+    releaser.put("first")
+    releaser.put_many(["second", "third"])
+    gate.set()
+    waits.wait(seen, 10)
+    releaser.stop()
+    assert [item for batch in released for item in batch] == ["first", "second", "third"]
+    assert len(released) <= 2 and waits.released > seen
+
+
+def test_a_failed_release_still_wakes_the_waiters():
+    waits = SlotWaits()
+    seen = waits.released
+
+    def release(items):
+        raise ConnectionError("redis is away")
+
+    releaser = SlotReleaser(release, waits)
+    releaser.put("slot")
+    assert waits.wait(seen, 10) > seen
+    releaser.stop()
