@@ -32,7 +32,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("PUNCTUAL_REDIS_URL", "", "Redis for rate limits and concurrency caps (default: in-process)"),
     Variable("PUNCTUAL_POLL_INTERVAL_S", "1", "how often beat asks each shard's poller to claim"),
     Variable("PUNCTUAL_LEASE_S", "20",
-             "lease of a run in flight, renewed by the heartbeat; a claimed run may wait 3 leases to start"),
+             "lease of a run in flight, renewed by the heartbeat; a claimed run may wait 30 leases to start"),
     Variable("PUNCTUAL_HEARTBEAT_S", "5", "lease extension interval while a call is in flight"),
     Variable("PUNCTUAL_MISFIRE_GRACE_S", "60", "lateness after which an occurrence counts as missed"),
     Variable("PUNCTUAL_ALLOW_PRIVATE_TARGETS", "0", "allow loopback/private target addresses"),

@@ -90,15 +90,17 @@ def due_jobs(shard: int, horizon: datetime, limit: int, lock: bool = True) -> sa
 
 # A claimed run waits in the broker for up to this many leases before the janitor
 # takes it back. It has not been called (a start comes before every call), so taking
-# it back early would only send it again behind itself under a long backlog; once it
-# starts, its lease is PUNCTUAL_LEASE_S, renewed by the heartbeat. A message lost
-# with its worker is handed on by the broker, not by this lease.
-QUEUED_LEASES = 3
+# it back early would only send it again behind itself under a long backlog: a
+# 100,000-run burst on a 2-core box keeps runs queued for minutes. Once it starts, its
+# lease is PUNCTUAL_LEASE_S, renewed by the heartbeat. A message whose worker died is
+# handed on by the broker (acks_late), and a dispatch that cannot reach the registry
+# gives its message back, so this lease only covers a message the broker itself lost.
+QUEUED_LEASES = 30
 
 
 def queued_lease_s(settings: Settings) -> float:
     """How long a claimed run may wait to start (from its fire instant) before its
-    lease expires: QUEUED_LEASES x PUNCTUAL_LEASE_S (60 s with the default 20 s)."""
+    lease expires: QUEUED_LEASES x PUNCTUAL_LEASE_S (600 s with the default 20 s)."""
     return settings.lease_s * QUEUED_LEASES
 
 
