@@ -28,9 +28,9 @@ def load_settings():
 @click.command()
 def migrate() -> None:
     """Create or upgrade the schema on every physical shard (safe to repeat)."""
-    from app.registry.migrate import migrate_all
-
     import sqlalchemy as sa
+
+    from app.registry.migrate import migrate_all
 
     settings = load_settings()
     log = start_logging("migrate", settings)

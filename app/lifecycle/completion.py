@@ -20,21 +20,21 @@ from __future__ import annotations
 import random
 import uuid
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Callable, Iterable, Sequence
 
 import sqlalchemy as sa
 
 from app import metrics
-from app.registry.bulk import insert_many, key_in, update_many
-from app.registry.records import run_row
-from app.registry.engines import Registry
 from app.core.retries import CallOutcome
-from app.registry.schema import jobs, runs
 from app.lifecycle.message import DispatchRun
 from app.lifecycle.settlement import Attempt, Settlement, settle
+from app.registry.bulk import insert_many, key_in, update_many
 from app.registry.dialect import locks_rows
+from app.registry.engines import Registry
+from app.registry.records import run_row
+from app.registry.schema import jobs, runs
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class CompletionReport:
     applied: int = 0
     stale: int = 0
 
-    def __add__(self, other: "CompletionReport") -> "CompletionReport":
+    def __add__(self, other: CompletionReport) -> CompletionReport:
         return CompletionReport(self.applied + other.applied, self.stale + other.stale)
 
 

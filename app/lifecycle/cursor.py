@@ -8,14 +8,15 @@ during a run applies from the next occurrence.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any
 
 from app.core import jitter
 from app.core.misfire import Occurrence
-from app.registry.records import dst_of, schedule_of
 from app.core.schedules import next_fire
+from app.registry.records import dst_of, schedule_of
 
 
 @dataclass(frozen=True)

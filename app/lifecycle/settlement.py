@@ -20,12 +20,13 @@ are docs/design.md's "Completion of a schedule run" and "Off-schedule runs":
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable, Mapping
+from typing import Any
 
-from app.lifecycle.cursor import advance
 from app.core.retries import CallOutcome, RetryPolicy, decide_retry
+from app.lifecycle.cursor import advance
 
 LEASE_EXPIRED = "lease expired"
 

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
+from app.registry.dialect import is_postgres
 from app.registry.engines import Registry
 from app.registry.schema import limit_keys
-from app.registry.dialect import is_postgres
 
 CACHE_TTL_S = 5.0
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from app.settings import Settings
 from app.registry.sharding import queue_name
+from app.settings import Settings
 
 POLL_TASK = "punctual.poll"
 SWEEP_TASK = "punctual.sweep"

@@ -15,19 +15,19 @@ hold their own).
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from datetime import datetime
-from typing import Callable
 
 import sqlalchemy as sa
 
 from app import metrics
 from app.core.retries import CallOutcome
-from app.registry.schema import jobs, runs
-from app.settings import Settings
 from app.lifecycle.completion import Finished, apply
 from app.lifecycle.message import DispatchRun
 from app.lifecycle.settlement import LEASE_EXPIRED
 from app.registry.dialect import locks_rows
+from app.registry.schema import jobs, runs
+from app.settings import Settings
 
 BATCH = 500
 EXPIRED = CallOutcome(error=LEASE_EXPIRED, retryable_error=True)

@@ -22,10 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Mapping
 
-from app.lifecycle.cursor import advance
 from app.core.misfire import Occurrence, decide_misfire, find_backlog
+from app.lifecycle.cursor import advance
 from app.registry.records import Row, dst_of, schedule_of
 
 RUN_ALL_CAP = 1000

@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 from app.registry.transient import FIRST_PAUSE_S, MAX_PAUSE_S
 

@@ -11,8 +11,8 @@ import os
 import threading
 from functools import cached_property
 
-from app.services.owners import OwnerDirectory
 from app.registry.engines import Registry, registry_for
+from app.services.owners import OwnerDirectory
 from app.settings import Settings, get_settings
 
 

@@ -12,7 +12,8 @@ import logging
 import threading
 import time
 import uuid
-from typing import Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 log = logging.getLogger("punctual.heartbeat")

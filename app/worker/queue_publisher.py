@@ -28,8 +28,8 @@ from typing import Any
 from amqp.exceptions import MessageNacked
 from kombu import Connection, Exchange, Producer
 
-from app.core.retries import CallOutcome
 from app.core.delivery import delivery_headers, encode_payload
+from app.core.retries import CallOutcome
 
 __all__ = ["EXCHANGE", "QueueCall", "QueuePublisher"]
 
