@@ -19,22 +19,26 @@ end holds nothing until a move gives it shards.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Sequence
 
 import sqlalchemy as sa
 
-from app.registry.schema import punctual_cluster, punctual_database, shard_map
+from app.registry.schema import cluster_databases, punctual_cluster, punctual_database, shard_map
 
-# A move's steps, in order (app.registry.mover). While a shard is `fenced` its
-# pollers do not claim and its rows refuse writes on the database it leaves.
-MOVE_STEPS = ("copying", "fenced", "switched")
+# A move's steps are MOVE_STEPS, in order (app.registry.mover). While a shard is
+# `fenced` its pollers do not claim and its rows refuse writes where it was.
 FENCED_STEPS = ("fenced",)
 
 
 class ShardMapError(Exception):
     """The DSN list and the stored map disagree: one line, naming the database."""
+
+
+class MapUnavailable(ShardMapError):
+    """The map cannot be read now (the home does not answer): not a refusal; a
+    process starts and reads it when the home is back."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,7 @@ class ShardMap:
     home_id: uuid.UUID
     version: int
     placements: tuple[Placement, ...]  # index = logical shard
+    created_index: dict | None = None  # database_id -> its place in the list when stamped (cluster_databases)
 
     @property
     def shards(self) -> int:
@@ -75,7 +80,6 @@ class Routing:
     identities: tuple[Identity, ...]  # index = DSN index
     shard_index: tuple[int, ...]  # logical shard -> DSN index
     home_index: int
-    _by_id: dict = field(default_factory=dict, compare=False, repr=False)
 
     def index_of_database(self, database_id: uuid.UUID) -> int | None:
         for index, identity in enumerate(self.identities):
@@ -105,23 +109,37 @@ def _shard_list(shards: Sequence[int]) -> str:
     return ",".join(str(s) for s in shards) if shards else "none"
 
 
-def find_home(identities: Sequence[Identity | None]) -> int:
-    """The DSN index of the home database, or ShardMapError."""
+class Unreachable:
+    """Stands for the identity of a DSN that did not answer when the map was read."""
+
+    def __repr__(self) -> str:
+        return "UNREACHABLE"
+
+
+UNREACHABLE = Unreachable()
+
+
+def find_home(identities: Sequence[Identity | None | Unreachable]) -> int:
+    """The DSN index of the home database, or ShardMapError. Unreachable DSNs are
+    left out; the home must answer (the map is there)."""
     for index, identity in enumerate(identities):
         if identity is None:
             raise ShardMapError(
                 f"PUNCTUAL_DATABASE_URLS[{index}] is not a migrated Punctual database: run `punctual migrate`"
             )
-    first = identities[0]
-    for index, identity in enumerate(identities):
+    answered = [(i, x) for i, x in enumerate(identities) if isinstance(x, Identity)]
+    if not answered:
+        raise MapUnavailable("no database in PUNCTUAL_DATABASE_URLS answers")
+    first_index, first = answered[0]
+    for index, identity in answered:
         if identity.cluster_id != first.cluster_id:
             raise ShardMapError(
                 f"PUNCTUAL_DATABASE_URLS[{index}] is database {short(identity.database_id)} of cluster "
-                f"{short(identity.cluster_id)}, but PUNCTUAL_DATABASE_URLS[0] belongs to cluster "
+                f"{short(identity.cluster_id)}, but PUNCTUAL_DATABASE_URLS[{first_index}] belongs to cluster "
                 f"{short(first.cluster_id)}: one list must name one cluster's databases"
             )
     seen: dict[uuid.UUID, int] = {}
-    for index, identity in enumerate(identities):
+    for index, identity in answered:
         if identity.database_id in seen:
             raise ShardMapError(
                 f"PUNCTUAL_DATABASE_URLS[{seen[identity.database_id]}] and [{index}] are the same database "
@@ -130,7 +148,13 @@ def find_home(identities: Sequence[Identity | None]) -> int:
         seen[identity.database_id] = index
     home = seen.get(first.home_id)
     if home is None:
-        listed = ", ".join(short(i.database_id) for i in identities)
+        listed = ", ".join(short(i.database_id) for _index, i in answered)
+        unanswered = [str(i) for i, x in enumerate(identities) if x is UNREACHABLE]
+        if unanswered:
+            raise MapUnavailable(
+                f"the home database {short(first.home_id)} (owners, API keys, the shard map) does not answer "
+                f"(PUNCTUAL_DATABASE_URLS[{','.join(unanswered)}] unreachable)"
+            )
         raise ShardMapError(
             f"the home database {short(first.home_id)} (owners, API keys, the shard map) is not in "
             f"PUNCTUAL_DATABASE_URLS (it lists {listed}): add its DSN back"
@@ -138,9 +162,28 @@ def find_home(identities: Sequence[Identity | None]) -> int:
     return home
 
 
-def route(identities: Sequence[Identity | None], shard_map_value: ShardMap, shards: int) -> Routing:
+def stand_ins(identities: Sequence[Identity | None | Unreachable], value: ShardMap) -> list[Identity | None]:
+    """Identities with each unreachable DSN taken for the cluster's database that was
+    stamped at its place in the list and that no answering DSN is (None if none is):
+    its shards are then reported down, not refused, until it answers."""
+    home = next(x for x in identities if isinstance(x, Identity))
+    answered = {x.database_id for x in identities if isinstance(x, Identity)}
+    filled: list[Identity | None] = []
+    for index, identity in enumerate(identities):
+        if identity is not UNREACHABLE:
+            filled.append(identity)
+            continue
+        guess = [d for d, i in (value.created_index or {}).items() if i == index and d not in answered]
+        filled.append(Identity(guess[0], home.cluster_id, home.home_id, index) if len(guess) == 1 else None)
+    return filled
+
+
+def route(identities: Sequence[Identity | None | Unreachable], shard_map_value: ShardMap, shards: int) -> Routing:
     """Resolve the stored map against the DSN list, or refuse with one line."""
     home = find_home(identities)
+    if any(x is UNREACHABLE for x in identities):
+        identities = stand_ins(identities, shard_map_value)
+        find_home(identities)  # an unreachable DSN no database stands for: "not migrated"
     known: tuple[Identity, ...] = tuple(identities)  # find_home refused any None
     if shard_map_value.shards != shards:
         raise ShardMapError(
@@ -204,7 +247,8 @@ def read_map(conn: sa.Connection) -> ShardMap | None:
     placements = tuple(Placement(r["database_id"], r["move_peer"], r["move_step"]) for r in rows)
     if [r["shard"] for r in rows] != list(range(len(rows))):
         raise ShardMapError("the shard map on the home database is damaged: its shards are not 0..N-1")
-    return ShardMap(cluster["cluster_id"], cluster["home_id"], cluster["map_version"], placements)
+    created = dict(conn.execute(sa.select(cluster_databases.c.database_id, cluster_databases.c.created_index)).all())
+    return ShardMap(cluster["cluster_id"], cluster["home_id"], cluster["map_version"], placements, created)
 
 
 def write_identity(conn: sa.Connection, identity: Identity, now: datetime) -> None:
@@ -223,6 +267,15 @@ def write_new_map(conn: sa.Connection, value: ShardMap, now: datetime) -> None:
         {"shard": s, "database_id": p.database_id, "move_peer": None, "move_step": None, "updated_at": now}
         for s, p in enumerate(value.placements)
     ])
+
+
+def record_databases(conn: sa.Connection, identities: Sequence[Identity], now: datetime) -> None:
+    """On the home: every database of the cluster and its place when stamped (idempotent)."""
+    known = set(conn.execute(sa.select(cluster_databases.c.database_id)).scalars())
+    fresh = [{"database_id": i.database_id, "created_index": i.created_index, "created_at": now}
+             for i in identities if i.database_id not in known]
+    if fresh:
+        conn.execute(cluster_databases.insert(), fresh)
 
 
 def set_placement(conn: sa.Connection, shard: int, placement: Placement, now: datetime) -> None:
@@ -279,7 +332,10 @@ def establish(engines: Sequence[sa.Engine], shards: int, now: datetime | None = 
         with engines[home_index].begin() as conn:
             if read_map(conn) is None:
                 write_new_map(conn, value, now)
-                done.append(f"shard map written: {shards} shards over {len(ids)} databases (shard s on database s mod {len(ids)})")
+                done.append(f"shard map written: {shards} shards over {len(ids)} databases "
+                            f"(shard s on PUNCTUAL_DATABASE_URLS[s mod {len(ids)}])")
+    with engines[home_index].begin() as conn:
+        record_databases(conn, identities, now)
     route(identities, _read_map_of(engines[home_index]), shards)  # the same check every process makes
     return done
 

@@ -48,6 +48,13 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("cluster_id", name="pk_punctual_cluster"),
     )
     op.create_table(
+        "cluster_databases",
+        sa.Column("database_id", sa.Uuid(), nullable=False),
+        sa.Column("created_index", sa.Integer(), nullable=False),
+        sa.Column("created_at", UTCDateTime(), nullable=False),
+        sa.PrimaryKeyConstraint("database_id", name="pk_cluster_databases"),
+    )
+    op.create_table(
         "shard_map",
         sa.Column("shard", sa.SmallInteger(), autoincrement=False, nullable=False),
         sa.Column("database_id", sa.Uuid(), nullable=False),
