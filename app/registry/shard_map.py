@@ -18,6 +18,7 @@ end holds nothing until a move gives it shards.
 """
 from __future__ import annotations
 
+import contextlib
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -25,6 +26,7 @@ from typing import Sequence
 
 import sqlalchemy as sa
 
+from app.registry.dialect import is_postgres
 from app.registry.schema import cluster_databases, punctual_cluster, punctual_database, shard_map
 
 # A move's steps are MOVE_STEPS, in order (app.registry.mover). While a shard is
@@ -297,6 +299,28 @@ def establish(engines: Sequence[sa.Engine], shards: int, now: datetime | None = 
     is never rewritten here; a DSN without an identity is a new, empty database.
     """
     now = now or datetime.now(timezone.utc)
+    with _migrate_lock(engines[0]):
+        return _establish(engines, shards, now)
+
+
+@contextlib.contextmanager
+def _migrate_lock(engine: sa.Engine):
+    """Two `punctual migrate` at once (compose restarts, two operators) take turns, or
+    both would stamp the same new database with a different identity."""
+    if not is_postgres(engine):
+        yield
+        return
+    with engine.connect() as conn:
+        conn.execute(sa.text("SELECT pg_advisory_lock(7710226)"))
+        conn.commit()
+        try:
+            yield
+        finally:
+            conn.execute(sa.text("SELECT pg_advisory_unlock(7710226)"))
+            conn.commit()
+
+
+def _establish(engines: Sequence[sa.Engine], shards: int, now: datetime) -> list[str]:
     identities = [read_identity(engine) for engine in engines]
     done: list[str] = []
     known = [i for i in identities if i is not None]
