@@ -186,21 +186,27 @@ def _drop_fence(engine: sa.Engine, shard: int) -> None:
 
 
 def _wait_for_older_writers(engine: sa.Engine, timeout_s: float = OLDER_WRITERS_TIMEOUT_S) -> None:
-    """Wait until every transaction that began before now has ended, so none of them
-    wrote without seeing a fence just committed (as CREATE INDEX CONCURRENTLY waits)."""
+    """Wait until every transaction of this database that had written when the fence
+    was committed has ended (as CREATE INDEX CONCURRENTLY waits). A writer whose
+    statement ends later runs the fence trigger after it, and the trigger's query
+    sees the fence: it is refused (fenced) or its keys are recorded (tracking)."""
+    writers = sa.text(
+        "SELECT pid, backend_xid::text FROM pg_stat_activity WHERE datname = current_database() "
+        "AND backend_xid IS NOT NULL AND pid <> pg_backend_pid()"
+    )
     deadline = time.monotonic() + timeout_s
     with engine.connect() as conn:
-        mark = conn.execute(sa.text("SELECT txid_current()")).scalar_one()
+        older = set(conn.execute(writers).all())
         conn.commit()
-        while True:
-            oldest = conn.execute(sa.text("SELECT txid_snapshot_xmin(txid_current_snapshot())")).scalar_one()
+        while older:
+            older &= set(conn.execute(writers).all())
             conn.commit()
-            if oldest > mark:
+            if not older:
                 return
             if time.monotonic() > deadline:
                 raise MoveError(
                     f"a transaction older than the fence is still open after {timeout_s:g} s "
-                    f"(see pg_stat_activity); run the move again later"
+                    f"(pids {', '.join(str(pid) for pid, _xid in sorted(older))}); run the move again later"
                 )
             time.sleep(0.02)
 
