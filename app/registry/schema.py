@@ -192,7 +192,7 @@ sa.Index(
     sqlite_where=runs.c.state == "dead",
 )
 
-# Owners and keys live on the physical DSN of logical shard 0 (the "home" DSN).
+# Owners and keys live on the home database (the shard map names it: app.registry.shard_map).
 owners = sa.Table(
     "owners",
     metadata,
