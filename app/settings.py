@@ -45,7 +45,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("PUNCTUAL_DISPATCH_THREADS", "256", "concurrent target calls per worker process"),
     Variable("PUNCTUAL_DB_POOL_SIZE", "10", "connections per physical shard per process"),
     Variable("PUNCTUAL_REDIS_PREFIX", "punctual", "prefix of every Redis key Punctual writes"),
-    Variable("PUNCTUAL_HISTORY_DAYS", "30", "days run history and dead letters are kept after they finish (fractions allowed)"),
+    Variable("PUNCTUAL_HISTORY_DAYS", "30",
+             "days run history and dead letters are kept after they finish (fractions allowed)"),
     Variable("PUNCTUAL_METRICS_PORT", "0",
              "port where a worker serves Prometheus metrics for all its processes (0 = off)"),
     Variable("PUNCTUAL_LOG_FORMAT", "text", "text, or json for one JSON object per line (every process)"),
@@ -112,7 +113,8 @@ def _claim_ahead(raw: str) -> float:
 def _history_days(raw: str) -> float:
     value = _number("PUNCTUAL_HISTORY_DAYS", raw, float)
     if not math.isfinite(value) or value <= 0:
-        raise SettingsError(f"PUNCTUAL_HISTORY_DAYS={raw!r}: must be a number of days above 0 (say 30, or 0.5)")
+        raise SettingsError(
+            f"PUNCTUAL_HISTORY_DAYS={raw!r}: must be a number of days above 0 (say 30, or 0.5)")
     return value
 
 

@@ -9,6 +9,9 @@ jobs that are all due, then time how long the pollers take to claim every one.
 - code: app.pollers.claim.claim_batch, as a poll tick calls it (the SELECT ... FOR
   UPDATE SKIP LOCKED, the plan of each row, the batched UPDATE of jobs and INSERT
   of run rows, one transaction), and the DispatchRun list it returns;
+- code-unfenced (with --fence-triggers): the same code with the shard-move fence
+  triggers of migration 0003 dropped, alternated with `code`: what the triggers cost
+  a claim when no shard is moving;
 - bare: one statement doing the same writes (a CTE: the same SELECT, the UPDATE of
   jobs, the INSERT of run rows RETURNING what a dispatch message needs), sent
   through the driver (psycopg) with no Python around it but the loop.
@@ -21,6 +24,7 @@ shared and noisy). JSON to bench/results/.
 from __future__ import annotations
 
 import argparse
+import importlib
 import multiprocessing
 import os
 import time
@@ -113,6 +117,9 @@ def measure(stack: Stack, mode: str, jobs: int, batch: int, pollers: int) -> dic
     with engine.begin() as conn:
         conn.exec_driver_sql("TRUNCATE runs")
         conn.exec_driver_sql("DELETE FROM jobs")
+        fence = importlib.import_module("migrations.versions.0003_shard_map")
+        for statement in fence.drop_fence_triggers() + (fence.fence_triggers() if mode != "code-unfenced" else []):
+            conn.exec_driver_sql(statement)
     due = datetime.now(UTC) - timedelta(seconds=1)
     target = webhook_target("http://127.0.0.1:9/claim")
     insert_jobs(
@@ -120,10 +127,8 @@ def measure(stack: Stack, mode: str, jobs: int, batch: int, pollers: int) -> dic
         [job_row(16, owner=stack.owner, run_at=due, target=target, payload={"n": i}) for i in range(jobs)],
     )
     start_at = time.time() + 1.0
-    work = [
-        ("code" if mode == "code" else "bare", stack.dsns[0], list(range(p, 16, pollers)), batch, start_at)
-        for p in range(pollers)
-    ]
+    work = [("bare" if mode == "bare" else "code", stack.dsns[0], list(range(p, 16, pollers)), batch, start_at)
+            for p in range(pollers)]
     with multiprocessing.get_context("fork").Pool(pollers) as pool:
         result = pool.map_async(_poller, work)
         time.sleep(max(0.0, start_at - time.time()))
@@ -148,46 +153,34 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=10000, help="due jobs per measurement")
     parser.add_argument("--batches", default="100,500,1000")
     parser.add_argument("--pollers", default="1,2,4")
-    parser.add_argument(
-        "--repeat", type=int, default=3, help="alternated bare/code measurements; medians are reported"
-    )
+    parser.add_argument("--repeat", type=int, default=3, help="alternated bare/code measurements; medians are reported")
+    parser.add_argument("--fence-triggers", action="store_true",
+                        help="also measure the code with the fence triggers dropped (code-unfenced)")
     args = parser.parse_args()
     load_before = os.getloadavg()
     rows = []
     with Stack(physical=1) as stack:
         for batch in [int(b) for b in args.batches.split(",")]:
             for pollers in [int(p) for p in args.pollers.split(",")]:
-                tries = {"bare": [], "code": []}
+                modes = ("bare", "code") + (("code-unfenced",) if args.fence_triggers else ())
+                tries = {mode: [] for mode in modes}
                 for _ in range(args.repeat):  # alternated, so drift in the box's load hits both
-                    for mode in ("bare", "code"):
+                    for mode in modes:
                         tries[mode].append(measure(stack, mode, args.jobs, batch, pollers))
                 code = median(t["rows_per_s"] for t in tries["code"])
                 bare = median(t["rows_per_s"] for t in tries["bare"])
-                rows.append(
-                    {
-                        "batch": batch,
-                        "pollers": pollers,
-                        "code_rows_per_s": round(code),
-                        "bare_rows_per_s": round(bare),
-                        "bare_over_code": round(bare / code, 2),
-                        "tries": tries,
-                    }
-                )
-                print(
-                    f"batch {batch:5}  pollers {pollers}  code {code:7,.0f} rows/s  "
-                    f"bare {bare:7,.0f} rows/s  "
-                    f"bare/code {bare / code:.2f}x   (medians of {args.repeat})",
-                    flush=True,
-                )
-    result = {
-        "jobs_per_measurement": args.jobs,
-        "results": rows,
-        "machine": {
-            **machine(),
-            "load_average_before": [round(x, 2) for x in load_before],
-            "load_average_after": [round(x, 2) for x in os.getloadavg()],
-        },
-    }
+                row = {"batch": batch, "pollers": pollers, "code_rows_per_s": round(code),
+                       "bare_rows_per_s": round(bare), "bare_over_code": round(bare / code, 2), "tries": tries}
+                unfenced = ""
+                if args.fence_triggers:
+                    row["code_unfenced_rows_per_s"] = round(median(t["rows_per_s"] for t in tries["code-unfenced"]))
+                    unfenced = f"  code without fence triggers {row['code_unfenced_rows_per_s']:7,.0f} rows/s"
+                rows.append(row)
+                print(f"batch {batch:5}  pollers {pollers}  code {code:7,.0f} rows/s  bare {bare:7,.0f} rows/s  "
+                      f"bare/code {bare / code:.2f}x{unfenced}   (medians of {args.repeat})", flush=True)
+    result = {"jobs_per_measurement": args.jobs, "results": rows,
+              "machine": {**machine(), "load_average_before": [round(x, 2) for x in load_before],
+                          "load_average_after": [round(x, 2) for x in os.getloadavg()]}}
     path = write_result("claim", result)
     print(
         f"load average {result['machine']['load_average_before'][0]} -> "

@@ -72,5 +72,6 @@ def shard_census(registry: Registry, now: datetime) -> list[ShardRow]:
             peer = routing.index_of_database(placement.move_peer)
             move = (f"{placement.move_step}, from {peer}" if placement.move_step == "switched"
                     else f"{placement.move_step}, to {peer}")
-        rows.append(ShardRow(shard, routing.shard_index[shard], total, due_now, oldest, flying.get(shard, 0), move))
+        rows.append(ShardRow(shard, routing.shard_index[shard], total, due_now, oldest, flying.get(shard, 0),
+                             move))
     return rows

@@ -17,7 +17,8 @@ from app.registry.dialect import is_postgres
 EXACT_BELOW = 100_000
 
 
-def counts_by_state(conn: sa.Connection, table: sa.Table, states: tuple[str, ...] | None = None) -> dict[str, int]:
+def counts_by_state(conn: sa.Connection, table: sa.Table,
+                    states: tuple[str, ...] | None = None) -> dict[str, int]:
     """Rows of `table` per value of its `state` column (only `states`, when given)."""
     if is_postgres(conn):
         estimated = _estimate(conn, table.name)

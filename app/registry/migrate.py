@@ -96,7 +96,8 @@ def migrate_all(dsns: tuple[str, ...], *, shards: int,
     return results
 
 
-def establish_cluster(dsns: tuple[str, ...], shards: int, echo: Callable[[str], None] = lambda _line: None) -> None:
+def establish_cluster(dsns: tuple[str, ...], shards: int,
+                      echo: Callable[[str], None] = lambda _line: None) -> None:
     """Give each database its identity and, the first time, write the shard map
     (app.registry.shard_map.establish); `echo` gets a line per thing done. Raises
     ShardMapError when the list and the stored map disagree."""

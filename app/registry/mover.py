@@ -79,7 +79,8 @@ def move_shard(registry: Registry, shard: int, to_index: int, echo: Callable[[st
     if not 0 <= shard < routing.map.shards:
         raise MoveError(f"shard {shard}: there are shards 0 to {routing.map.shards - 1}")
     if not 0 <= to_index < len(routing.identities):
-        raise MoveError(f"--to {to_index}: PUNCTUAL_DATABASE_URLS has indexes 0 to {len(routing.identities) - 1}")
+        last = len(routing.identities) - 1
+        raise MoveError(f"--to {to_index}: PUNCTUAL_DATABASE_URLS has indexes 0 to {last}")
     target_id = routing.identities[to_index].database_id
     placement = routing.map.placements[shard]
     step = placement.move_step
@@ -93,8 +94,8 @@ def move_shard(registry: Registry, shard: int, to_index: int, echo: Callable[[st
         source_id, recorded = _move_ends(placement)
         if recorded != target_id:
             raise MoveError(
-                f"a move of shard {shard} to PUNCTUAL_DATABASE_URLS[{routing.index_of_database(recorded)}] is "
-                f"in progress: run it again with that --to, or `punctual shards move --abort {shard}`"
+                f"a move of shard {shard} to PUNCTUAL_DATABASE_URLS[{routing.index_of_database(recorded)}] "
+                f"is in progress: run it again with that --to, or `punctual shards move --abort {shard}`"
             )
     source_index = routing.index_of_database(source_id)
     source, target = registry.engines[source_index], registry.engines[to_index]
@@ -123,14 +124,16 @@ def move_shard(registry: Registry, shard: int, to_index: int, echo: Callable[[st
         _drop_fence(target, shard)
         _set_step(registry, shard, Placement(target_id, source_id, "switched"))
         fence_s = time.monotonic() - fenced_at
-        echo(f"switched after a fence of {fence_s:.2f} s: {counts[0]:,} jobs, {counts[1]:,} runs on both sides")
+        echo(f"switched after a fence of {fence_s:.2f} s: "
+             f"{counts[0]:,} jobs, {counts[1]:,} runs on both sides")
         step = "switched"
     deleted = _delete_shard(source, shard, batch)
     with source.begin() as conn:
         conn.execute(shard_changes.delete().where(shard_changes.c.shard == shard))
     _set_step(registry, shard, Placement(target_id))
     echo(f"deleted {deleted:,} rows of shard {shard} from PUNCTUAL_DATABASE_URLS[{source_index}]; done")
-    return MoveReport(shard, source_index, to_index, counts[0], counts[1], fence_s, time.monotonic() - started)
+    return MoveReport(shard, source_index, to_index, counts[0], counts[1], fence_s,
+                      time.monotonic() - started)
 
 
 def abort_move(registry: Registry, shard: int, echo: Callable[[str], None] = lambda _l: None) -> None:
@@ -274,7 +277,9 @@ def _apply_changes(source: sa.Engine, target: sa.Engine, shard: int) -> int:
 def _counts(engine: sa.Engine, shard: int) -> tuple[int, int]:
     with engine.connect() as conn:
         return tuple(
-            conn.execute(sa.select(sa.func.count()).select_from(table).where(table.c.shard == shard)).scalar_one()
+            conn.execute(
+                sa.select(sa.func.count()).select_from(table).where(table.c.shard == shard)
+            ).scalar_one()
             for table, _key in TABLES
         )
 
@@ -306,7 +311,8 @@ def _delete_shard(engine: sa.Engine, shard: int, batch: int) -> int:
                 chosen = chosen.where(key > last)
             with engine.begin() as conn:
                 conn.exec_driver_sql(BYPASS)
-                gone = conn.execute(table.delete().where(key.in_(chosen.scalar_subquery())).returning(key)).scalars().all()
+                doomed = table.delete().where(key.in_(chosen.scalar_subquery())).returning(key)
+                gone = conn.execute(doomed).scalars().all()
             if not gone:
                 break
             total += len(gone)

@@ -180,7 +180,8 @@ def stand_ins(identities: Sequence[Identity | None | Unreachable], value: ShardM
     return filled
 
 
-def route(identities: Sequence[Identity | None | Unreachable], shard_map_value: ShardMap, shards: int) -> Routing:
+def route(identities: Sequence[Identity | None | Unreachable], shard_map_value: ShardMap,
+          shards: int) -> Routing:
     """Resolve the stored map against the DSN list, or refuse with one line."""
     home = find_home(identities)
     if any(x is UNREACHABLE for x in identities):
@@ -190,7 +191,8 @@ def route(identities: Sequence[Identity | None | Unreachable], shard_map_value: 
     if shard_map_value.shards != shards:
         raise ShardMapError(
             f"PUNCTUAL_SHARDS={shards}, but the registry's shard map (written by the first "
-            f"`punctual migrate`) has {shard_map_value.shards} shards: set PUNCTUAL_SHARDS={shard_map_value.shards}"
+            f"`punctual migrate`) has {shard_map_value.shards} shards: "
+            f"set PUNCTUAL_SHARDS={shard_map_value.shards}"
         )
     by_id = {identity.database_id: index for index, identity in enumerate(known)}
     missing: dict[uuid.UUID, list[int]] = {}
@@ -202,8 +204,8 @@ def route(identities: Sequence[Identity | None | Unreachable], shard_map_value: 
         database_id, held = next(iter(missing.items()))
         listed = ", ".join(f"[{i}] {short(x.database_id)}" for i, x in enumerate(known))
         raise ShardMapError(
-            f"the shard map puts shards {_shard_list(held)} on database {short(database_id)}, which is not in "
-            f"PUNCTUAL_DATABASE_URLS (it lists {listed}): add that database's DSN back"
+            f"the shard map puts shards {_shard_list(held)} on database {short(database_id)}, "
+            f"which is not in PUNCTUAL_DATABASE_URLS (it lists {listed}): add that database's DSN back"
         )
     shard_index = tuple(by_id[p.database_id] for p in shard_map_value.placements)
     return Routing(shard_map_value, known, shard_index, home)
@@ -249,7 +251,8 @@ def read_map(conn: sa.Connection) -> ShardMap | None:
     placements = tuple(Placement(r["database_id"], r["move_peer"], r["move_step"]) for r in rows)
     if [r["shard"] for r in rows] != list(range(len(rows))):
         raise ShardMapError("the shard map on the home database is damaged: its shards are not 0..N-1")
-    created = dict(conn.execute(sa.select(cluster_databases.c.database_id, cluster_databases.c.created_index)).all())
+    places = sa.select(cluster_databases.c.database_id, cluster_databases.c.created_index)
+    created = dict(conn.execute(places).all())
     return ShardMap(cluster["cluster_id"], cluster["home_id"], cluster["map_version"], placements, created)
 
 
@@ -328,7 +331,8 @@ def _establish(engines: Sequence[sa.Engine], shards: int, now: datetime) -> list
         cluster_id, home_id = known[0].cluster_id, known[0].home_id
     else:
         cluster_id, home_id = uuid.uuid4(), uuid.uuid4()
-    home_index = next((i for i, x in enumerate(identities) if x is not None and x.database_id == home_id), None)
+    home_index = next((i for i, x in enumerate(identities) if x is not None and x.database_id == home_id),
+                      None)
     if home_index is None and identities[0] is None:
         home_index = 0
     if home_index is None:

@@ -83,14 +83,27 @@ def upgrade() -> None:
     op.create_index("ix_runs_finished", "runs", ["shard", "finished_at"], postgresql_where=finished,
                     sqlite_where=finished)
     if op.get_bind().dialect.name == "postgresql":
-        for table, key in MOVED_TABLES:
-            op.execute(_fence_function(table, key))
-            for event, transition in (("INSERT", "NEW"), ("UPDATE", "NEW"), ("DELETE", "OLD")):
-                op.execute(
-                    f"CREATE TRIGGER {table}_fence_{event.lower()} AFTER {event} ON {table} "
-                    f"REFERENCING {transition} TABLE AS changed FOR EACH STATEMENT "
-                    f"EXECUTE FUNCTION punctual_fence_{table}()"
-                )
+        for statement in fence_triggers():
+            op.execute(statement)
+
+
+def fence_triggers() -> list[str]:
+    """The functions and triggers of the fence (bench.claim drops and re-creates them
+    to measure what they cost)."""
+    statements = []
+    for table, key in MOVED_TABLES:
+        statements.append(_fence_function(table, key))
+        for event, transition in (("INSERT", "NEW"), ("UPDATE", "NEW"), ("DELETE", "OLD")):
+            statements.append(
+                f"CREATE TRIGGER {table}_fence_{event.lower()} AFTER {event} ON {table} "
+                f"REFERENCING {transition} TABLE AS changed FOR EACH STATEMENT "
+                f"EXECUTE FUNCTION punctual_fence_{table}()"
+            )
+    return statements
+
+
+def drop_fence_triggers() -> list[str]:
+    return [f"DROP FUNCTION IF EXISTS punctual_fence_{table}() CASCADE" for table, _key in MOVED_TABLES]
 
 
 def _fence_function(table: str, key: str) -> str:
