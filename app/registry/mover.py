@@ -33,8 +33,8 @@ from datetime import datetime, timezone
 from typing import Callable
 
 import sqlalchemy as sa
+from psycopg import sql as psycopg_sql
 
-from app.registry.bulk import insert_many
 from app.registry.engines import Registry
 from app.registry.schema import jobs, runs, shard_changes, shard_fences
 from app.registry.shard_map import Placement, Routing, set_placement, short
@@ -215,31 +215,60 @@ def _wait_for_older_writers(engine: sa.Engine, timeout_s: float = OLDER_WRITERS_
 
 
 def _copy_shard(source: sa.Engine, target: sa.Engine, shard: int, batch: int) -> tuple[int, int]:
-    """Every row of the shard, batch by batch (keyset by key); a batch replaces its rows."""
+    """Every row of the shard, batch by batch (keyset by key); a batch replaces its rows.
+
+    A batch is a key range (after the last one, up to the batch-th key) streamed with
+    COPY ... TO STDOUT from the source into COPY ... FROM STDIN on the target, binary,
+    so rows never become Python objects; the target's rows in that range are deleted
+    first, in the same transaction."""
     counts = []
     for table, key in TABLES:
         copied = 0
         last = None
         while True:
-            query = sa.select(table).where(table.c.shard == shard).order_by(key).limit(batch)
+            bounds = sa.select(key).where(table.c.shard == shard).order_by(key).offset(batch - 1).limit(1)
             if last is not None:
-                query = query.where(key > last)
+                bounds = bounds.where(key > last)
             with source.connect() as conn:
-                rows = [dict(row) for row in conn.execute(query).mappings()]
-            if not rows:
+                upper = conn.execute(bounds).scalar()
+            where = [psycopg_sql.SQL("shard = {}").format(psycopg_sql.Literal(shard))]
+            if last is not None:
+                where.append(psycopg_sql.SQL("{} > {}").format(psycopg_sql.Identifier(key.name),
+                                                               psycopg_sql.Literal(last)))
+            if upper is not None:
+                where.append(psycopg_sql.SQL("{} <= {}").format(psycopg_sql.Identifier(key.name),
+                                                                psycopg_sql.Literal(upper)))
+            copied += _stream(source, target, table, psycopg_sql.SQL(" AND ").join(where))
+            if upper is None:
                 break
-            _replace(target, table, key, [row[key.name] for row in rows], rows)
-            copied += len(rows)
-            last = rows[-1][key.name]
+            last = upper
         counts.append(copied)
     return counts[0], counts[1]
 
 
-def _replace(target: sa.Engine, table: sa.Table, key: sa.Column, keys: list, rows: list[dict]) -> None:
-    with target.begin() as conn:
-        conn.exec_driver_sql(BYPASS)
-        conn.execute(table.delete().where(key.in_(keys)))
-        insert_many(conn, table, rows)
+def _stream(source: sa.Engine, target: sa.Engine, table: sa.Table, where: psycopg_sql.Composable) -> int:
+    """COPY the rows of `table` matching `where` from source to target, replacing them there.
+    (COPY takes no server-side parameters: the bounds are literals, quoted by psycopg.)"""
+    name = psycopg_sql.Identifier(table.name)
+    columns = psycopg_sql.SQL(", ").join(psycopg_sql.Identifier(c.name) for c in table.c)
+    reader, writer = source.raw_connection(), target.raw_connection()
+    try:
+        with reader.cursor() as out_cursor, writer.cursor() as in_cursor:
+            in_cursor.execute(BYPASS)
+            in_cursor.execute(psycopg_sql.SQL("DELETE FROM {} WHERE {}").format(name, where))
+            copy_out = psycopg_sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT (FORMAT BINARY)")
+            copy_in = psycopg_sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)")
+            with out_cursor.copy(copy_out.format(columns, name, where)) as out_copy, \
+                    in_cursor.copy(copy_in.format(name, columns)) as in_copy:
+                for block in out_copy:
+                    in_copy.write(block)
+            written = in_cursor.rowcount
+        writer.commit()
+        reader.commit()
+        return written
+    finally:
+        writer.close()
+        reader.close()
 
 
 def _apply_changes(source: sa.Engine, target: sa.Engine, shard: int) -> int:
@@ -270,7 +299,8 @@ def _apply_changes(source: sa.Engine, target: sa.Engine, shard: int) -> int:
             target_conn.exec_driver_sql(BYPASS)
             for table, key, keys, rows in writes:
                 target_conn.execute(table.delete().where(key.in_(keys)))
-                insert_many(target_conn, table, rows)
+                if rows:  # a batch of at most CHANGES_BATCH rows: SQLAlchemy's multi-row INSERT
+                    target_conn.execute(table.insert(), rows)
     return len(taken)
 
 
