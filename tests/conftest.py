@@ -161,9 +161,12 @@ def _bulk_caller(frame) -> tuple[str, str | None]:
         frame = frame.f_back
     module = sys.modules[frame.f_globals["__name__"]]
     target: object = module
-    for part in frame.f_code.co_qualname.split("."):
+    # A function nested in another (a per-database write handed to
+    # Registry.for_each_database) is documented by the function it is nested in.
+    qualname = frame.f_code.co_qualname.split(".<locals>.")[0]
+    for part in qualname.split("."):
         target = getattr(target, part, None)
-    name = f"{module.__name__}.{frame.f_code.co_qualname}"
+    name = f"{module.__name__}.{qualname}"
     return name, getattr(target, "__doc__", None)
 
 
