@@ -86,6 +86,7 @@ def main() -> None:
     from app.settings import Settings
     from bench.sink import FastSink
 
+    load_before = os.getloadavg()
     sink = FastSink(record=True)
     with Stack(physical=2, shards=16, broker=True, env={"PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1"}) as stack:
         source_index = args.shard % 2
@@ -128,7 +129,9 @@ def main() -> None:
             "calls_of_the_1s_job_in_window": len(window), "window_s": round(ended - started + 10, 1),
             "move_output": moved.stdout.strip().splitlines(),
             "settings": {k: str(v) for k, v in dataclasses.asdict(settings).items() if k != "database_urls"},
-            "interval_job": str(tick["job_id"]), "machine": machine(),
+            "interval_job": str(tick["job_id"]),
+            "machine": {**machine(), "load_average_before": [round(x, 2) for x in load_before],
+                        "load_average_after": [round(x, 2) for x in os.getloadavg()]},
         }
         registry.dispose()
     sink.close()

@@ -107,8 +107,9 @@ def move_shard(registry: Registry, shard: int, to_index: int, echo: Callable[[st
         _set_fence(target, shard, "fenced")
         _set_fence(source, shard, "tracking", replace=False)
         _wait_for_older_writers(source)
+        copy_started = time.monotonic()
         copied = _copy_shard(source, target, shard, batch)
-        echo(f"copied {copied[0]:,} jobs and {copied[1]:,} runs")
+        echo(f"copied {copied[0]:,} jobs and {copied[1]:,} runs in {time.monotonic() - copy_started:.1f} s")
         for _ in range(CATCH_UP_ROUNDS):
             if _apply_changes(source, target, shard) < CATCH_UP_ENOUGH:
                 break
@@ -127,11 +128,13 @@ def move_shard(registry: Registry, shard: int, to_index: int, echo: Callable[[st
         echo(f"switched after a fence of {fence_s:.2f} s: "
              f"{counts[0]:,} jobs, {counts[1]:,} runs on both sides")
         step = "switched"
+    delete_started = time.monotonic()
     deleted = _delete_shard(source, shard, batch)
     with source.begin() as conn:
         conn.execute(shard_changes.delete().where(shard_changes.c.shard == shard))
     _set_step(registry, shard, Placement(target_id))
-    echo(f"deleted {deleted:,} rows of shard {shard} from PUNCTUAL_DATABASE_URLS[{source_index}]; done")
+    echo(f"deleted {deleted:,} rows of shard {shard} from PUNCTUAL_DATABASE_URLS[{source_index}] "
+         f"in {time.monotonic() - delete_started:.1f} s; done")
     return MoveReport(shard, source_index, to_index, counts[0], counts[1], fence_s,
                       time.monotonic() - started)
 
