@@ -119,7 +119,7 @@ def measure(stack: Stack, mode: str, jobs: int, batch: int, pollers: int) -> dic
         conn.exec_driver_sql("DELETE FROM jobs")
         fence = importlib.import_module("migrations.versions.0003_shard_map")
         for statement in fence.drop_fence_triggers() + (fence.fence_triggers() if mode != "code-unfenced" else []):
-            conn.exec_driver_sql(statement)
+            conn.execute(sa.text(statement))
     due = datetime.now(UTC) - timedelta(seconds=1)
     target = webhook_target("http://127.0.0.1:9/claim")
     insert_jobs(

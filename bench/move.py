@@ -31,13 +31,14 @@ INSERT INTO jobs (job_id, shard, owner, name, target, payload, schedule_kind, ru
                   jitter_s, state, next_run_at, nominal_at, attempt, misfire_exempt, created_at, updated_at)
 SELECT gen_random_uuid(), %(shard)s, 'bench', 'bulk-' || n,
        '{"type": "webhook", "url": "http://127.0.0.1:9/", "method": "POST", "headers": {}, "timeout_s": 30}',
-       jsonb_build_object('n', n), 'once', now() + interval '30 days', 'UTC', 5, 10, 3600, 'run_once', 'shift',
-       'once', 0, 'scheduled', now() + interval '30 days', now() + interval '30 days', 0, false, now(), now()
+       jsonb_build_object('n', n), 'once', now() + interval '30 days', 'UTC', 5, 10, 3600, 'run_once',
+       'shift', 'once', 0, 'scheduled', now() + interval '30 days', now() + interval '30 days', 0, false,
+       now(), now()
 FROM generate_series(%(first)s, %(last)s) AS n
 """
 BULK_RUNS = """
-INSERT INTO runs (run_id, job_id, shard, owner, origin, scheduled_for, attempt, state, published, target, retry,
-                  started_at, finished_at, lateness_ms, status_code, created_at, updated_at)
+INSERT INTO runs (run_id, job_id, shard, owner, origin, scheduled_for, attempt, state, published, target,
+                  retry, started_at, finished_at, lateness_ms, status_code, created_at, updated_at)
 SELECT gen_random_uuid(), gen_random_uuid(), %(shard)s, 'bench', 'schedule', now() - interval '1 day', 1,
        'succeeded', true, '{"type": "webhook", "url": "http://127.0.0.1:9/"}', '{}', now() - interval '1 day',
        now() - interval '1 day', 5, 200, now() - interval '1 day', now() - interval '1 day'
@@ -69,7 +70,8 @@ def bytes_per_row(dsn: str, table: str, rows: int) -> int | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=1_000_000, help="jobs on the moving shard")
     parser.add_argument("--runs", type=int, default=0, help="finished runs (history) on the moving shard")
     parser.add_argument("--shard", type=int, default=1, help="the logical shard that moves")
@@ -97,7 +99,8 @@ def main() -> None:
         with stack.admin.connect() as conn:
             conn.exec_driver_sql(f'CREATE DATABASE "{third}"')
         stack.databases.append(third)
-        dsns = (*stack.dsns, sa.engine.make_url(PG_ADMIN).set(database=third).render_as_string(hide_password=False))
+        added = sa.engine.make_url(PG_ADMIN).set(database=third).render_as_string(hide_password=False)
+        dsns = (*stack.dsns, added)
         migrate_all(dsns, shards=16)
         stack.env["PUNCTUAL_DATABASE_URLS"] = ",".join(dsns)
         settings = Settings.from_env(stack.env)
@@ -111,8 +114,8 @@ def main() -> None:
         stack.start_beat()
         sink.wait_for(5, timeout_s=60)
         started = time.time()
-        moved = subprocess.run([sys.executable, "-m", "app.cli", "shards", "move", str(args.shard), "--to", "2"],
-                               env={**os.environ, **stack.env}, capture_output=True, text=True)
+        command = [sys.executable, "-m", "app.cli", "shards", "move", str(args.shard), "--to", "2"]
+        moved = subprocess.run(command, env={**os.environ, **stack.env}, capture_output=True, text=True)
         ended = time.time()
         if moved.returncode != 0:
             raise SystemExit(f"bench.move: the move failed:\n{moved.stderr}")

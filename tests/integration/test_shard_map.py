@@ -161,3 +161,14 @@ def _now():
     from app.core.timefmt import utcnow
 
     return utcnow()
+
+
+def test_shards_move_says_what_is_wrong_in_one_line(three):
+    migrate_all(tuple(three), shards=SHARDS)
+    nothing = _punctual(["shards", "move", "--abort", "3"], list(three))
+    assert nothing.returncode == 1 and nothing.stderr.strip() == "punctual: no move of shard 3 is in progress"
+    already = _punctual(["shards", "move", "3", "--to", "1"], list(three))
+    assert already.returncode == 1
+    assert already.stderr.strip() == "punctual: shard 3 is already on PUNCTUAL_DATABASE_URLS[1]"
+    neither = _punctual(["shards", "move", "3"], list(three))
+    assert neither.returncode == 2 and "give either --to INDEX or --abort" in neither.stderr
