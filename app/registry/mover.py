@@ -26,6 +26,7 @@ recorded step (the copies are idempotent: a batch replaces its rows).
 """
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from dataclasses import dataclass
@@ -74,6 +75,32 @@ def _now() -> datetime:
 def move_shard(registry: Registry, shard: int, to_index: int, echo: Callable[[str], None] = lambda _l: None,
                batch: int = BATCH) -> MoveReport:
     """Move `shard` to PUNCTUAL_DATABASE_URLS[to_index], or finish the move in progress."""
+    with _only_mover(registry, shard):
+        return _move(registry, shard, to_index, echo, batch)
+
+
+def abort_move(registry: Registry, shard: int, echo: Callable[[str], None] = lambda _l: None) -> None:
+    """Undo a move that has not switched yet: the shard stays where it was."""
+    with _only_mover(registry, shard):
+        _abort(registry, shard, echo)
+
+
+@contextlib.contextmanager
+def _only_mover(registry: Registry, shard: int):
+    """One command at a time moves (or aborts) a shard: a session lock on the home,
+    released by the database if the command dies."""
+    with registry.home.connect() as conn:
+        if not conn.execute(sa.text("SELECT pg_try_advisory_lock(7710227, :shard)"), {"shard": shard}).scalar():
+            raise MoveError(f"another `punctual shards move` of shard {shard} is running now")
+        conn.commit()
+        try:
+            yield
+        finally:
+            conn.execute(sa.text("SELECT pg_advisory_unlock(7710227, :shard)"), {"shard": shard})
+            conn.commit()
+
+
+def _move(registry: Registry, shard: int, to_index: int, echo: Callable[[str], None], batch: int) -> MoveReport:
     started = time.monotonic()
     routing = registry.reload_map()
     if not 0 <= shard < routing.map.shards:
@@ -139,8 +166,7 @@ def move_shard(registry: Registry, shard: int, to_index: int, echo: Callable[[st
                       time.monotonic() - started)
 
 
-def abort_move(registry: Registry, shard: int, echo: Callable[[str], None] = lambda _l: None) -> None:
-    """Undo a move that has not switched yet: the shard stays where it was."""
+def _abort(registry: Registry, shard: int, echo: Callable[[str], None]) -> None:
     routing = registry.reload_map()
     placement = routing.map.placements[shard]
     if placement.move_step is None:

@@ -223,3 +223,9 @@ def _fail_on_step(monkeypatch, fail_at: int) -> None:
         return real(*args, **kwargs)
 
     monkeypatch.setattr(mover, "_set_step", failing)
+
+
+def test_two_moves_of_one_shard_do_not_run_at_once(registry):
+    with mover._only_mover(registry, 7):
+        with pytest.raises(mover.MoveError, match="another `punctual shards move` of shard 7 is running now"):
+            mover.move_shard(registry, 7, 2)
