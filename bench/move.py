@@ -34,7 +34,7 @@ SELECT gen_random_uuid(), %(shard)s, 'bench', 'bulk-' || n,
        jsonb_build_object('n', n), 'once', now() + interval '30 days', 'UTC', 5, 10, 3600, 'run_once',
        'shift', 'once', 0, 'scheduled', now() + interval '30 days', now() + interval '30 days', 0, false,
        now(), now()
-FROM generate_series(%(first)s, %(last)s) AS n
+FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS n
 """
 BULK_RUNS = """
 INSERT INTO runs (run_id, job_id, shard, owner, origin, scheduled_for, attempt, state, published, target,
@@ -42,7 +42,7 @@ INSERT INTO runs (run_id, job_id, shard, owner, origin, scheduled_for, attempt, 
 SELECT gen_random_uuid(), gen_random_uuid(), %(shard)s, 'bench', 'schedule', now() - interval '1 day', 1,
        'succeeded', true, '{"type": "webhook", "url": "http://127.0.0.1:9/"}', '{}', now() - interval '1 day',
        now() - interval '1 day', 5, 200, now() - interval '1 day', now() - interval '1 day'
-FROM generate_series(%(first)s, %(last)s) AS n
+FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS n
 """
 
 
