@@ -120,7 +120,11 @@ class Registry:
         routing = self._routing
         if routing is not None and time.monotonic() < self._checked_at + self.map_refresh_s:
             return routing
-        with self._lock:
+        if routing is None:
+            self._lock.acquire()
+        elif not self._lock.acquire(blocking=False):
+            return routing  # another thread is asking the home right now: nobody waits for it
+        try:
             if self._routing is None:
                 self._routing = self._load(None)
             elif time.monotonic() >= self._checked_at + self.map_refresh_s:
@@ -131,6 +135,8 @@ class Registry:
                     log.warning("shard map not refreshed: %s", exc)
             self._checked_at = time.monotonic()
             return self._routing
+        finally:
+            self._lock.release()
 
     def reload_map(self) -> Routing:
         """Read the map now (a move's own steps, a fenced write waiting for the switch)."""
