@@ -106,4 +106,4 @@ def test_a_shard_moves_while_its_jobs_fire(stack, api, sink, settings, stack_env
             assert conn.execute(sa.select(sa.func.count()).select_from(runs).where(runs.c.shard == SHARD)).scalar() == 0
     assert api.job(ticking["id"])["state"] in ("scheduled", "running")
     history = api.runs(ticking["id"])
-    assert len(history) >= len(during) - 1 and all(r["state"] in ("succeeded", "claimed", "running") for r in history)
+    assert len(history) >= len(during) - 1 and not [r for r in history if r["state"] == "dead"]
