@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import os
 import re
 import subprocess
@@ -122,7 +123,7 @@ def main() -> None:
         time.sleep(6)
         arrivals = sorted(at for at, _key in sink.arrivals())
         window = [at for at in arrivals if started - 5 <= at <= ended + 5]
-        gaps = [b - a for a, b in zip(window, window[1:])]
+        gaps = [b - a for a, b in itertools.pairwise(window)]
         fence = re.search(r"fence of ([\d.]+) s", moved.stdout)
         result = {
             "jobs_on_shard": args.jobs, "runs_on_shard": args.runs, "shard": args.shard,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import click
 
@@ -26,7 +26,7 @@ def shards(ctx: click.Context, as_json: bool) -> None:
         return
     from app.registry.census import shard_census
 
-    rows = shard_census(load_registry(), datetime.now(timezone.utc))
+    rows = shard_census(load_registry(), datetime.now(UTC))
     if as_json:
         click.echo(json.dumps([row.as_dict() for row in rows]))
         return
@@ -35,7 +35,7 @@ def shards(ctx: click.Context, as_json: bool) -> None:
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]
     for line in table:
         click.echo("  ".join(cell.rjust(width) if i < 4 or i == 5 else cell.ljust(width)
-                             for i, (cell, width) in enumerate(zip(line, widths))).rstrip())
+                             for i, (cell, width) in enumerate(zip(line, widths, strict=True))).rstrip())
 
 
 @shards.command("move")
@@ -54,6 +54,7 @@ def move(shard: int, to_index: int | None, abort: bool) -> None:
         if abort:
             abort_move(registry, shard, echo=click.echo)
         else:
+            assert to_index is not None  # --abort or --to, checked above
             report = move_shard(registry, shard, to_index, echo=click.echo)
             click.echo(f"moved shard {report.shard} in {report.duration_s:.1f} s "
                        f"(fenced {report.fence_s:.2f} s)")

@@ -69,7 +69,7 @@ def shard_census(registry: Registry, now: datetime) -> list[ShardRow]:
         total, due_now, oldest = found.get(shard, (0, 0, None))
         move = None
         if placement.move_step is not None:
-            peer = routing.index_of_database(placement.move_peer)
+            peer = routing.index_of_database(placement.move_peer) if placement.move_peer else None
             move = (f"{placement.move_step}, from {peer}" if placement.move_step == "switched"
                     else f"{placement.move_step}, to {peer}")
         rows.append(ShardRow(shard, routing.shard_index[shard], total, due_now, oldest, flying.get(shard, 0),

@@ -13,8 +13,9 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from functools import cached_property
-from typing import Callable, Sequence, TypeVar
+from typing import TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, make_url
@@ -113,7 +114,8 @@ class Registry:
 
     @cached_property
     def engines(self) -> tuple[Engine, ...]:
-        return tuple(create_engine_for(dsn, self.settings.db_pool_size) for dsn in self.settings.database_urls)
+        size = self.settings.db_pool_size
+        return tuple(create_engine_for(dsn, size) for dsn in self.settings.database_urls)
 
     def routing(self) -> Routing:
         """The shard map as this process follows it."""
@@ -207,7 +209,7 @@ class Registry:
             for item in pending:
                 groups[routing.shard_index[shard_of(item)]].append(item)
             pending = []
-            refused: BaseException | None = None
+            refused: sa.exc.DBAPIError | None = None
             for index, group in groups.items():
                 try:
                     results.append(write(self.engines[index], group))
@@ -218,7 +220,7 @@ class Registry:
                     refused = exc
             if pending:
                 deadline = deadline or time.monotonic() + FENCE_WAIT_S
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline and refused is not None:
                     raise refused
                 time.sleep(0.2)
                 try:

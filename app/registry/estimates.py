@@ -47,4 +47,4 @@ def _estimate(conn: sa.Connection, name: str) -> dict[str, int] | None:
     ).first()
     if row is None or row[0] is None:
         return None
-    return {state: int(round(live * share)) for state, share in zip(row[0], row[1])}
+    return {state: int(round(live * share)) for state, share in zip(row[0], row[1], strict=True)}

@@ -8,8 +8,8 @@ and live in migrations/ (installed as app/_migrations).
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import sqlalchemy as sa
 from alembic import command

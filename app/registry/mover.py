@@ -29,9 +29,9 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Callable
+from datetime import UTC, datetime
 
 import sqlalchemy as sa
 from psycopg import sql as psycopg_sql
@@ -69,7 +69,7 @@ class MoveReport:
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def move_shard(registry: Registry, shard: int, to_index: int, echo: Callable[[str], None] = lambda _l: None,
@@ -90,7 +90,8 @@ def _only_mover(registry: Registry, shard: int):
     """One command at a time moves (or aborts) a shard: a session lock on the home,
     released by the database if the command dies."""
     with registry.home.connect() as conn:
-        if not conn.execute(sa.text("SELECT pg_try_advisory_lock(7710227, :shard)"), {"shard": shard}).scalar():
+        taken = conn.execute(sa.text("SELECT pg_try_advisory_lock(7710227, :shard)"), {"shard": shard}).scalar()
+        if not taken:
             raise MoveError(f"another `punctual shards move` of shard {shard} is running now")
         conn.commit()
         try:
@@ -100,7 +101,8 @@ def _only_mover(registry: Registry, shard: int):
             conn.commit()
 
 
-def _move(registry: Registry, shard: int, to_index: int, echo: Callable[[str], None], batch: int) -> MoveReport:
+def _move(registry: Registry, shard: int, to_index: int, echo: Callable[[str], None],
+          batch: int) -> MoveReport:
     started = time.monotonic()
     routing = registry.reload_map()
     if not 0 <= shard < routing.map.shards:
@@ -124,7 +126,7 @@ def _move(registry: Registry, shard: int, to_index: int, echo: Callable[[str], N
                 f"a move of shard {shard} to PUNCTUAL_DATABASE_URLS[{routing.index_of_database(recorded)}] "
                 f"is in progress: run it again with that --to, or `punctual shards move --abort {shard}`"
             )
-    source_index = routing.index_of_database(source_id)
+    source_index = routing.index_of(source_id)
     source, target = registry.engines[source_index], registry.engines[to_index]
     echo(f"shard {shard}: PUNCTUAL_DATABASE_URLS[{source_index}] ({short(source_id)}) -> "
          f"[{to_index}] ({short(target_id)}), {'resuming at ' + step if step != 'copying' else 'copying'}")
@@ -177,8 +179,8 @@ def _abort(registry: Registry, shard: int, echo: Callable[[str], None]) -> None:
             f"`punctual shards move {shard} --to {routing.shard_index[shard]}` to finish it"
         )
     source_id, target_id = _move_ends(placement)
-    source = registry.engines[routing.index_of_database(source_id)]
-    target = registry.engines[routing.index_of_database(target_id)]
+    source = registry.engines[routing.index_of(source_id)]
+    target = registry.engines[routing.index_of(target_id)]
     # Claims resume first; the copy on the target goes while the map still names it,
     # so reads that leave out a move's copy never see it as the shard's rows.
     _set_step(registry, shard, Placement(source_id, target_id, "copying"))
@@ -193,6 +195,8 @@ def _abort(registry: Registry, shard: int, echo: Callable[[str], None]) -> None:
 
 def _move_ends(placement: Placement) -> tuple[uuid.UUID, uuid.UUID]:
     """(source, target) of the move recorded in a placement."""
+    if placement.move_peer is None:
+        raise MoveError("the shard map names a move without its other database")
     if placement.move_step == "switched":
         return placement.move_peer, placement.database_id
     return placement.database_id, placement.move_peer
@@ -281,8 +285,10 @@ def _stream(source: sa.Engine, target: sa.Engine, table: sa.Table, where: psycop
     name = psycopg_sql.Identifier(table.name)
     columns = psycopg_sql.SQL(", ").join(psycopg_sql.Identifier(c.name) for c in table.c)
     reader, writer = source.raw_connection(), target.raw_connection()
+    out_conn, in_conn = reader.driver_connection, writer.driver_connection  # psycopg's own connections
+    assert out_conn is not None and in_conn is not None
     try:
-        with reader.cursor() as out_cursor, writer.cursor() as in_cursor:
+        with out_conn.cursor() as out_cursor, in_conn.cursor() as in_cursor:
             in_cursor.execute(BYPASS)
             in_cursor.execute(psycopg_sql.SQL("DELETE FROM {} WHERE {}").format(name, where))
             copy_out = psycopg_sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT (FORMAT BINARY)")
@@ -334,13 +340,15 @@ def _apply_changes(source: sa.Engine, target: sa.Engine, shard: int) -> int:
 
 
 def _counts(engine: sa.Engine, shard: int) -> tuple[int, int]:
+    """(jobs, runs) of the shard on one database."""
     with engine.connect() as conn:
-        return tuple(
+        found = [
             conn.execute(
                 sa.select(sa.func.count()).select_from(table).where(table.c.shard == shard)
             ).scalar_one()
             for table, _key in TABLES
-        )
+        ]
+    return found[0], found[1]
 
 
 def _verified_counts(source: sa.Engine, target: sa.Engine, shard: int, batch: int, echo) -> tuple[int, int]:

@@ -234,7 +234,8 @@ punctual_database = sa.Table(
     sa.Column("database_id", sa.Uuid(), primary_key=True),
     sa.Column("cluster_id", sa.Uuid(), nullable=False),
     sa.Column("home_id", sa.Uuid(), nullable=False),
-    sa.Column("created_index", sa.Integer(), nullable=False),  # its place in PUNCTUAL_DATABASE_URLS when stamped
+    # Its place in PUNCTUAL_DATABASE_URLS when it was stamped.
+    sa.Column("created_index", sa.Integer(), nullable=False),
     sa.Column("created_at", UTCDateTime(), nullable=False),
 )
 

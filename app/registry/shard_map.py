@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Sequence
+from datetime import UTC, datetime
 
 import sqlalchemy as sa
 
@@ -88,6 +88,13 @@ class Routing:
             if identity.database_id == database_id:
                 return index
         return None
+
+    def index_of(self, database_id: uuid.UUID) -> int:
+        """The DSN index of a database the map names (route() made sure it is listed)."""
+        index = self.index_of_database(database_id)
+        if index is None:
+            raise ShardMapError(f"database {short(database_id)} is not in PUNCTUAL_DATABASE_URLS")
+        return index
 
     def shards_of(self, index: int) -> list[int]:
         return [s for s, i in enumerate(self.shard_index) if i == index]
@@ -172,7 +179,7 @@ def stand_ins(identities: Sequence[Identity | None | Unreachable], value: ShardM
     answered = {x.database_id for x in identities if isinstance(x, Identity)}
     filled: list[Identity | None] = []
     for index, identity in enumerate(identities):
-        if identity is not UNREACHABLE:
+        if not isinstance(identity, Unreachable):
             filled.append(identity)
             continue
         guess = [d for d, i in (value.created_index or {}).items() if i == index and d not in answered]
@@ -187,7 +194,7 @@ def route(identities: Sequence[Identity | None | Unreachable], shard_map_value: 
     if any(x is UNREACHABLE for x in identities):
         identities = stand_ins(identities, shard_map_value)
         find_home(identities)  # an unreachable DSN no database stands for: "not migrated"
-    known: tuple[Identity, ...] = tuple(identities)  # find_home refused any None
+    known = tuple(x for x in identities if isinstance(x, Identity))  # find_home refused any other
     if shard_map_value.shards != shards:
         raise ShardMapError(
             f"PUNCTUAL_SHARDS={shards}, but the registry's shard map (written by the first "
@@ -301,7 +308,7 @@ def establish(engines: Sequence[sa.Engine], shards: int, now: datetime | None = 
     interrupted first migrate is finished by the next one. Once the map exists it
     is never rewritten here; a DSN without an identity is a new, empty database.
     """
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     with _migrate_lock(engines[0]):
         return _establish(engines, shards, now)
 
@@ -353,7 +360,7 @@ def _establish(engines: Sequence[sa.Engine], shards: int, now: datetime) -> list
                     + (" (home)" if index == home_index else (" (new: holds no shard until a move)"
                                                                if home_map is not None else "")))
     if home_map is None:
-        ids = [identity.database_id for identity in identities]
+        ids = [identity.database_id for identity in identities if identity is not None]
         # The home first: shard 0 stays where owners and keys are, as before the map.
         ordered = [ids[home_index]] + [x for i, x in enumerate(ids) if i != home_index]
         value = initial_map(cluster_id, ordered, shards)
@@ -362,9 +369,14 @@ def _establish(engines: Sequence[sa.Engine], shards: int, now: datetime) -> list
                 write_new_map(conn, value, now)
                 done.append(f"shard map written: {shards} shards over {len(ids)} databases "
                             f"(shard s on PUNCTUAL_DATABASE_URLS[s mod {len(ids)}])")
+    stamped = [identity for identity in identities if identity is not None]  # every one, by now
     with engines[home_index].begin() as conn:
-        record_databases(conn, identities, now)
-    route(identities, _read_map_of(engines[home_index]), shards)  # the same check every process makes
+        record_databases(conn, stamped, now)
+    written = _read_map_of(engines[home_index])
+    if written is None:
+        raise ShardMapError("the home database holds no shard map after migrating: "
+                            "run `punctual migrate` again")
+    route(stamped, written, shards)  # the same check every process makes
     return done
 
 

@@ -4,6 +4,7 @@ due during the move fire once each, and the API finds the jobs where they went.
 Times are generous ceilings, never exact."""
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -90,7 +91,7 @@ def test_a_shard_moves_while_its_jobs_fire(stack, api, sink, settings, stack_env
         assert len(sink.calls(f"/once-{i}")) == 1, f"one-off {i} fired {len(sink.calls(f'/once-{i}'))} times"
     ticks = [call.at for call in sink.calls("/tick")]
     during = [t for t in ticks if start.timestamp() - 5 <= t <= moved_at + 10]
-    longest_gap = max(b - a for a, b in zip(during, during[1:]))
+    longest_gap = max(b - a for a, b in itertools.pairwise(during))
     print(f"move: {moved.stdout.strip()}; longest gap between calls of the 1 s job: {longest_gap:.2f} s")
     assert longest_gap < 8, longest_gap
     keys = [call.header("Idempotency-Key") for call in sink.calls("/tick")]

@@ -1,7 +1,7 @@
 """Retention's policy: what PUNCTUAL_HISTORY_DAYS accepts and which instant it cuts at."""
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -9,7 +9,7 @@ from app.core.errors import SettingsError
 from app.pollers.retention import history_cutoff
 from app.settings import Settings
 
-NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
 def test_history_is_kept_thirty_days_by_default():
