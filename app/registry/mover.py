@@ -12,10 +12,10 @@ by `--abort`:
 2. fenced: pollers stop claiming the shard (they read the map), and the source
    refuses the shard's writes; the mover waits for every transaction that began
    before the fence, copies the last changes, and compares the counts on both
-   sides. A worker whose start, heartbeat or completion is refused meanwhile waits
-   for the switch and writes to the new database (Registry.for_each_database):
-   in-flight runs are forwarded, not lost. The fence lasts the final delta, not
-   the whole copy.
+   sides. A worker whose completion is refused meanwhile waits for the switch and
+   writes to the new database (Registry.for_each_database): finished runs are
+   forwarded, not lost; a start refused in the fence comes back through its lease.
+   The fence lasts the final delta, not the whole copy.
 3. switched: the map names the target (pollers claim there at once) and the
    target's fence is lifted; the source's rows of the shard are deleted in
    batches. The source keeps refusing the shard's writes, so a process still
