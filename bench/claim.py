@@ -10,7 +10,7 @@ jobs that are all due, then time how long the pollers take to claim every one.
   UPDATE SKIP LOCKED, the plan of each row, the batched UPDATE of jobs and INSERT
   of run rows, one transaction), and the DispatchRun list it returns;
 - code-unfenced (with --fence-triggers): the same code with the shard-move fence
-  triggers of migration 0003 dropped, alternated with `code`: what the triggers cost
+  triggers of migration 0004 dropped, alternated with `code`: what the triggers cost
   a claim when no shard is moving;
 - bare: one statement doing the same writes (a CTE: the same SELECT, the UPDATE of
   jobs, the INSERT of run rows RETURNING what a dispatch message needs), sent
@@ -117,7 +117,7 @@ def measure(stack: Stack, mode: str, jobs: int, batch: int, pollers: int) -> dic
     with engine.begin() as conn:
         conn.exec_driver_sql("TRUNCATE runs")
         conn.exec_driver_sql("DELETE FROM jobs")
-        fence = importlib.import_module("migrations.versions.0003_shard_map")
+        fence = importlib.import_module("migrations.versions.0004_shard_map")
         for statement in fence.drop_fence_triggers() + (fence.fence_triggers() if mode != "code-unfenced" else []):
             conn.execute(sa.text(statement))
     due = datetime.now(UTC) - timedelta(seconds=1)

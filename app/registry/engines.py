@@ -83,7 +83,7 @@ def create_engine_for(dsn: str, pool_size: int = 10) -> Engine:
 MAP_REFRESH_S = 2.0
 # How long a write refused by a move's fence waits for the switch before it gives up.
 FENCE_WAIT_S = 60.0
-# The SQLSTATE of a write refused by a move's fence (migration 0003's triggers).
+# The SQLSTATE of a write refused by a move's fence (migration 0004's triggers).
 FENCE_SQLSTATE = "PT409"
 
 log = logging.getLogger("punctual.registry")

@@ -5,7 +5,7 @@ starts, so a move killed at any point is finished by running it again or undone
 by `--abort`:
 
 1. copying: the target refuses writes to the shard (a fence, app's migration
-   0003); the source keeps serving and records the keys of the shard's rows that
+   0004); the source keeps serving and records the keys of the shard's rows that
    change (`tracking`). Jobs and runs (history and dead letters) are copied in
    batches, keyset by primary key, then the recorded changes are copied until few
    are left.

@@ -12,16 +12,16 @@ copy. With no fence on the database (always, but during a move) a trigger costs
 one probe of an empty table per statement. The mover's own writes set
 `punctual.mover` and pass.
 
-Revision ID: 0003
-Revises: 0002
+Revision ID: 0004
+Revises: 0003
 """
 import sqlalchemy as sa
 from alembic import op
 
 from app.registry.schema import UTCDateTime
 
-revision = "0003"
-down_revision = "0002"
+revision = "0004"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 
