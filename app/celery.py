@@ -126,3 +126,30 @@ def _beat_started(**_kw) -> None:
     from app.pollers import beat_process
 
     beat_process.start(_settings, _settings.beat_alive_file)
+
+
+@signals.worker_init.connect
+@signals.beat_init.connect
+def _check_shard_map(**_kw) -> None:
+    """Refuse to start, with one line, on a DSN list the stored shard map disagrees with
+    (before any child is forked, so the check's connections are closed here)."""
+    import os
+    import sys
+
+    from app.registry.engines import registry_for
+    from app.registry.shard_map import MapUnavailable, ShardMapError
+    from app.settings import get_settings
+
+    registry = registry_for(get_settings())
+    try:
+        registry.check()
+    except MapUnavailable as exc:  # the home is down for now: the tasks read the map when it is back
+        log.warning("shard map not read at start: %s", exc)
+    except ShardMapError as exc:
+        # The real stderr: beat has redirected sys.stderr into its log by now.
+        stderr = sys.__stderr__ or sys.stderr
+        stderr.write(f"punctual: {exc}\n")
+        stderr.flush()
+        os._exit(2)  # Celery turns a SystemExit raised in a signal into a traceback
+    finally:
+        registry.dispose()

@@ -6,6 +6,7 @@ one-line error naming the variable.
 """
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -46,6 +47,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("PUNCTUAL_DISPATCH_THREADS", "256", "concurrent target calls per worker process"),
     Variable("PUNCTUAL_DB_POOL_SIZE", "10", "connections per physical shard per process"),
     Variable("PUNCTUAL_REDIS_PREFIX", "punctual", "prefix of every Redis key Punctual writes"),
+    Variable("PUNCTUAL_HISTORY_DAYS", "30",
+             "days run history and dead letters are kept after they finish (fractions allowed)"),
     Variable("PUNCTUAL_METRICS_PORT", "0",
              "port where a worker serves Prometheus metrics for all its processes (0 = off)"),
     Variable("PUNCTUAL_LOG_FORMAT", "text", "text, or json for one JSON object per line (every process)"),
@@ -109,6 +112,14 @@ def _claim_ahead(raw: str) -> float:
     return value
 
 
+def _history_days(raw: str) -> float:
+    value = _number("PUNCTUAL_HISTORY_DAYS", raw, float)
+    if not math.isfinite(value) or value <= 0:
+        raise SettingsError(
+            f"PUNCTUAL_HISTORY_DAYS={raw!r}: must be a number of days above 0 (say 30, or 0.5)")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     database_urls: tuple[str, ...]
@@ -133,6 +144,7 @@ class Settings:
     metrics_port: int = 0
     log_format: str = "text"
     beat_alive_file: Path | None = None
+    history_days: float = 30.0
     # Set only by `punctual dev`: serves /dev/echo and allows the embedded defaults.
     dev_mode: bool = False
 
@@ -201,6 +213,7 @@ class Settings:
             metrics_port=int(_number("PUNCTUAL_METRICS_PORT", get("PUNCTUAL_METRICS_PORT"), int, minimum=0)),
             log_format=_choice("PUNCTUAL_LOG_FORMAT", get("PUNCTUAL_LOG_FORMAT"), LOG_FORMATS),
             beat_alive_file=Path(alive_file) if (alive_file := get("PUNCTUAL_BEAT_ALIVE_FILE")) else None,
+            history_days=_history_days(get("PUNCTUAL_HISTORY_DAYS")),
             dev_mode=_flag("PUNCTUAL_DEV_MODE", get("PUNCTUAL_DEV_MODE")),
         )
         values.update(overrides)

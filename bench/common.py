@@ -155,7 +155,7 @@ class Stack:
                 dsns = tuple(
                     base.set(database=n).render_as_string(hide_password=False) for n in self.databases
                 )
-            migrate_all(dsns)
+            migrate_all(dsns, shards=self.shards)
             self.dsns = dsns
             self.env = {
                 "PUNCTUAL_DATABASE_URLS": ",".join(dsns),

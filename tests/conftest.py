@@ -53,20 +53,32 @@ def drop_database(pg_admin, name: str) -> None:
 @pytest.fixture(scope="session")
 def pg_template(pg_admin):
     """A migrated database that per-module databases are cloned from."""
-    from app.registry.migrate import migrate_all
+    from app.registry.migrate import migrate_schema
 
+    # The schema only: each clone becomes a database of its own cluster (pg_dsns).
     name = create_database(pg_admin)
-    migrate_all((_pg_url(name),))
+    migrate_schema((_pg_url(name),))
     # CREATE DATABASE ... TEMPLATE needs no other session on the template.
     yield name
     drop_database(pg_admin, name)
 
 
 @pytest.fixture(scope="module")
-def pg_dsns(pg_admin, pg_template):
-    """Two fresh, migrated databases: the two physical shards of one module's tests."""
+def pg_shards(request) -> int:
+    """The logical shards of a module's cluster: its PG_SHARDS, else production's 16."""
+    return getattr(request.module, "PG_SHARDS", 16)
+
+
+@pytest.fixture(scope="module")
+def pg_dsns(pg_admin, pg_template, pg_shards):
+    """Two fresh, migrated databases, one cluster of `pg_shards` shards (shard s on the
+    s mod 2-th, the first one home): the two physical shards of one module's tests."""
+    from app.registry.migrate import establish_cluster
+
     names = [create_database(pg_admin, pg_template) for _ in range(2)]
-    yield tuple(_pg_url(n) for n in names)
+    dsns = tuple(_pg_url(n) for n in names)
+    establish_cluster(dsns, pg_shards)
+    yield dsns
     from app.registry.engines import _registries
 
     for settings in list(_registries):
@@ -149,9 +161,12 @@ def _bulk_caller(frame) -> tuple[str, str | None]:
         frame = frame.f_back
     module = sys.modules[frame.f_globals["__name__"]]
     target: object = module
-    for part in frame.f_code.co_qualname.split("."):
+    # A function nested in another (a per-database write handed to
+    # Registry.for_each_database) is documented by the function it is nested in.
+    qualname = frame.f_code.co_qualname.split(".<locals>.")[0]
+    for part in qualname.split("."):
         target = getattr(target, part, None)
-    name = f"{module.__name__}.{frame.f_code.co_qualname}"
+    name = f"{module.__name__}.{qualname}"
     return name, getattr(target, "__doc__", None)
 
 

@@ -73,9 +73,8 @@ def job_row(
 
 def insert_jobs(registry: Registry, rows: Iterable[dict], chunk: int = 1000) -> None:
     by_engine: dict[int, list[dict]] = defaultdict(list)
-    count = len(registry.engines)
     for row in rows:
-        by_engine[row["shard"] % count].append(row)
+        by_engine[registry.database_index(row["shard"])].append(row)
     for index, group in by_engine.items():
         with registry.engines[index].begin() as conn:
             for start in range(0, len(group), chunk):

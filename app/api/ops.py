@@ -5,8 +5,9 @@ HEALTH_TIMEOUT_S) and answers per LOGICAL shard, so an operator sees which shard
 dead primary takes down, plus `broker`: with the broker down no job fires, so the
 answer is 503 then too. /metrics is Prometheus text: the counters (app.metrics,
 summed over the process group in multiprocess mode, app.metrics_endpoint) plus
-registry gauges (jobs by state, dead letters, backlog per shard) that cost a count
-over every DSN, so they are cached for GAUGE_TTL_S.
+registry gauges (jobs by state, dead letters, backlog per shard), counted while the
+tables are small and estimated from PostgreSQL's statistics once they are big
+(app.registry.estimates), cached for GAUGE_TTL_S.
 """
 from __future__ import annotations
 
@@ -53,15 +54,21 @@ def health(registry: Registry) -> tuple[list[dict], dict]:
     wait([*futures, broker_future], timeout=HEALTH_TIMEOUT_S)
     pool.shutdown(wait=False)  # a hung DSN or broker must not hold the answer
     status = [_answer(future) for future in futures]
+    broker_error = _answer(broker_future)
+    broker = {"ok": broker_error is None, **({"error": broker_error} if broker_error else {})}
+    try:
+        routing = registry.routing()
+    except Exception as exc:  # no map, no shard is served; the class says enough
+        unread = [{"shard": shard, "ok": False, "error": f"shard map unreadable ({type(exc).__name__})"}
+                  for shard in range(registry.settings.shards)]
+        return unread, broker
     shards = []
     for shard in range(registry.settings.shards):
-        error = status[registry.database_index(shard)]
+        error = status[routing.shard_index[shard]]
         entry: dict[str, Any] = {"shard": shard, "ok": error is None}
         if error is not None:
             entry["error"] = error
         shards.append(entry)
-    broker_error = _answer(broker_future)
-    broker = {"ok": broker_error is None, **({"error": broker_error} if broker_error else {})}
     return shards, broker
 
 

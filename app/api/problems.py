@@ -4,8 +4,9 @@ A problem is `{"type", "title", "status", "detail", "errors": [{"field", "messag
 `errors` is always present (empty unless fields are at fault). The service errors
 (ValidationError 422, NotFound 404, Conflict 409, Unavailable 503 in a batch item),
 authentication (401), Flask's own errors (400, 404, 405, 413, 415 raised by routing
-or body parsing) and a database that cannot be reached (503 with Retry-After) all
-come out in this one shape, so a client parses one thing.
+or body parsing), a database that cannot be reached (503 with Retry-After) and a
+write refused by a shard move's fence (503, Retry-After: 1) all come out in this one
+shape, so a client parses one thing.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from sqlalchemy import exc as sa_exc
 from werkzeug.exceptions import HTTPException
 
 from app.core.errors import FieldError, ValidationError
+from app.registry.engines import is_fence_error
 from app.services.errors import Conflict, NotFound, Unavailable
 
 PROBLEM_TYPE = "application/problem+json"
@@ -107,6 +109,9 @@ def _registry_unavailable(exc: Exception) -> Response:
 
 
 def _unexpected(exc: Exception) -> Response:
+    if is_fence_error(exc):  # a write to a shard in the fence of a move: seconds at most
+        return problem(503, "Service Unavailable", "the job's shard is being moved; try again in a moment",
+                       kind="shard-moving", headers={"Retry-After": "1"})
     log.exception("unhandled error", exc_info=exc)
     return problem(500, "Internal Server Error", "the server failed to answer this request")
 

@@ -13,7 +13,7 @@ import click
 from app.settings import VARIABLES
 
 _SUBCOMMAND_MODULES = (
-    "app.cli.ops", "app.cli.keys", "app.cli.jobs", "app.cli.runs", "app.cli.dev", "app.cli.serve",
+    "app.cli.ops", "app.cli.shards", "app.cli.keys", "app.cli.jobs", "app.cli.runs", "app.cli.dev", "app.cli.serve",
 )
 
 

@@ -1,5 +1,5 @@
-"""Operator commands: `punctual migrate` and `punctual owners` (and the settings every
-operator command loads).
+"""Operator commands: `punctual migrate` and `punctual owners` (and the settings and the
+checked registry every operator command loads).
 
 `punctual keys ...` lives in app.cli.keys.
 """
@@ -25,9 +25,34 @@ def load_settings():
         sys.exit(2)
 
 
+def load_registry(serving: bool = False):
+    """The process's Registry with its shard map read and checked: a DSN list that
+    disagrees with the stored map ends the command with one line. A server
+    (`serving`) starts while the home does not answer and reads the map later."""
+    from app.registry.engines import registry_for
+    from app.registry.shard_map import MapUnavailable, ShardMapError
+
+    registry = registry_for(load_settings())
+    try:
+        registry.check()
+    except MapUnavailable as exc:
+        if not serving:
+            click.echo(f"punctual: {exc}", err=True)
+            sys.exit(2)
+        click.echo(f"punctual: warning: {exc}; the map is read when it answers", err=True)
+    except ShardMapError as exc:
+        click.echo(f"punctual: {exc}", err=True)
+        sys.exit(2)
+    return registry
+
+
 @click.command()
 def migrate() -> None:
-    """Create or upgrade the schema on every physical shard (safe to repeat)."""
+    """Create or upgrade the schema on every database (safe to repeat); the first run
+    also writes the shard map, and a database added at the end gets its identity."""
+    from app.registry.migrate import establish_cluster, migrate_schema
+    from app.registry.shard_map import ShardMapError
+
     import sqlalchemy as sa
 
     from app.registry.migrate import migrate_all
@@ -36,7 +61,7 @@ def migrate() -> None:
     log = start_logging("migrate", settings)
     for dsn in settings.database_urls:
         try:
-            [(_dsn, before, after)] = migrate_all((dsn,))
+            [(_dsn, before, after)] = migrate_schema((dsn,))
         except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
             click.echo(f"punctual: cannot migrate {_redact(dsn)}: {_reason(exc)}", err=True)
             sys.exit(1)
@@ -46,6 +71,14 @@ def migrate() -> None:
                      extra={"database": _redact(dsn), "before": before, "after": after})
         else:
             click.echo(f"{_redact(dsn)}: {state}")
+    try:
+        establish_cluster(settings.database_urls, settings.shards, echo=click.echo)
+    except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
+        click.echo(f"punctual: cannot write the shard map: {_reason(exc)}", err=True)
+        sys.exit(1)
+    except ShardMapError as exc:
+        click.echo(f"punctual: {exc}", err=True)
+        sys.exit(2)
 
 
 def start_logging(process: str, settings) -> logging.Logger:

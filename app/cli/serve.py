@@ -19,7 +19,7 @@ import os
 
 import click
 
-from app.cli.ops import load_settings
+from app.cli.ops import load_registry, load_settings
 
 DEFAULT_THREADS = 8
 
@@ -89,6 +89,8 @@ def api(host: str, port: int, workers: int | None, threads: int, graceful_timeou
     from gunicorn.app.base import BaseApplication
 
     settings = load_settings()  # a bad variable stops here, before any worker starts
+    # So does a DSN list the shard map refuses; the check's connections do not cross the fork.
+    load_registry(serving=True).dispose()
 
     class _Server(BaseApplication):
         def load_config(self):

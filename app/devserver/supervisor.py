@@ -205,7 +205,7 @@ def _prepare_registry(settings, data_dir: Path):
     from app.registry.engines import registry_for
     from app.registry.migrate import migrate_all
 
-    migrate_all(settings.database_urls)
+    migrate_all(settings.database_urls, shards=settings.shards)
     registry = registry_for(settings)
     try:
         return credentials.dev_key(registry, data_dir)

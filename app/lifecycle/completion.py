@@ -55,16 +55,14 @@ class CompletionReport:
 
 def complete(registry: Registry, finished: Sequence[Finished], now: datetime,
              rand: Callable[[], float] = random.random) -> CompletionReport:
-    """Write a batch of finished attempts: one transaction per physical DSN."""
-    by_engine: dict[int, list[Finished]] = defaultdict(list)
-    engines = registry.engines
-    for item in finished:
-        by_engine[registry.database_index(item.run.shard)].append(item)
-    report = CompletionReport()
-    for index, batch in by_engine.items():
-        with engines[index].begin() as conn:
-            report += apply(conn, batch, now, rand, registry.settings.lease_s)
-    return report
+    """Write a batch of finished attempts: one transaction per database (by the shard
+    map; a batch refused by a move's fence is written where its shard went)."""
+
+    def write(engine: sa.Engine, batch: list[Finished]) -> CompletionReport:
+        with engine.begin() as conn:
+            return apply(conn, batch, now, rand, registry.settings.lease_s)
+
+    return sum(registry.for_each_database(finished, lambda item: item.run.shard, write), CompletionReport())
 
 
 def apply(conn: sa.Connection, batch: Sequence[Finished], now: datetime, rand: Callable[[], float],

@@ -40,10 +40,10 @@ from app.registry.transient import retrying
 
 
 def _by_engine(registry: Registry, items: Iterable, run_of=lambda item: item) -> dict[int, list]:
-    count = len(registry.engines)
+    """Items grouped by the database that serves their run's shard (the shard map)."""
     grouped: dict[int, list] = defaultdict(list)
     for item in items:
-        grouped[run_of(item).shard % count].append(item)
+        grouped[registry.database_index(run_of(item).shard)].append(item)
     return grouped
 
 

@@ -1,19 +1,35 @@
 """The registry's connections: one SQLAlchemy engine per physical DSN.
 
-Logical shard s lives on DSN s mod N (see app.registry.sharding). Postgres DSNs are plain
+Which database serves a logical shard is the stored shard map (app.registry.shard_map),
+read and followed by the Registry; databases are recognised by identity, not by
+their place in PUNCTUAL_DATABASE_URLS. Postgres DSNs are plain
 `postgresql://` URLs; Punctual picks psycopg 3 as the driver. The embedded SQLite
 file is opened in WAL mode with a busy timeout so the API, the poller and the
 worker of `punctual dev` can share it.
 """
 from __future__ import annotations
 
+import logging
 import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
 from functools import cached_property
+from typing import TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, make_url
 
-from app.registry.sharding import physical_index
+from app.registry.shard_map import (
+    UNREACHABLE,
+    Routing,
+    ShardMapError,
+    find_home,
+    read_identity,
+    read_map,
+    read_version,
+    route,
+)
 from app.settings import Settings
 
 
@@ -63,28 +79,155 @@ def create_engine_for(dsn: str, pool_size: int = 10) -> Engine:
     )
 
 
+# How often a process asks the home database whether the shard map changed.
+MAP_REFRESH_S = 2.0
+# How long a write refused by a move's fence waits for the switch before it gives up.
+FENCE_WAIT_S = 60.0
+# The SQLSTATE of a write refused by a move's fence (migration 0004's triggers).
+FENCE_SQLSTATE = "PT409"
+
+log = logging.getLogger("punctual.registry")
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def is_fence_error(exc: BaseException) -> bool:
+    """True when a database refused a write because its shard is being moved away."""
+    return getattr(getattr(exc, "orig", None), "sqlstate", None) == FENCE_SQLSTATE
+
+
 class Registry:
-    """Engines for every physical shard of one Settings, created lazily, shared per process."""
+    """Engines for every database of one Settings, created lazily, shared per process,
+    and the shard map that says which of them serves each logical shard.
+
+    The map is read from the home database at first use (a DSN list that disagrees
+    with it raises ShardMapError, one line) and followed afterwards: its version is
+    asked every MAP_REFRESH_S, and the map read again when it went up.
+    """
 
     def __init__(self, settings: Settings):
         self.settings = settings
+        self.map_refresh_s = MAP_REFRESH_S
         self._lock = threading.Lock()
+        self._routing: Routing | None = None
+        self._checked_at = 0.0
 
     @cached_property
     def engines(self) -> tuple[Engine, ...]:
-        return tuple(create_engine_for(dsn, self.settings.db_pool_size) for dsn in self.settings.database_urls)
+        size = self.settings.db_pool_size
+        return tuple(create_engine_for(dsn, size) for dsn in self.settings.database_urls)
+
+    def routing(self) -> Routing:
+        """The shard map as this process follows it."""
+        routing = self._routing
+        if routing is not None and time.monotonic() < self._checked_at + self.map_refresh_s:
+            return routing
+        if routing is None:
+            self._lock.acquire()
+        elif not self._lock.acquire(blocking=False):
+            return routing  # another thread is asking the home right now: nobody waits for it
+        try:
+            if self._routing is None:
+                self._routing = self._load(None)
+            elif time.monotonic() >= self._checked_at + self.map_refresh_s:
+                try:
+                    self._routing = self._load(self._routing)
+                except (sa.exc.SQLAlchemyError, ShardMapError) as exc:
+                    # Keep following the map we have; a home that is away shows in /healthz.
+                    log.warning("shard map not refreshed: %s", exc)
+            self._checked_at = time.monotonic()
+            return self._routing
+        finally:
+            self._lock.release()
+
+    def reload_map(self) -> Routing:
+        """Read the map now (a move's own steps, a fenced write waiting for the switch)."""
+        with self._lock:
+            self._routing = self._load(self._routing, force=True)
+            self._checked_at = time.monotonic()
+            return self._routing
+
+    def check(self) -> Routing:
+        """Start-up: the map read and checked against PUNCTUAL_DATABASE_URLS, or ShardMapError."""
+        return self.routing()
+
+    def _load(self, current: Routing | None, force: bool = False) -> Routing:
+        if current is None:
+            identities = [self._identity(engine) for engine in self.engines]
+            home = find_home(identities)
+        else:
+            identities, home = list(current.identities), current.home_index
+        with self.engines[home].connect() as conn:
+            if current is not None and not force and read_version(conn) == current.map.version:
+                return current
+            value = read_map(conn)
+        if value is None:
+            raise ShardMapError("the home database holds no shard map yet: run `punctual migrate`")
+        return route(identities, value, self.settings.shards)
+
+    @staticmethod
+    def _identity(engine: Engine):
+        try:
+            return read_identity(engine)
+        except sa.exc.OperationalError:  # down for now: its shards show as down in /healthz
+            return UNREACHABLE
 
     def database_index(self, shard: int) -> int:
-        """Which DSN (index into PUNCTUAL_DATABASE_URLS) holds logical shard `shard`."""
-        return physical_index(shard, len(self.settings.database_urls))
+        """Which DSN (index into PUNCTUAL_DATABASE_URLS) serves logical shard `shard`."""
+        return self.routing().shard_index[shard]
 
     def engine_for_shard(self, shard: int) -> Engine:
         return self.engines[self.database_index(shard)]
 
     @property
     def home(self) -> Engine:
-        """The DSN of logical shard 0: owners and API keys live there."""
-        return self.engine_for_shard(0)
+        """The home database: owners, API keys, named limits and the shard map live there."""
+        return self.engines[self.routing().home_index]
+
+    def shard_fenced(self, shard: int) -> bool:
+        """A move has fenced the shard: its pollers do not claim."""
+        return self.routing().fenced(shard)
+
+    def foreign_shards(self, index: int) -> list[int]:
+        """Shards whose rows DSN `index` holds without serving them (see Routing)."""
+        return self.routing().foreign_shards(index)
+
+    def for_each_database(self, items: Sequence[T], shard_of: Callable[[T], int],
+                          write: Callable[[Engine, list[T]], R]) -> list[R]:
+        """`write(engine, group)` for the items of each database, grouped by the map.
+
+        A group refused by a move's fence waits for the map to switch and is written
+        again where its shard went: a worker's start, heartbeat or completion
+        during a move is forwarded, not lost. Groups already written stay written.
+        """
+        results: list[R] = []
+        pending = list(items)
+        deadline = None
+        while pending:
+            groups: dict[int, list[T]] = defaultdict(list)
+            routing = self.routing()
+            for item in pending:
+                groups[routing.shard_index[shard_of(item)]].append(item)
+            pending = []
+            refused: sa.exc.DBAPIError | None = None
+            for index, group in groups.items():
+                try:
+                    results.append(write(self.engines[index], group))
+                except sa.exc.DBAPIError as exc:
+                    if not is_fence_error(exc):
+                        raise
+                    pending.extend(group)
+                    refused = exc
+            if pending:
+                deadline = deadline or time.monotonic() + FENCE_WAIT_S
+                if time.monotonic() > deadline and refused is not None:
+                    raise refused
+                time.sleep(0.2)
+                try:
+                    self.reload_map()
+                except sa.exc.SQLAlchemyError:
+                    pass  # the home is away for a moment: try again after the pause
+        return results
 
     @property
     def is_sqlite(self) -> bool:

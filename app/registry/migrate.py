@@ -1,12 +1,14 @@
-"""`punctual migrate`: bring every physical shard to the newest schema revision.
+"""`punctual migrate`: bring every database to the newest schema revision, then make
+sure each carries its identity and the home the shard map (app.registry.shard_map).
 
 Safe to repeat: Alembic records the revision in each database, so a second run
-finds nothing to do. Migrations are forward-only and live in migrations/ (installed as
-app/_migrations).
+finds nothing to do, and the map is written only once. Migrations are forward-only
+and live in migrations/ (installed as app/_migrations).
 """
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -16,6 +18,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
 from app.registry.engines import create_engine_for
+from app.registry.shard_map import establish
 
 
 def _script_location() -> str:
@@ -67,8 +70,11 @@ def migrate_engine(engine: sa.Engine) -> tuple[str | None, str]:
     return before, after
 
 
-def migrate_all(dsns: tuple[str, ...]) -> list[tuple[str, str | None, str]]:
-    """Upgrade every DSN; returns (dsn, before, after) for each."""
+def migrate_schema(dsns: tuple[str, ...]) -> list[tuple[str, str | None, str]]:
+    """Upgrade every DSN's schema, nothing else; returns (dsn, before, after) for each.
+
+    A database migrated this way belongs to no cluster yet (tests clone one as a
+    template); `migrate_all` is what an operator runs."""
     results = []
     for dsn in dsns:
         if dsn.startswith("sqlite:///"):
@@ -80,3 +86,25 @@ def migrate_all(dsns: tuple[str, ...]) -> list[tuple[str, str | None, str]]:
             engine.dispose()
         results.append((dsn, before, after))
     return results
+
+
+def migrate_all(dsns: tuple[str, ...], *, shards: int,
+                echo: Callable[[str], None] = lambda _line: None) -> list[tuple[str, str | None, str]]:
+    """Upgrade every DSN, then `establish_cluster`; returns (dsn, before, after) for each."""
+    results = migrate_schema(dsns)
+    establish_cluster(dsns, shards, echo)
+    return results
+
+
+def establish_cluster(dsns: tuple[str, ...], shards: int,
+                      echo: Callable[[str], None] = lambda _line: None) -> None:
+    """Give each database its identity and, the first time, write the shard map
+    (app.registry.shard_map.establish); `echo` gets a line per thing done. Raises
+    ShardMapError when the list and the stored map disagree."""
+    engines = [create_engine_for(dsn, pool_size=1) for dsn in dsns]
+    try:
+        for line in establish(engines, shards):
+            echo(line)
+    finally:
+        for engine in engines:
+            engine.dispose()

@@ -185,6 +185,14 @@ sa.Index(
     postgresql_where=runs.c.state.in_(("claimed", "running")),
     sqlite_where=runs.c.state.in_(("claimed", "running")),
 )
+# Retention (app.pollers.retention) deletes the oldest finished runs of a shard first.
+sa.Index(
+    "ix_runs_finished",
+    runs.c.shard,
+    runs.c.finished_at,
+    postgresql_where=runs.c.finished_at.isnot(None),
+    sqlite_where=runs.c.finished_at.isnot(None),
+)
 sa.Index(
     "ix_runs_dead",
     runs.c.owner,
@@ -194,7 +202,7 @@ sa.Index(
     sqlite_where=runs.c.state == "dead",
 )
 
-# Owners and keys live on the physical DSN of logical shard 0 (the "home" DSN).
+# Owners and keys live on the home database (the shard map names it: app.registry.shard_map).
 owners = sa.Table(
     "owners",
     metadata,
@@ -229,3 +237,71 @@ limit_keys = sa.Table(
     sa.Column("max_concurrency", sa.Integer(), nullable=True),
     sa.Column("updated_at", UTCDateTime(), nullable=False),
 )
+
+# --- the shard map (app.registry.shard_map) and moves (app.registry.mover) -----------
+
+# Every database's identity: one row. The home's id names where owners and the map live.
+punctual_database = sa.Table(
+    "punctual_database",
+    metadata,
+    sa.Column("database_id", sa.Uuid(), primary_key=True),
+    sa.Column("cluster_id", sa.Uuid(), nullable=False),
+    sa.Column("home_id", sa.Uuid(), nullable=False),
+    # Its place in PUNCTUAL_DATABASE_URLS when it was stamped.
+    sa.Column("created_index", sa.Integer(), nullable=False),
+    sa.Column("created_at", UTCDateTime(), nullable=False),
+)
+
+# On the home database only: the cluster, and the map's version (bumped by every change).
+punctual_cluster = sa.Table(
+    "punctual_cluster",
+    metadata,
+    sa.Column("cluster_id", sa.Uuid(), primary_key=True),
+    sa.Column("home_id", sa.Uuid(), nullable=False),
+    sa.Column("map_version", sa.BigInteger(), nullable=False),
+    sa.Column("created_at", UTCDateTime(), nullable=False),
+)
+
+# On the home database only: every database of the cluster and its place in the list
+# when it was stamped, so a process that starts while one is unreachable still knows
+# which DSN stands for which database.
+cluster_databases = sa.Table(
+    "cluster_databases",
+    metadata,
+    sa.Column("database_id", sa.Uuid(), primary_key=True),
+    sa.Column("created_index", sa.Integer(), nullable=False),
+    sa.Column("created_at", UTCDateTime(), nullable=False),
+)
+
+MOVE_STEPS = ("copying", "fenced", "switched")  # app.registry.mover
+
+# On the home database only: logical shard -> the database serving it, and a move in progress.
+shard_map = sa.Table(
+    "shard_map",
+    metadata,
+    sa.Column("shard", sa.SmallInteger(), primary_key=True, autoincrement=False),
+    sa.Column("database_id", sa.Uuid(), nullable=False),
+    sa.Column("move_peer", sa.Uuid(), nullable=True),  # the move's target before the switch, its source after
+    sa.Column("move_step", sa.Text(), nullable=True),
+    sa.Column("updated_at", UTCDateTime(), nullable=False),
+    sa.CheckConstraint(sa.column("move_step").in_(MOVE_STEPS), name="move_step"),
+)
+
+# On every database, written by a move: writes to a `fenced` shard's rows are refused
+# (a trigger), and keys of a `tracking` shard's changed rows are kept in shard_changes.
+shard_fences = sa.Table(
+    "shard_fences",
+    metadata,
+    sa.Column("shard", sa.SmallInteger(), primary_key=True, autoincrement=False),
+    sa.Column("mode", sa.Text(), nullable=False),
+    sa.CheckConstraint(sa.column("mode").in_(("tracking", "fenced")), name="mode"),
+)
+
+shard_changes = sa.Table(
+    "shard_changes",
+    metadata,
+    sa.Column("table_name", sa.Text(), primary_key=True),
+    sa.Column("row_key", sa.Uuid(), primary_key=True),
+    sa.Column("shard", sa.SmallInteger(), nullable=False),
+)
+sa.Index("ix_shard_changes_shard", shard_changes.c.shard, shard_changes.c.table_name)

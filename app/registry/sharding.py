@@ -1,9 +1,9 @@
 """Shard routing: pure functions, no I/O.
 
 A job's logical shard is a stable hash of its id (not Python's `hash()`, which is
-salted per process) modulo PUNCTUAL_SHARDS. Logical shard s lives on physical DSN
-s mod N, so moving a logical shard to a new primary is a copy plus a map change,
-never a re-hash.
+salted per process) modulo PUNCTUAL_SHARDS. Which database serves a logical shard
+is the stored shard map (app.registry.shard_map), so moving a logical shard to a new
+primary is a copy plus a map change, never a re-hash.
 """
 from __future__ import annotations
 
@@ -17,16 +17,6 @@ def shard_for(job_id: uuid.UUID | str, shards: int) -> int:
     return int.from_bytes(hashlib.sha1(raw).digest()[:8], "big") % shards
 
 
-def physical_index(shard: int, physical_count: int) -> int:
-    """Which DSN (index into PUNCTUAL_DATABASE_URLS) holds logical shard `shard`."""
-    return shard % physical_count
-
-
 def queue_name(shard: int) -> str:
     """The RabbitMQ queue that carries shard `shard`'s poll and dispatch work."""
     return f"shard-{shard:02d}"
-
-
-def shards_on(physical: int, physical_count: int, shards: int) -> list[int]:
-    """The logical shards whose rows live on physical DSN number `physical`."""
-    return [s for s in range(shards) if s % physical_count == physical]

@@ -32,7 +32,7 @@ from app.registry import bulk
 from app.registry.engines import Registry
 from app.registry.records import Row, new_job_row
 from app.registry.schema import jobs
-from app.registry.sharding import physical_index, shard_for
+from app.registry.sharding import shard_for
 from app.services import idempotency
 from app.services.errors import Conflict, Unavailable
 from app.services.jobs import first_fire_remembered
@@ -67,10 +67,9 @@ def create_jobs(registry: Registry, owner: str, items: list[Any], now: datetime)
         raise ValidationError.single("jobs", f"must hold at most {MAX_JOBS} jobs")
     plans = [_plan(registry, owner, item, now) for item in items]
     by_engine: dict[int, list[_Placed]] = {}
-    dsns = len(registry.engines)
     for index, plan in enumerate(plans):
         if plan.job_id is not None and (plan.row is not None or plan.request_hash is not None):
-            engine_index = physical_index(shard_for(plan.job_id, registry.settings.shards), dsns)
+            engine_index = registry.database_index(shard_for(plan.job_id, registry.settings.shards))
             by_engine.setdefault(engine_index, []).append((index, plan.job_id, plan))
     answered: dict[int, Outcome] = {}
     for engine_index, placed in by_engine.items():

@@ -30,6 +30,7 @@ from app.core.timefmt import truncate_to_ms
 from app.limits.keys import record_limit_key
 from app.registry.dialect import is_postgres
 from app.registry.engines import Registry
+from app.registry.estimates import counts_by_state
 from app.registry.records import (
     Row,
     dst_columns,
@@ -214,19 +215,26 @@ def list_jobs(registry: Registry, owner: str, *, state: str | None, name: str | 
         query = query.where(jobs.c.name == name)
     query = newest_first(query, jobs.c.created_at, jobs.c.job_id, position, limit)
     pages = []
-    for engine in registry.engines:
+    for index, engine in enumerate(registry.engines):
         with engine.connect() as conn:
-            pages.append(list(conn.execute(query).mappings()))
+            pages.append(list(conn.execute(served_only(registry, index, query, jobs)).mappings()))
     return merge_newest("j", pages, limit, "created_at", "job_id")
 
 
+def served_only(registry: Registry, index: int, query: sa.Select, table: sa.Table) -> sa.Select:
+    """`query` on database `index` without the rows of shards it holds but does not
+    serve (a move's copy or leftovers), so a moving job is never listed twice."""
+    foreign = registry.foreign_shards(index)
+    return query.where(table.c.shard.notin_(foreign)) if foreign else query
+
+
 def count_by_state(registry: Registry) -> dict[str, int]:
-    """Jobs per state over every DSN (operator metrics; not owner-scoped)."""
+    """Jobs per state over every database (operator metrics; not owner-scoped): exact
+    while the table is small, PostgreSQL's estimate once it is big (app.registry.estimates)."""
     counts = dict.fromkeys(JOB_STATES, 0)
-    query = sa.select(jobs.c.state, sa.func.count()).group_by(jobs.c.state)
     for engine in registry.engines:
         with engine.connect() as conn:
-            for state, count in conn.execute(query):
+            for state, count in counts_by_state(conn, jobs).items():
                 counts[state] = counts.get(state, 0) + count
     return counts
 

@@ -3,7 +3,7 @@
 An owner's weight (default 1) is its share of each claim batch relative to the other
 owners with due rows (app.pollers.shares); `punctual owners set OWNER --weight N`.
 
-Owners and keys live on the home DSN (logical shard 0's). Only the SHA-256 of a key
+Owners and keys live on the home database (app.registry.shard_map). Only the SHA-256 of a key
 is stored; a request's key is hashed and looked up, then compared in constant time.
 A key's id is the first KEY_ID_CHARS hex digits of that hash: enough to name it in
 `punctual keys list|revoke`, never enough to use it.

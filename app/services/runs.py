@@ -14,10 +14,11 @@ from datetime import datetime
 import sqlalchemy as sa
 
 from app.registry.engines import Registry
+from app.registry.estimates import counts_by_state
 from app.registry.records import Row
 from app.registry.schema import jobs, runs
 from app.services.errors import Conflict, NotFound
-from app.services.jobs import insert_run, locate, select_job
+from app.services.jobs import insert_run, locate, select_job, served_only
 from app.services.pagination import Page, decode_cursor, merge_newest, newest_first
 
 
@@ -44,18 +45,19 @@ def list_dead_letters(registry: Registry, owner: str, *, limit: int, cursor: str
         runs.c.created_at, runs.c.run_id, position, limit,
     )
     pages = []
-    for engine in registry.engines:
+    for index, engine in enumerate(registry.engines):
         with engine.connect() as conn:
-            pages.append(list(conn.execute(query).mappings()))
+            pages.append(list(conn.execute(served_only(registry, index, query, runs)).mappings()))
     return merge_newest("d", pages, limit, "created_at", "run_id")
 
 
 def count_dead(registry: Registry) -> int:
-    """Runs in state `dead` over every DSN (operator metrics; not owner-scoped)."""
+    """Runs in state `dead` over every database (operator metrics; not owner-scoped):
+    exact while the table is small, an estimate once it is big (app.registry.estimates)."""
     total = 0
     for engine in registry.engines:
         with engine.connect() as conn:
-            total += conn.execute(sa.select(sa.func.count()).select_from(runs).where(runs.c.state == "dead")).scalar_one()
+            total += counts_by_state(conn, runs, ("dead",)).get("dead", 0)
     return total
 
 
@@ -108,9 +110,10 @@ def _run_query(owner: str, run_id: uuid.UUID) -> sa.Select:
 
 def _find_run(registry: Registry, owner: str, run_id: uuid.UUID) -> tuple[sa.Engine, uuid.UUID] | None:
     """Which DSN holds a run (run ids are random: each DSN is asked by primary key)."""
-    for engine in registry.engines:
+    for index, engine in enumerate(registry.engines):
+        query = sa.select(runs.c.job_id).where(runs.c.run_id == run_id, runs.c.owner == owner)
         with engine.connect() as conn:
-            job_id = conn.execute(sa.select(runs.c.job_id).where(runs.c.run_id == run_id, runs.c.owner == owner)).scalar()
+            job_id = conn.execute(served_only(registry, index, query, runs)).scalar()
         if job_id is not None:
             return engine, job_id
     return None

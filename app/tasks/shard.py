@@ -6,21 +6,29 @@ after its COMMIT, so one tick drains a burst; then the relay sweep publishes
 outbox rows that are due (triggered and replayed runs, off-schedule retries, runs a
 crashed poller left unpublished), so those wait at most about one poll interval.
 
-sweep (slower, see app.pollers.beat): the janitor takes back expired leases, and
-the relay sweep runs once more.
+sweep (slower, see app.pollers.beat): the janitor takes back expired leases, the
+relay sweep runs once more, and retention deletes history older than
+PUNCTUAL_HISTORY_DAYS (app.pollers.retention).
+
+While a move fences the shard (app.registry.mover) both do nothing: the map says
+so, and a tick that started before the map did is refused by the database's fence
+(SQLSTATE PT409) and ends quietly; the next tick after the switch claims on the
+shard's new database.
 """
 from __future__ import annotations
 
 import logging
 import time
 
+import sqlalchemy as sa
 from celery import shared_task
 
 from app.core.timefmt import utcnow
 from app.logs import log_context
-from app.pollers import janitor, relay
+from app.pollers import janitor, relay, retention
 from app.pollers.beat import POLL_TASK, SWEEP_TASK
 from app.pollers.claim import claim_batch
+from app.registry.engines import is_fence_error
 from app.registry.transient import retrying
 from app.settings import Settings
 from app.worker.context import get_context
@@ -47,6 +55,26 @@ def poll_shard(settings: Settings, engine, shard: int, send, weights: dict[str, 
     return {"shard": shard, "claimed": claimed, "batches": batches, "swept": swept}
 
 
+def sweep_shard(settings: Settings, engine, shard: int, send) -> dict:
+    """One sweep of one shard: expired leases, the outbox, then old history."""
+    expired = janitor.expire(engine, shard, utcnow(), settings)
+    swept = relay.sweep(engine, shard, utcnow(), send)
+    pruned = retention.prune(engine, shard, utcnow(), settings.history_days)
+    return {"shard": shard, "expired": expired, "swept": swept, "pruned": pruned}
+
+
+def _unless_fenced(registry, shard: int, tick):
+    if registry.shard_fenced(shard):
+        return {"shard": shard, "fenced": True}
+    try:
+        with log_context(shard=shard):
+            return tick(registry.engine_for_shard(shard))
+    except sa.exc.DBAPIError as exc:
+        if is_fence_error(exc):
+            return {"shard": shard, "fenced": True}
+        raise
+
+
 # send_events=False: no task events (received, started, succeeded) for the ticks, so
 # Flower's Tasks page shows the dispatches rather than thousands of polls an hour.
 # Celery checks this per task, in the worker, even while Flower has events switched on.
@@ -57,8 +85,11 @@ def poll(shard: int) -> dict:
 
     context = get_context()
     with log_context(shard=shard):
-        return poll_shard(context.settings, context.registry.engine_for_shard(shard), shard, send_dispatch,
-                          _weights(context))
+        return _unless_fenced(
+            context.registry,
+            shard,
+            lambda engine: poll_shard(context.settings, engine, shard, send_dispatch, _weights(context)),
+        )
 
 
 def _weights(context) -> dict[str, int]:
@@ -74,8 +105,5 @@ def sweep(shard: int) -> dict:
     from app.tasks.dispatch import send_dispatch
 
     context = get_context()
-    engine = context.registry.engine_for_shard(shard)
-    with log_context(shard=shard):
-        expired = janitor.expire(engine, shard, utcnow(), context.settings)
-        swept = relay.sweep(engine, shard, utcnow(), send_dispatch)
-    return {"shard": shard, "expired": expired, "swept": swept}
+    return _unless_fenced(context.registry, shard,
+                          lambda engine: sweep_shard(context.settings, engine, shard, send_dispatch))

@@ -6,14 +6,14 @@ jobs for as long as it takes (about a second per million scheduled rows here); t
 weight column has a constant default, so adding it rewrites nothing.
 
 Revision ID: 0005
-Revises: 0003
+Revises: 0004
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0005"
-down_revision = "0003"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 

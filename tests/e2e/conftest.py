@@ -43,6 +43,12 @@ def make_env(pg_dsns, amqp_url, prefix: str, **overrides: str) -> dict[str, str]
 
 
 @pytest.fixture(scope="module")
+def pg_shards() -> int:
+    """The cluster pg_dsns makes has the e2e processes' shard count."""
+    return E2E_SHARDS
+
+
+@pytest.fixture(scope="module")
 def module_redis_prefix():
     with unique_redis_prefix("e2e") as prefix:
         yield prefix

@@ -192,7 +192,7 @@ def test_a_dsn_that_fails_answers_its_own_jobs_503_and_the_others_are_created(pg
 def test_the_embedded_sqlite_registry_takes_batches_too(tmp_path):
     settings = Settings.from_env({"PUNCTUAL_DATABASE_URLS": f"sqlite:///{tmp_path}/registry.sqlite3",
                                   "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1", "PUNCTUAL_DEV_MODE": "1"})
-    migrate_all(settings.database_urls)
+    migrate_all(settings.database_urls, shards=settings.shards)
     key = create_key(registry_for(settings), "dev")
     client = create_app(settings).test_client()
     headers = {"Authorization": f"Bearer {key.api_key}"}

@@ -356,7 +356,7 @@ def test_the_embedded_sqlite_registry_creates_idempotently_too(tmp_path):
     from app.settings import Settings
 
     settings = Settings.from_env({"PUNCTUAL_DATA_DIR": str(tmp_path), "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1"})
-    migrate_all(settings.database_urls)
+    migrate_all(settings.database_urls, shards=settings.shards)
     registry = registry_for(settings)
     try:
         headers = {"Authorization": f"Bearer {create_key(registry, 'solo').api_key}", "Idempotency-Key": "k1"}

@@ -221,7 +221,7 @@ def test_run_all_over_the_cap_records_a_skipped_range(registry, grace_1s):
 def test_the_same_claim_runs_on_sqlite(tmp_path):
     """Embedded mode: no FOR UPDATE / SKIP LOCKED, one poller, the same code."""
     dsn = f"sqlite:///{tmp_path / 'registry.sqlite3'}"
-    migrate_all((dsn,))
+    migrate_all((dsn,), shards=1)
     settings = Settings.from_env({"PUNCTUAL_DATABASE_URLS": dsn, "PUNCTUAL_SHARDS": "1"})
     registry = registry_for(settings)
     now = utcnow()

@@ -145,7 +145,8 @@ def test_paused_and_cancelled_jobs_keep_their_state(registry):
 def test_a_batch_is_one_transaction_per_physical_dsn(registry):
     rows = [job_row(16, run_at=utcnow() - timedelta(seconds=1)) for _ in range(300)]
     found = started(registry, rows)
-    assert len({r.shard % 2 for r in found}) == 2
+    assert len({registry.database_index(r.shard) for r in found}) == 2
+    registry.map_refresh_s = 3600  # the map's version check is a read of its own; not counted here
     begins = []
     listeners = [(engine, lambda conn, e=engine: begins.append(e)) for engine in registry.engines]
     for engine, fn in listeners:

@@ -23,7 +23,7 @@ from punctual_client.signature import signature_header
 def dev_settings(tmp_path) -> Settings:
     settings = Settings.from_env({"PUNCTUAL_DATA_DIR": str(tmp_path / ".punctual"), "PUNCTUAL_DEV_MODE": "1",
                                   "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1"})
-    migrate_all(settings.database_urls)
+    migrate_all(settings.database_urls, shards=settings.shards)
     yield settings
     registry_for(settings).dispose()
 

@@ -223,7 +223,7 @@ def test_the_worker_path_runs_on_sqlite(tmp_path, sink):
     from app.settings import Settings
 
     dsn = f"sqlite:///{tmp_path / 'registry.sqlite3'}"
-    migrate_all((dsn,))
+    migrate_all((dsn,), shards=1)
     settings = Settings.from_env({"PUNCTUAL_DATABASE_URLS": dsn, "PUNCTUAL_SHARDS": "1",
                                   "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1", "PUNCTUAL_DATA_DIR": str(tmp_path)})
     registry = registry_for(settings)

@@ -36,6 +36,7 @@ from tests.sink import Sink
 pytestmark = pytest.mark.integration
 
 SHARDS = 4
+PG_SHARDS = SHARDS  # the cluster pg_dsns makes (tests/conftest.py)
 AUTH = ("punctual", "flower-test")
 MANAGEMENT_API = os.environ.get("PUNCTUAL_TEST_RABBITMQ_API", "http://guest:guest@127.0.0.1:15672/api/")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

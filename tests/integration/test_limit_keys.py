@@ -28,7 +28,7 @@ def registry(request, pg_settings, tmp_path):
         settings = pg_settings
     else:
         settings = Settings.from_env({"PUNCTUAL_DATA_DIR": str(tmp_path)})
-        migrate_all(settings.database_urls)
+        migrate_all(settings.database_urls, shards=settings.shards)
     reg = Registry(settings)
     yield reg
     if request.param == "postgresql":

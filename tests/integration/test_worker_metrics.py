@@ -22,6 +22,7 @@ from tests.e2e.processes import CELERY, Proc, wait_ready
 pytestmark = pytest.mark.integration
 
 SHARDS = 2
+PG_SHARDS = SHARDS  # the cluster pg_dsns makes (tests/conftest.py)
 
 
 def _free_port() -> int:

@@ -138,6 +138,8 @@ def test_every_punctual_name_in_the_settings_module_is_documented(api_md):
 def walk(command: click.Command, path: tuple[str, ...] = ()):
     """(path, command) for every command under `command`, the group itself left out."""
     if isinstance(command, click.Group):
+        if path and command.invoke_without_command:  # a group that is a command too (`punctual shards`)
+            yield path, command
         for name, sub in command.commands.items():
             yield from walk(sub, path + (name,))
     elif path:
