@@ -3,6 +3,7 @@
 Everything comes from the PUNCTUAL_* environment (Settings.from_env), read once.
 The choices below are deliberate; each says why.
 """
+
 import os
 
 from kombu import Exchange, Queue
@@ -66,7 +67,10 @@ task_annotations = {"*": {"max_retries": 0}}
 # Queues: one per logical shard, shard-00 .. shard-NN. `celery -A app worker -Q
 # shard-07` serves shard 7; poll, sweep and dispatch of a shard share its queue, so
 # a shard's work goes wherever its queue is consumed.
-task_queues = [Queue(name, Exchange(name, type="direct"), routing_key=name, durable=True) for name in shard_queues(_settings)]
+task_queues = [
+    Queue(name, Exchange(name, type="direct"), routing_key=name, durable=True)
+    for name in shard_queues(_settings)
+]
 task_default_queue = "shard-00"
 task_routes = (route_task,)
 task_create_missing_queues = False

@@ -6,6 +6,7 @@ collide with a user's own Alembic directory. The wheel carries them as
 app/_migrations (found by app.registry.migrate); a source checkout or an editable
 install reads migrations/ in place.
 """
+
 from setuptools import find_packages, setup
 
 setup(

@@ -17,6 +17,7 @@ and however many children it has.
 Logs: Celery's own set-up is replaced (the setup_logging signal) by app.logs, so
 beat and the workers log in PUNCTUAL_LOG_FORMAT like every other process.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -92,8 +93,9 @@ def _child_started(**_kw) -> None:
     # that message comes at the due instant, and the imports (Redis, urllib3, the SDK's
     # signature and its package) took seconds of a busy box's CPU right then (py-spy).
     # On a thread, so that the child takes its first task (a poll) without waiting.
-    threading.Thread(target=importlib.import_module, args=("app.worker.engine",), name="warm-up",
-                     daemon=True).start()
+    threading.Thread(
+        target=importlib.import_module, args=("app.worker.engine",), name="warm-up", daemon=True
+    ).start()
 
 
 @signals.worker_ready.connect

@@ -11,6 +11,7 @@ The run's fields come from a contextvar (`log_context`) rather than from every c
 site: a dispatch binds them once around the work on one run, and whatever logs
 inside (the webhook caller, the limiter, SQLAlchemy's warnings) carries them.
 """
+
 from __future__ import annotations
 
 import json
@@ -68,7 +69,8 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
-            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")
+            "ts": datetime.fromtimestamp(record.created, UTC)
+            .isoformat(timespec="milliseconds")
             .replace("+00:00", "Z"),
             "level": record.levelname,
             "logger": record.name,
@@ -96,8 +98,9 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
-        context = " ".join(f"{name}={getattr(record, name)}"
-                           for name in CONTEXT_FIELDS if hasattr(record, name))
+        context = " ".join(
+            f"{name}={getattr(record, name)}" for name in CONTEXT_FIELDS if hasattr(record, name)
+        )
         if not context:
             return text
         first, newline, rest = text.partition("\n")  # keep a traceback below the line it belongs to
@@ -119,8 +122,9 @@ def handler(log_format: str, process_name: str, stream=None) -> logging.Handler:
     return out
 
 
-def configure(process_name: str, log_format: str, level: int | str = logging.INFO,
-              stream=None) -> logging.Handler:
+def configure(
+    process_name: str, log_format: str, level: int | str = logging.INFO, stream=None
+) -> logging.Handler:
     """Route the root logger (and so every library's logger) through one handler.
 
     Safe to call again (a forked child, a second setup): the handler installed by an

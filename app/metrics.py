@@ -6,6 +6,7 @@ letters); the API adds registry gauges (jobs by state, backlog per shard) comput
 at scrape time. A worker serves the sum over all its processes on
 PUNCTUAL_METRICS_PORT, the API on GET /metrics (app.metrics_endpoint).
 """
+
 from __future__ import annotations
 
 from prometheus_client import Counter, Histogram

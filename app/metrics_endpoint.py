@@ -15,6 +15,7 @@ prometheus-client docs say); otherwise each process group gets a new temporary
 directory of its own, removed when it exits, so two workers on one host never
 share or collide.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -77,8 +78,9 @@ def serve(port: int) -> bool:
     try:
         start_http_server(port, registry=collecting_registry())
     except OSError as exc:  # a taken port must not stop the worker: it still does its work
-        log.error("metrics: cannot listen on port %d (%s); PUNCTUAL_METRICS_PORT must differ per worker",
-                  port, exc)
+        log.error(
+            "metrics: cannot listen on port %d (%s); PUNCTUAL_METRICS_PORT must differ per worker", port, exc
+        )
         return False
     log.info("metrics on :%d (%s)", port, os.environ.get(ENV, "this process only"))
     return True

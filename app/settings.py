@@ -4,6 +4,7 @@
 `Settings.from_env` validates every value so that a bad one stops start-up with a
 one-line error naming the variable.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,13 +28,25 @@ class Variable:
 
 # The contract of docs/api.md ("Running it"), then the operator's tuning knobs.
 VARIABLES: tuple[Variable, ...] = (
-    Variable("PUNCTUAL_DATABASE_URLS", "", "comma-separated Postgres DSNs, the physical shards (default: embedded SQLite file under PUNCTUAL_DATA_DIR)"),
+    Variable(
+        "PUNCTUAL_DATABASE_URLS",
+        "",
+        "comma-separated Postgres DSNs, the physical shards "
+        "(default: embedded SQLite file under PUNCTUAL_DATA_DIR)",
+    ),
     Variable("PUNCTUAL_SHARDS", "16", "logical shards, a power of two"),
-    Variable("PUNCTUAL_BROKER_URL", "", "Celery broker (default: embedded filesystem transport under PUNCTUAL_DATA_DIR)"),
+    Variable(
+        "PUNCTUAL_BROKER_URL",
+        "",
+        "Celery broker (default: embedded filesystem transport under PUNCTUAL_DATA_DIR)",
+    ),
     Variable("PUNCTUAL_REDIS_URL", "", "Redis for rate limits and concurrency caps (default: in-process)"),
     Variable("PUNCTUAL_POLL_INTERVAL_S", "1", "how often beat asks each shard's poller to claim"),
-    Variable("PUNCTUAL_LEASE_S", "20",
-             "lease of a run in flight, renewed by the heartbeat; a claimed run may wait 30 leases to start"),
+    Variable(
+        "PUNCTUAL_LEASE_S",
+        "20",
+        "lease of a run in flight, renewed by the heartbeat; a claimed run may wait 30 leases to start",
+    ),
     Variable("PUNCTUAL_HEARTBEAT_S", "5", "lease extension interval while a call is in flight"),
     Variable("PUNCTUAL_MISFIRE_GRACE_S", "60", "lateness after which an occurrence counts as missed"),
     Variable("PUNCTUAL_ALLOW_PRIVATE_TARGETS", "0", "allow loopback/private target addresses"),
@@ -42,18 +55,34 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("PUNCTUAL_OWNER_MAX_IN_FLIGHT", "0", "calls in flight per owner across all workers (0 = none)"),
     Variable("PUNCTUAL_DATA_DIR", ".punctual", "where the embedded defaults keep their files (dev)"),
     Variable("PUNCTUAL_CLAIM_BATCH", "500", "rows claimed per transaction"),
-    Variable("PUNCTUAL_POLL_BUDGET_S", "5", "how long one poll task keeps claiming while batches come back full"),
-    Variable("PUNCTUAL_CLAIM_AHEAD_S", "10", "how long before its fire instant a run may be claimed; it starts at that instant (0 = claim when due)"),
+    Variable(
+        "PUNCTUAL_POLL_BUDGET_S", "5", "how long one poll task keeps claiming while batches come back full"
+    ),
+    Variable(
+        "PUNCTUAL_CLAIM_AHEAD_S",
+        "10",
+        "how long before its fire instant a run may be claimed; "
+        "it starts at that instant (0 = claim when due)",
+    ),
     Variable("PUNCTUAL_DISPATCH_THREADS", "256", "concurrent target calls per worker process"),
     Variable("PUNCTUAL_DB_POOL_SIZE", "10", "connections per physical shard per process"),
     Variable("PUNCTUAL_REDIS_PREFIX", "punctual", "prefix of every Redis key Punctual writes"),
-    Variable("PUNCTUAL_HISTORY_DAYS", "30",
-             "days run history and dead letters are kept after they finish (fractions allowed)"),
-    Variable("PUNCTUAL_METRICS_PORT", "0",
-             "port where a worker serves Prometheus metrics for all its processes (0 = off)"),
+    Variable(
+        "PUNCTUAL_HISTORY_DAYS",
+        "30",
+        "days run history and dead letters are kept after they finish (fractions allowed)",
+    ),
+    Variable(
+        "PUNCTUAL_METRICS_PORT",
+        "0",
+        "port where a worker serves Prometheus metrics for all its processes (0 = off)",
+    ),
     Variable("PUNCTUAL_LOG_FORMAT", "text", "text, or json for one JSON object per line (every process)"),
-    Variable("PUNCTUAL_BEAT_ALIVE_FILE", "",
-             "a file beat touches whenever it has sent tasks, for health checks (default: none)"),
+    Variable(
+        "PUNCTUAL_BEAT_ALIVE_FILE",
+        "",
+        "a file beat touches whenever it has sent tasks, for health checks (default: none)",
+    ),
     Variable("PUNCTUAL_DEV_MODE", "0", "set by `punctual dev` for its children: serves the /dev/echo target"),
 )
 
@@ -92,7 +121,9 @@ def _dsns(raw: str) -> tuple[str, ...]:
         raise SettingsError("PUNCTUAL_DATABASE_URLS: no DSN given")
     for dsn in dsns:
         parts = urlsplit(dsn)
-        if parts.scheme not in ("postgresql", "postgres", "sqlite") or (parts.scheme != "sqlite" and not parts.path.strip("/")):
+        if parts.scheme not in ("postgresql", "postgres", "sqlite") or (
+            parts.scheme != "sqlite" and not parts.path.strip("/")
+        ):
             raise SettingsError(
                 f"PUNCTUAL_DATABASE_URLS: {dsn!r} is not a postgresql://user@host:port/dbname URL"
             )
@@ -116,7 +147,8 @@ def _history_days(raw: str) -> float:
     value = _number("PUNCTUAL_HISTORY_DAYS", raw, float)
     if not math.isfinite(value) or value <= 0:
         raise SettingsError(
-            f"PUNCTUAL_HISTORY_DAYS={raw!r}: must be a number of days above 0 (say 30, or 0.5)")
+            f"PUNCTUAL_HISTORY_DAYS={raw!r}: must be a number of days above 0 (say 30, or 0.5)"
+        )
     return value
 
 
@@ -158,8 +190,14 @@ class Settings:
         env = dict(os.environ if environ is None else environ)
         # PUNCTUAL_URL/PUNCTUAL_API_KEY are the client commands'; PUNCTUAL_TEST_* the
         # test harness's (scripts/test, .ci/run), inherited by every process a test starts.
-        unknown = sorted(k for k in env if k.startswith("PUNCTUAL_") and k not in _NAMES
-                         and k not in ("PUNCTUAL_URL", "PUNCTUAL_API_KEY") and not k.startswith("PUNCTUAL_TEST_"))
+        unknown = sorted(
+            k
+            for k in env
+            if k.startswith("PUNCTUAL_")
+            and k not in _NAMES
+            and k not in ("PUNCTUAL_URL", "PUNCTUAL_API_KEY")
+            and not k.startswith("PUNCTUAL_TEST_")
+        )
         if unknown:
             raise SettingsError(f"{unknown[0]}: unknown variable (see `punctual --help`)")
 
@@ -170,21 +208,29 @@ class Settings:
             return raw
 
         data_dir = Path(get("PUNCTUAL_DATA_DIR"))
-        dsns = _dsns(get("PUNCTUAL_DATABASE_URLS")) or (f"sqlite:///{(data_dir / 'registry.sqlite3').resolve()}",)
+        dsns = _dsns(get("PUNCTUAL_DATABASE_URLS")) or (
+            f"sqlite:///{(data_dir / 'registry.sqlite3').resolve()}",
+        )
         shards = int(_number("PUNCTUAL_SHARDS", get("PUNCTUAL_SHARDS"), int, minimum=1))
         if shards & (shards - 1):
             raise SettingsError(f"PUNCTUAL_SHARDS={shards}: must be a power of two (1, 2, 4, 8, 16, ...)")
         if shards > 1024:
             raise SettingsError(f"PUNCTUAL_SHARDS={shards}: at most 1024")
         if len(dsns) > shards:
-            raise SettingsError(f"PUNCTUAL_DATABASE_URLS: {len(dsns)} DSNs for {shards} shards; at most one DSN per shard")
+            raise SettingsError(
+                f"PUNCTUAL_DATABASE_URLS: {len(dsns)} DSNs for {shards} shards; at most one DSN per shard"
+            )
         lease_s = _number("PUNCTUAL_LEASE_S", get("PUNCTUAL_LEASE_S"), float, minimum=1)
         heartbeat_s = _number("PUNCTUAL_HEARTBEAT_S", get("PUNCTUAL_HEARTBEAT_S"), float, minimum=0.1)
         if heartbeat_s >= lease_s:
-            raise SettingsError(f"PUNCTUAL_HEARTBEAT_S={heartbeat_s:g}: must be shorter than PUNCTUAL_LEASE_S={lease_s:g}")
+            raise SettingsError(
+                f"PUNCTUAL_HEARTBEAT_S={heartbeat_s:g}: must be shorter than PUNCTUAL_LEASE_S={lease_s:g}"
+            )
         broker_url = get("PUNCTUAL_BROKER_URL")
         if broker_url and "://" not in broker_url:
-            raise SettingsError(f"PUNCTUAL_BROKER_URL={broker_url!r}: not a broker URL such as amqp://guest@localhost//")
+            raise SettingsError(
+                f"PUNCTUAL_BROKER_URL={broker_url!r}: not a broker URL such as amqp://guest@localhost//"
+            )
         redis_url = get("PUNCTUAL_REDIS_URL")
         if redis_url and not redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise SettingsError(f"PUNCTUAL_REDIS_URL={redis_url!r}: not a redis:// URL")
@@ -193,13 +239,25 @@ class Settings:
             shards=shards,
             broker_url=broker_url,
             redis_url=redis_url,
-            poll_interval_s=_number("PUNCTUAL_POLL_INTERVAL_S", get("PUNCTUAL_POLL_INTERVAL_S"), float, minimum=0.05),
+            poll_interval_s=_number(
+                "PUNCTUAL_POLL_INTERVAL_S", get("PUNCTUAL_POLL_INTERVAL_S"), float, minimum=0.05
+            ),
             lease_s=lease_s,
             heartbeat_s=heartbeat_s,
-            misfire_grace_s=_number("PUNCTUAL_MISFIRE_GRACE_S", get("PUNCTUAL_MISFIRE_GRACE_S"), float, minimum=0),
-            allow_private_targets=_flag("PUNCTUAL_ALLOW_PRIVATE_TARGETS", get("PUNCTUAL_ALLOW_PRIVATE_TARGETS")),
-            target_rate_per_s=_number("PUNCTUAL_TARGET_RATE_PER_S", get("PUNCTUAL_TARGET_RATE_PER_S"), float, minimum=0),
-            target_max_concurrency=int(_number("PUNCTUAL_TARGET_MAX_CONCURRENCY", get("PUNCTUAL_TARGET_MAX_CONCURRENCY"), int, minimum=0)),
+            misfire_grace_s=_number(
+                "PUNCTUAL_MISFIRE_GRACE_S", get("PUNCTUAL_MISFIRE_GRACE_S"), float, minimum=0
+            ),
+            allow_private_targets=_flag(
+                "PUNCTUAL_ALLOW_PRIVATE_TARGETS", get("PUNCTUAL_ALLOW_PRIVATE_TARGETS")
+            ),
+            target_rate_per_s=_number(
+                "PUNCTUAL_TARGET_RATE_PER_S", get("PUNCTUAL_TARGET_RATE_PER_S"), float, minimum=0
+            ),
+            target_max_concurrency=int(
+                _number(
+                    "PUNCTUAL_TARGET_MAX_CONCURRENCY", get("PUNCTUAL_TARGET_MAX_CONCURRENCY"), int, minimum=0
+                )
+            ),
             owner_max_in_flight=int(
                 _number("PUNCTUAL_OWNER_MAX_IN_FLIGHT", get("PUNCTUAL_OWNER_MAX_IN_FLIGHT"), int, minimum=0)
             ),
@@ -207,7 +265,9 @@ class Settings:
             claim_batch=int(_number("PUNCTUAL_CLAIM_BATCH", get("PUNCTUAL_CLAIM_BATCH"), int, minimum=1)),
             poll_budget_s=_number("PUNCTUAL_POLL_BUDGET_S", get("PUNCTUAL_POLL_BUDGET_S"), float, minimum=0),
             claim_ahead_s=_claim_ahead(get("PUNCTUAL_CLAIM_AHEAD_S")),
-            dispatch_threads=int(_number("PUNCTUAL_DISPATCH_THREADS", get("PUNCTUAL_DISPATCH_THREADS"), int, minimum=1)),
+            dispatch_threads=int(
+                _number("PUNCTUAL_DISPATCH_THREADS", get("PUNCTUAL_DISPATCH_THREADS"), int, minimum=1)
+            ),
             db_pool_size=int(_number("PUNCTUAL_DB_POOL_SIZE", get("PUNCTUAL_DB_POOL_SIZE"), int, minimum=1)),
             redis_prefix=get("PUNCTUAL_REDIS_PREFIX"),
             metrics_port=int(_number("PUNCTUAL_METRICS_PORT", get("PUNCTUAL_METRICS_PORT"), int, minimum=0)),

@@ -14,6 +14,7 @@ with one INSERT ... SELECT per 100,000, then ANALYZE); then, --samples times:
 
 p50 / p99 / max per size are printed and written to bench/results/.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,13 +68,17 @@ def get(url: str, path: str, key: str) -> tuple[float, dict]:
 
 
 def summary(values: list[float]) -> dict:
-    return {"p50_ms": round(percentile(values, 0.5) * 1000, 2),
-            "p99_ms": round(percentile(values, 0.99) * 1000, 2), "max_ms": round(max(values) * 1000, 2)}
+    return {
+        "p50_ms": round(percentile(values, 0.5) * 1000, 2),
+        "p99_ms": round(percentile(values, 0.99) * 1000, 2),
+        "max_ms": round(max(values) * 1000, 2),
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sizes", default="10000,10000000", help="jobs on the shard, ascending")
     parser.add_argument("--samples", type=int, default=30)
     args = parser.parse_args()
@@ -111,18 +116,31 @@ def main() -> None:
                     cursor = page["next_cursor"]
                 elapsed, _ = get(url, f"/jobs?limit=100&cursor={cursor}", stack.api_key)
                 deeps.append(elapsed)
-            row = {"jobs_on_shard": size, "fill_s": round(fill_s, 1), "claim_batch_500": summary(claims),
-                   "get_jobs_first_page": summary(firsts), "get_jobs_page_11": summary(deeps)}
+            row = {
+                "jobs_on_shard": size,
+                "fill_s": round(fill_s, 1),
+                "claim_batch_500": summary(claims),
+                "get_jobs_first_page": summary(firsts),
+                "get_jobs_page_11": summary(deeps),
+            }
             results.append(row)
             claim, first, deep = row["claim_batch_500"], row["get_jobs_first_page"], row["get_jobs_page_11"]
-            print(f"{size:>11,} jobs: claim of 500 p50 {claim['p50_ms']} ms p99 {claim['p99_ms']} ms; "
-                  f"GET /jobs p50 {first['p50_ms']} ms p99 {first['p99_ms']} ms; "
-                  f"page 11 p50 {deep['p50_ms']} ms", flush=True)
-    result = {"samples": args.samples, "results": results,
-              "settings": {k: str(v) for k, v in dataclasses.asdict(settings).items()
-                           if k != "database_urls"},
-              "machine": {**machine(), "load_average_before": [round(x, 2) for x in load_before],
-                          "load_average_after": [round(x, 2) for x in os.getloadavg()]}}
+            print(
+                f"{size:>11,} jobs: claim of 500 p50 {claim['p50_ms']} ms p99 {claim['p99_ms']} ms; "
+                f"GET /jobs p50 {first['p50_ms']} ms p99 {first['p99_ms']} ms; "
+                f"page 11 p50 {deep['p50_ms']} ms",
+                flush=True,
+            )
+    result = {
+        "samples": args.samples,
+        "results": results,
+        "settings": {k: str(v) for k, v in dataclasses.asdict(settings).items() if k != "database_urls"},
+        "machine": {
+            **machine(),
+            "load_average_before": [round(x, 2) for x in load_before],
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        },
+    }
     print(f"-> {shown(write_result('bigshard', result))}")
 
 

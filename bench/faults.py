@@ -22,6 +22,7 @@ bench waits for every one-off to be called and completed, and prints one row:
 Faults that stop or restart the machine's Postgres or RabbitMQ affect everything on
 the box while they last. JSON goes to bench/results/faults-*.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,10 +50,17 @@ SCENARIOS = {
 }
 DEFAULT = ("none", "pg-cut", "pg-restart", "worker-kill", "rabbitmq-stop", "beat-kill", "worker-stop")
 
-COLUMNS = (("fault", "fault", 60), ("lost", "lost", 5), ("duplicates", "dup", 5),
-           ("unexplained_duplicates", "unexpl", 6), ("lease_expired", "expired", 7),
-           ("last_one_off_call_s", "last call", 9), ("recovery_s", "recovery", 8),
-           ("last_settled_s", "settled", 7), ("recurring_max_gap_s", "gap", 5))
+COLUMNS = (
+    ("fault", "fault", 60),
+    ("lost", "lost", 5),
+    ("duplicates", "dup", 5),
+    ("unexplained_duplicates", "unexpl", 6),
+    ("lease_expired", "expired", 7),
+    ("last_one_off_call_s", "last call", 9),
+    ("recovery_s", "recovery", 8),
+    ("last_settled_s", "settled", 7),
+    ("recurring_max_gap_s", "gap", 5),
+)
 
 
 def run_one(name: str, jobs: int, recurring: int, workers: int, env: dict[str, str]) -> dict:
@@ -63,8 +71,15 @@ def run_one(name: str, jobs: int, recurring: int, workers: int, env: dict[str, s
         log_dir = Path(tempfile.mkdtemp(prefix=f"punctual-faults-{name}-"))
         processes = (os.cpu_count() or 1) + 1  # celeryconfig's default
         with FaultStack(stack.env, log_dir, stack.admin, workers=workers, concurrency=processes) as fs:
-            load = Load(one_offs=jobs, spread_s=0.0, recurring=recurring, every_s=2, lead_s=12.0,
-                        call_delay_s=0.0, timeout_s=240.0)
+            load = Load(
+                one_offs=jobs,
+                spread_s=0.0,
+                recurring=recurring,
+                every_s=2,
+                lead_s=12.0,
+                call_delay_s=0.0,
+                timeout_s=240.0,
+            )
             outcome = fs.run(load, fault)
             settings = {f.name: getattr(fs.settings, f.name) for f in dataclasses.fields(fs.settings)}
             settings.pop("database_urls", None)
@@ -77,14 +92,18 @@ def run_one(name: str, jobs: int, recurring: int, workers: int, env: dict[str, s
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ("| fault | lost | duplicate calls (after an expired lease) | unexplained "
-            "| runs failed \"lease expired\" | last one-off call | recovery | settled "
-            "| largest recurring gap |")
+    head = (
+        "| fault | lost | duplicate calls (after an expired lease) | unexplained "
+        '| runs failed "lease expired" | last one-off call | recovery | settled '
+        "| largest recurring gap |"
+    )
     lines = [head, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
-        lines.append(f"| {r['fault']} | {r['lost']} | {r['duplicates']} | {r['unexplained_duplicates']} "
-                     f"| {r['lease_expired']} | T+{r['last_one_off_call_s']} s | {r['recovery_s']} s "
-                     f"| T+{r['last_settled_s']} s | {r['recurring_max_gap_s']} s |")
+        lines.append(
+            f"| {r['fault']} | {r['lost']} | {r['duplicates']} | {r['unexplained_duplicates']} "
+            f"| {r['lease_expired']} | T+{r['last_one_off_call_s']} s | {r['recovery_s']} s "
+            f"| T+{r['last_settled_s']} s | {r['recurring_max_gap_s']} s |"
+        )
     return "\n".join(lines)
 
 
@@ -93,10 +112,16 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=3000, help="one-off jobs due at T")
     parser.add_argument("--recurring", type=int, default=20, help="jobs every 2 s from T")
     parser.add_argument("--workers", type=int, default=2, help="`celery -A app worker` processes")
-    parser.add_argument("--faults", default=",".join(DEFAULT),
-                        help=f"comma-separated, of: {', '.join(SCENARIOS)}")
-    parser.add_argument("--env", action="append", default=[], metavar="PUNCTUAL_X=V",
-                        help="a setting other than the shipped default (recorded in the JSON)")
+    parser.add_argument(
+        "--faults", default=",".join(DEFAULT), help=f"comma-separated, of: {', '.join(SCENARIOS)}"
+    )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="PUNCTUAL_X=V",
+        help="a setting other than the shipped default (recorded in the JSON)",
+    )
     parser.add_argument("--label", default="")
     args = parser.parse_args()
     names = [n.strip() for n in args.faults.split(",") if n.strip()]
@@ -105,16 +130,29 @@ def main() -> None:
         parser.error(f"unknown fault {unknown[0]!r}; one of {', '.join(SCENARIOS)}")
     env = dict(item.split("=", 1) for item in args.env)
     rows = []
-    print("  ".join(f"{title:>{width}}" if key != "fault" else f"{title:<{width}}"
-                    for key, title, width in COLUMNS))
+    print(
+        "  ".join(
+            f"{title:>{width}}" if key != "fault" else f"{title:<{width}}" for key, title, width in COLUMNS
+        )
+    )
     for name in names:
         row = run_one(name, args.jobs, args.recurring, args.workers, env)
         rows.append(row)
-        print("  ".join(f"{str(row[key]):>{width}}" if key != "fault" else f"{str(row[key])[:width]:<{width}}"
-                        for key, _, width in COLUMNS), flush=True)
-    result = {"jobs": args.jobs, "recurring": args.recurring, "workers": args.workers, "env_overrides": env,
-              "rows": rows,
-              "machine": {**machine(), "load_average_after": [round(x, 2) for x in os.getloadavg()]}}
+        print(
+            "  ".join(
+                f"{str(row[key]):>{width}}" if key != "fault" else f"{str(row[key])[:width]:<{width}}"
+                for key, _, width in COLUMNS
+            ),
+            flush=True,
+        )
+    result = {
+        "jobs": args.jobs,
+        "recurring": args.recurring,
+        "workers": args.workers,
+        "env_overrides": env,
+        "rows": rows,
+        "machine": {**machine(), "load_average_after": [round(x, 2) for x in os.getloadavg()]},
+    }
     path = write_result("faults", result, args.label)
     print()
     print(markdown(rows))

@@ -17,6 +17,7 @@ second (for a rate: the rate delivered over the first minute), runs held back to
 registry (punctual_runs_total{outcome="held"}), leases expired, CPU seconds per
 component. JSON goes to bench/results/ with every PUNCTUAL_* value in effect.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,10 +58,10 @@ class _Delayed(asyncio.Protocol):
             head = self.buffer[:end].lower()
             at = head.find(b"content-length:")
             line_end = head.find(b"\r\n", at)
-            length = int(head[at + 15: line_end if line_end >= 0 else None]) if at >= 0 else 0
+            length = int(head[at + 15 : line_end if line_end >= 0 else None]) if at >= 0 else 0
             if len(self.buffer) < end + 4 + length:
                 break
-            self.buffer = self.buffer[end + 4 + length:]
+            self.buffer = self.buffer[end + 4 + length :]
             state = self.state
             state["arrivals"].append(time.time())
             state["open"] += 1
@@ -165,17 +166,32 @@ def run(args) -> dict:
 
             limits = {}
             if args.cap or args.rate:
-                limits = {"key": "bench", **({"max_concurrency": args.cap} if args.cap else {}),
-                          **({"rate_per_s": args.rate} if args.rate else {})}
+                limits = {
+                    "key": "bench",
+                    **({"max_concurrency": args.cap} if args.cap else {}),
+                    **({"rate_per_s": args.rate} if args.rate else {}),
+                }
             target = webhook_target(sink.url("/hook"), **({"limits": limits} if limits else {}))
             lead_s = args.lead_s or args.jobs / 5000 + 5 + stack.settings.claim_ahead_s
             due = (datetime.now(UTC) + timedelta(seconds=lead_s)).replace(microsecond=0)
-            insert_jobs(stack.registry, [job_row(16, owner=stack.owner, run_at=due, target=target,
-                                                 payload={"n": i}) for i in range(args.jobs)])
-            print(f"due at              {due:%H:%M:%S} UTC ({due.timestamp():.0f}), "
-                  f"in {due.timestamp() - time.time():.1f} s", flush=True)
-            roots = {"workers (celery)": [w.pid for w in stack.workers], "beat": [stack.beat.pid],
-                     "sink": [sink.pid], **{name: [pid] for name, pid in service_roots().items()}}
+            insert_jobs(
+                stack.registry,
+                [
+                    job_row(16, owner=stack.owner, run_at=due, target=target, payload={"n": i})
+                    for i in range(args.jobs)
+                ],
+            )
+            print(
+                f"due at              {due:%H:%M:%S} UTC ({due.timestamp():.0f}), "
+                f"in {due.timestamp() - time.time():.1f} s",
+                flush=True,
+            )
+            roots = {
+                "workers (celery)": [w.pid for w in stack.workers],
+                "beat": [stack.beat.pid],
+                "sink": [sink.pid],
+                **{name: [pid] for name, pid in service_roots().items()},
+            }
             ports = [metrics_port + c for c in range(args.concurrency + 1)]
             time.sleep(max(0.0, due.timestamp() - time.time() - stack.settings.claim_ahead_s - 2))
             cpu_before, cpu_began = cpu_snapshot(roots), time.time()
@@ -204,32 +220,42 @@ def run(args) -> dict:
     runs_per_job = Counter(r.job_id for r in runs if r.started_at is not None)
     last = started[-1] if started else float("nan")
     result = {
-        "jobs": args.jobs, "call_delay_ms": args.delay_ms, "cap": args.cap, "rate_per_s": args.rate,
-        "calls_received": len(arrivals), "runs_started": len(started),
+        "jobs": args.jobs,
+        "call_delay_ms": args.delay_ms,
+        "cap": args.cap,
+        "rate_per_s": args.rate,
+        "calls_received": len(arrivals),
+        "runs_started": len(started),
         "jobs_started_twice": sum(1 for c in runs_per_job.values() if c > 1),
         "run_states": dict(Counter(r.state for r in runs)),
         "first_start_after_due_s": round(started[0], 3) if started else None,
         "last_start_after_due_s": round(last, 3),
         "starts_per_s": round(len(started) / last, 1) if started and last > 0 else None,
-        "start_lateness_s": {"p50": round(percentile(started, 0.5), 3),
-                             "p99": round(percentile(started, 0.99), 3)},
+        "start_lateness_s": {
+            "p50": round(percentile(started, 0.5), 3),
+            "p99": round(percentile(started, 0.99), 3),
+        },
         "peak_calls_in_flight_at_sink": peak,
-        "held_back_to_registry": int(held), "held_per_run": round(held / max(1, args.jobs), 3),
+        "held_back_to_registry": int(held),
+        "held_per_run": round(held / max(1, args.jobs), 3),
         "leases_expired": expired,
         "starts_per_second": bins,
         "cpu_s": {**cpu_delta(cpu_before, cpu_after), "window_s": round(cpu_ended - cpu_began, 1)},
         "settings": settings,
         "config": {"processes": args.concurrency, "registration": "direct insert"},
-        "machine": {**machine(),
-                    "load_average_at_due": [round(x, 2) for x in (load_at_t or os.getloadavg())]},
+        "machine": {
+            **machine(),
+            "load_average_at_due": [round(x, 2) for x in (load_at_t or os.getloadavg())],
+        },
     }
     if args.rate and started:
         window = [x for x in started if 1 <= x < 61]
         result["rate_delivered_first_minute"] = round(len(window) / 60, 2)
         result["rate_error"] = round(len(window) / 60 / args.rate - 1, 4)
     work = sum(v for k, v in result["cpu_s"].items() if k != "window_s")
-    result["cpu_ms_per_run"] = {k: round(1000 * v / max(1, len(started)), 3)
-                                for k, v in result["cpu_s"].items() if k != "window_s"}
+    result["cpu_ms_per_run"] = {
+        k: round(1000 * v / max(1, len(started)), 3) for k, v in result["cpu_s"].items() if k != "window_s"
+    }
     result["cpu_ms_per_run"]["total"] = round(1000 * work / max(1, len(started)), 3)
     return result
 
@@ -250,20 +276,27 @@ def summary(r: dict) -> str:
         "cpu ms per run      " + ", ".join(f"{k} {v}" for k, v in r["cpu_ms_per_run"].items()),
     ]
     if "rate_delivered_first_minute" in r:
-        lines.append(f"rate delivered      {r['rate_delivered_first_minute']}/s over T+1..T+61 s "
-                     f"({100 * r['rate_error']:+.2f}%)")
+        lines.append(
+            f"rate delivered      {r['rate_delivered_first_minute']}/s over T+1..T+61 s "
+            f"({100 * r['rate_error']:+.2f}%)"
+        )
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.limits", description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=80)
-    parser.add_argument("--delay-ms", type=float, default=50,
-                        help="how long the sink takes to answer each call")
+    parser.add_argument(
+        "--delay-ms", type=float, default=50, help="how long the sink takes to answer each call"
+    )
     parser.add_argument("--cap", type=int, default=0, help="the jobs' own limits.max_concurrency (0 = none)")
     parser.add_argument("--rate", type=float, default=0, help="the jobs' own limits.rate_per_s (0 = none)")
-    parser.add_argument("--default-cap", type=int, default=None,
-                        help="PUNCTUAL_TARGET_MAX_CONCURRENCY (default: the shipped default)")
+    parser.add_argument(
+        "--default-cap",
+        type=int,
+        default=None,
+        help="PUNCTUAL_TARGET_MAX_CONCURRENCY (default: the shipped default)",
+    )
     parser.add_argument("--concurrency", type=int, default=(os.cpu_count() or 1) + 1, help="worker processes")
     parser.add_argument("--lead-s", type=float, default=0)
     parser.add_argument("--timeout-s", type=float, default=600)

@@ -12,6 +12,7 @@ operator would run it. Printed and written to bench/results/: the move's duratio
 its fence, and the longest gap between two calls of the 1 s job from 5 s before the
 move until 5 s after it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,8 +72,9 @@ def bytes_per_row(dsn: str, table: str, rows: int) -> int | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--jobs", type=int, default=1_000_000, help="jobs on the moving shard")
     parser.add_argument("--runs", type=int, default=0, help="finished runs (history) on the moving shard")
     parser.add_argument("--shard", type=int, default=1, help="the logical shard that moves")
@@ -94,8 +96,10 @@ def main() -> None:
     with Stack(physical=2, shards=16, broker=True, env={"PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1"}) as stack:
         source_index = args.shard % 2
         fill_s = fill(stack.dsns[source_index], args.shard, args.jobs, args.runs)
-        sizes = {"job_bytes_per_row": bytes_per_row(stack.dsns[source_index], "jobs", args.jobs),
-                 "run_bytes_per_row": bytes_per_row(stack.dsns[source_index], "runs", args.runs)}
+        sizes = {
+            "job_bytes_per_row": bytes_per_row(stack.dsns[source_index], "jobs", args.jobs),
+            "run_bytes_per_row": bytes_per_row(stack.dsns[source_index], "runs", args.runs),
+        }
         third = f"bench_{uuid.uuid4().hex[:10]}"
         with stack.admin.connect() as conn:
             conn.exec_driver_sql(f'CREATE DATABASE "{third}"')
@@ -106,11 +110,22 @@ def main() -> None:
         stack.env["PUNCTUAL_DATABASE_URLS"] = ",".join(dsns)
         settings = Settings.from_env(stack.env)
         registry = Registry(settings)
-        key = next(k for k in (f"tick-{n}" for n in range(10_000))
-                   if shard_for(job_id_for(stack.owner, k), 16) == args.shard)
-        tick = create_job(registry, stack.owner, {
-            "name": "every-second", "target": {"type": "webhook", "url": sink.url("/tick")},
-            "schedule": {"interval_s": 1}}, key, utcnow()).job
+        key = next(
+            k
+            for k in (f"tick-{n}" for n in range(10_000))
+            if shard_for(job_id_for(stack.owner, k), 16) == args.shard
+        )
+        tick = create_job(
+            registry,
+            stack.owner,
+            {
+                "name": "every-second",
+                "target": {"type": "webhook", "url": sink.url("/tick")},
+                "schedule": {"interval_s": 1},
+            },
+            key,
+            utcnow(),
+        ).job
         stack.start_workers(1, 2)
         stack.start_beat()
         sink.wait_for(5, timeout_s=60)
@@ -126,23 +141,33 @@ def main() -> None:
         gaps = [b - a for a, b in itertools.pairwise(window)]
         fence = re.search(r"fence of ([\d.]+) s", moved.stdout)
         result = {
-            "jobs_on_shard": args.jobs, "runs_on_shard": args.runs, "shard": args.shard,
-            "fill_s": round(fill_s, 1), **sizes, "move_s": round(ended - started, 2),
+            "jobs_on_shard": args.jobs,
+            "runs_on_shard": args.runs,
+            "shard": args.shard,
+            "fill_s": round(fill_s, 1),
+            **sizes,
+            "move_s": round(ended - started, 2),
             "fence_s": float(fence.group(1)) if fence else None,
             "longest_start_gap_s": round(max(gaps), 3) if gaps else None,
-            "calls_of_the_1s_job_in_window": len(window), "window_s": round(ended - started + 10, 1),
+            "calls_of_the_1s_job_in_window": len(window),
+            "window_s": round(ended - started + 10, 1),
             "move_output": moved.stdout.strip().splitlines(),
             "settings": {k: str(v) for k, v in dataclasses.asdict(settings).items() if k != "database_urls"},
             "interval_job": str(tick["job_id"]),
-            "machine": {**machine(), "load_average_before": [round(x, 2) for x in load_before],
-                        "load_average_after": [round(x, 2) for x in os.getloadavg()]},
+            "machine": {
+                **machine(),
+                "load_average_before": [round(x, 2) for x in load_before],
+                "load_average_after": [round(x, 2) for x in os.getloadavg()],
+            },
         }
         registry.dispose()
     sink.close()
     path = write_result("move", result, label=str(args.jobs))
-    print(f"moved a shard of {args.jobs:,} jobs and {args.runs:,} runs in {result['move_s']} s "
-          f"(fence {result['fence_s']} s); longest gap between calls of the 1 s job: "
-          f"{result['longest_start_gap_s']} s -> {shown(path)}")
+    print(
+        f"moved a shard of {args.jobs:,} jobs and {args.runs:,} runs in {result['move_s']} s "
+        f"(fence {result['fence_s']} s); longest gap between calls of the 1 s job: "
+        f"{result['longest_start_gap_s']} s -> {shown(path)}"
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """Alembic environment: `punctual migrate` hands us an open connection per DSN."""
+
 from __future__ import annotations
 
 from alembic import context

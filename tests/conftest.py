@@ -6,6 +6,7 @@ once per session (two of them stand for two physical shards), a fresh RabbitMQ
 vhost, and a unique Redis key prefix. Everything is dropped afterwards; nothing
 depends on leftovers.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -32,7 +33,9 @@ def _pg_url(database: str) -> str:
 def pg_admin():
     from app.registry.engines import engine_url
 
-    engine = sa.create_engine(engine_url(PG_ADMIN_DSN), isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
+    engine = sa.create_engine(
+        engine_url(PG_ADMIN_DSN), isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool
+    )
     yield engine
     engine.dispose()
 
@@ -170,7 +173,9 @@ def _bulk_caller(frame) -> tuple[str, str | None]:
     return name, getattr(target, "__doc__", None)
 
 
-_UPDATE = re.compile(r"UPDATE (\w+) SET (.*?) FROM jsonb_to_recordset\(:rows\) AS v\((.*?)\) WHERE (.*?)( RETURNING [\w.]+)?;")
+_UPDATE = re.compile(
+    r"UPDATE (\w+) SET (.*?) FROM jsonb_to_recordset\(:rows\) AS v\((.*?)\) WHERE (.*?)( RETURNING [\w.]+)?;"
+)
 
 
 def _documents(doc: str, sql: str) -> bool:
@@ -184,9 +189,11 @@ def _documents(doc: str, sql: str) -> bool:
         return False
     table, sets, columns, where, returning = issued.groups()
     for shown in _UPDATE.finditer(doc):
-        if (shown.group(1), shown.group(4), shown.group(5)) == (table, where, returning) and set(
-            sets.split(", ")
-        ) <= set(shown.group(2).split(", ")) and set(columns.split(", ")) <= set(shown.group(3).split(", ")):
+        if (
+            (shown.group(1), shown.group(4), shown.group(5)) == (table, where, returning)
+            and set(sets.split(", ")) <= set(shown.group(2).split(", "))
+            and set(columns.split(", ")) <= set(shown.group(3).split(", "))
+        ):
             return True
     return False
 
@@ -210,5 +217,10 @@ def bulk_statements_documented():
     with bulk.observe(check):
         yield
     if undocumented:
-        pytest.fail("bulk statements not in their callers' docstrings:\n" + "\n".join(
-            f"{name}:\n{textwrap.indent(textwrap.fill(sql, 100), '    ')}" for sql, name in undocumented.items()))
+        pytest.fail(
+            "bulk statements not in their callers' docstrings:\n"
+            + "\n".join(
+                f"{name}:\n{textwrap.indent(textwrap.fill(sql, 100), '    ')}"
+                for sql, name in undocumented.items()
+            )
+        )

@@ -5,6 +5,7 @@ these against their implementation by subclassing `LimiterContract` and providin
 the `pair` fixture: two limiters that share state, as two worker processes would.
 Every test injects `now`; none sleeps.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -69,7 +70,7 @@ class LimiterContract:
         assert max(holds.values()) == 1  # held at most once each
         times = sorted(starts.values())
         for i, begin in enumerate(times):  # one second of burst at the start, then never above the rate
-            in_window = sum(1 for t in times[i:i + 2 * rate + 2] if t < begin + 1.0 - 1e-9)
+            in_window = sum(1 for t in times[i : i + 2 * rate + 2] if t < begin + 1.0 - 1e-9)
             assert in_window <= (2 * rate if begin < T0 + 1 else rate)
         steady = [t for t in times if T0 + 1 <= t < T0 + 61]
         assert len(steady) == 60 * rate
@@ -205,7 +206,11 @@ class LimiterContract:
         assert all(admitted(limiter.acquire_many([(spec, h) for h in "abc"], T0, LEASE_S)))
         limiter.renew_many([(spec, h) for h in "abc"], LEASE_S, now=T0 + 10)
         limiter.release_many([(spec, "a"), (spec, "b")])
-        assert admitted(limiter.acquire_many([(spec, h) for h in "def"], T0 + 11, LEASE_S)) == [True, True, False]
+        assert admitted(limiter.acquire_many([(spec, h) for h in "def"], T0 + 11, LEASE_S)) == [
+            True,
+            True,
+            False,
+        ]
 
     def test_releasing_what_is_not_held_is_harmless(self, limiter):
         spec = [LimitSpec("c", max_concurrency=1), LimitSpec("r", rate_per_s=1)]

@@ -4,6 +4,7 @@ Rows are exactly what the API's create writes (app/services/jobs.py), so the cla
 nothing it would not see in production; inserting them in bulk lets a test or the
 bench make thousands of due jobs in a second.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -63,11 +64,19 @@ def job_row(
     else:
         schedule = Schedule(kind="interval", interval_s=interval_s, start_at=start_at, end_at=end_at)
     return new_job_row(
-        job_id=job_id, shard=shard_for(job_id, shards), owner=owner, name=name,
+        job_id=job_id,
+        shard=shard_for(job_id, shards),
+        owner=owner,
+        name=name,
         target=target or webhook_target("http://127.0.0.1:9/"),
         payload=payload if payload is not None else {"job": str(job_id)},
-        schedule=schedule, retry=RetryPolicy(max_attempts, backoff_s, max_backoff_s), misfire=misfire,
-        dst=DstPolicy(), jitter_s=jitter_s, first=first, now=now,
+        schedule=schedule,
+        retry=RetryPolicy(max_attempts, backoff_s, max_backoff_s),
+        misfire=misfire,
+        dst=DstPolicy(),
+        jitter_s=jitter_s,
+        first=first,
+        now=now,
     )
 
 
@@ -78,7 +87,7 @@ def insert_jobs(registry: Registry, rows: Iterable[dict], chunk: int = 1000) -> 
     for index, group in by_engine.items():
         with registry.engines[index].begin() as conn:
             for start in range(0, len(group), chunk):
-                conn.execute(jobs.insert(), group[start:start + chunk])
+                conn.execute(jobs.insert(), group[start : start + chunk])
 
 
 def job(registry: Registry, job_id: uuid.UUID) -> dict:
@@ -91,9 +100,15 @@ def runs_of(registry: Registry, job_id: uuid.UUID) -> list[dict]:
     """A job's runs, oldest first (by scheduled_for, then attempt)."""
     engine = registry.engine_for_shard(shard_for(job_id, registry.settings.shards))
     with engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(runs).where(runs.c.job_id == job_id).order_by(runs.c.scheduled_for, runs.c.attempt, runs.c.created_at)
-        ).mappings().all()
+        rows = (
+            conn.execute(
+                sa.select(runs)
+                .where(runs.c.job_id == job_id)
+                .order_by(runs.c.scheduled_for, runs.c.attempt, runs.c.created_at)
+            )
+            .mappings()
+            .all()
+        )
     return [dict(row) for row in rows]
 
 

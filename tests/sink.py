@@ -5,6 +5,7 @@ connections alive (HTTP/1.1, as a real target behind a load balancer would), rec
 every request, and answers each path from a script: a list of answers used in
 turn, the last one repeated (`script("/j", [Answer(500), Answer(200)])`).
 """
+
 from __future__ import annotations
 
 import threading
@@ -76,7 +77,9 @@ class Sink:
                 pass
 
         self.server = _Server(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
+        )
         self._thread.start()
 
     @property

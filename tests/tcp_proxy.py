@@ -6,6 +6,7 @@ dead network path or a stalled broker does: the client's reads then block, with
 no error and no FIN. Used to test what a process does when its broker goes quiet,
 without touching the shared RabbitMQ.
 """
+
 from __future__ import annotations
 
 import socket

@@ -7,6 +7,7 @@ application/problem+json (app.api.problems). Per-app state lives in
 lazily so a forking server never shares a connection), the cached owner
 directory and the cached registry gauges.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,7 +36,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     registry = registry_for(settings)
     flask_app = Flask("punctual", static_folder=None)
     flask_app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
-    flask_app.extensions["punctual"] = Services(settings, registry, OwnerDirectory(registry), RegistryGauges(registry))
+    flask_app.extensions["punctual"] = Services(
+        settings, registry, OwnerDirectory(registry), RegistryGauges(registry)
+    )
     access_log.install(flask_app)  # first, so its clock starts before authentication
     for blueprint in (batch.bp, jobs.bp, runs.bp, schedules.bp, ops.bp):
         flask_app.register_blueprint(blueprint)

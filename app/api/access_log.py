@@ -5,6 +5,7 @@ method, path, status, duration_ms and owner (once the API key named one). It is
 written by the app rather than by gunicorn's access log because only the app knows
 the owner, and so that `punctual dev` and tests get the same lines.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,9 +24,20 @@ def _finish(response: Response) -> Response:
     started = g.get("request_started")
     duration_ms = round((time.perf_counter() - started) * 1000, 1) if started is not None else None
     owner = g.get("owner")
-    log.info("%s %s %d %s ms", request.method, request.path, response.status_code, duration_ms,
-             extra={"method": request.method, "path": request.path, "status": response.status_code,
-                    "duration_ms": duration_ms, **({"owner": owner} if owner else {})})
+    log.info(
+        "%s %s %d %s ms",
+        request.method,
+        request.path,
+        response.status_code,
+        duration_ms,
+        extra={
+            "method": request.method,
+            "path": request.path,
+            "status": response.status_code,
+            "duration_ms": duration_ms,
+            **({"owner": owner} if owner else {}),
+        },
+    )
     return response
 
 

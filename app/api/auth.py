@@ -5,6 +5,7 @@ on the home DSN, compared in constant time, and the answer cached per process fo
 KEY_CACHE_TTL_S (2 s): the create path costs no extra round trip once a key is warm,
 and a revoked key is refused by every API process within those seconds.
 """
+
 from __future__ import annotations
 
 from flask import Blueprint, current_app, g, request
@@ -24,7 +25,9 @@ def bearer_key(header: str | None) -> str | None:
 
 def authenticate() -> None:
     """before_request hook: sets g.owner or raises Unauthorized (401)."""
-    owner = current_app.extensions["punctual"].owners.authenticate(bearer_key(request.headers.get("Authorization")))
+    owner = current_app.extensions["punctual"].owners.authenticate(
+        bearer_key(request.headers.get("Authorization"))
+    )
     if owner is None:
         raise Unauthorized()
     g.owner = owner

@@ -11,6 +11,7 @@ application/json (415), over MAX_BATCH_BODY_BYTES (413), or without a `jobs` lis
 at most 1,000 (422). A job over the 64 KiB a single create allows is answered 413
 on its own, like any other bad job.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,12 @@ def create_jobs():
     items = _items(json_body())
     too_large = {i for i, item in enumerate(items) if _encoded_size(item) > MAX_BODY_BYTES}
     sized = [None if i in too_large else item for i, item in enumerate(items)]
-    outcomes = batches.create_jobs(current_app.extensions["punctual"].registry, g.owner,
-                                   [item for item in sized if item is not None], utcnow())
+    outcomes = batches.create_jobs(
+        current_app.extensions["punctual"].registry,
+        g.owner,
+        [item for item in sized if item is not None],
+        utcnow(),
+    )
     answers, done = [], iter(outcomes)
     for item in sized:
         if item is None:
@@ -51,7 +56,7 @@ def create_jobs():
 
 def _items(body: object) -> list:
     if not isinstance(body, dict):
-        raise ValidationError.single("body", "must be a JSON object: {\"jobs\": [...]}")
+        raise ValidationError.single("body", 'must be a JSON object: {"jobs": [...]}')
     errors = [FieldError(str(key), "unknown field") for key in body if key != "jobs"]
     jobs = body.get("jobs")
     if not isinstance(jobs, list) or len(jobs) > batches.MAX_JOBS:

@@ -18,6 +18,7 @@ runs the API with one worker process, so every call and every listing meet in on
 place. No API key is asked: this is a target, and `punctual dev` listens on
 127.0.0.1 unless told otherwise.
 """
+
 from __future__ import annotations
 
 import collections
@@ -55,8 +56,12 @@ def echo():
         _calls.append(call)
     # Straight to stderr, which `punctual dev` shows in its terminal: the point is
     # to see the call happen (the app's logger is quiet below WARNING).
-    print(f"dev echo: {call['method']} {call['path']} -> {status}, Idempotency-Key {call['idempotency_key']},"
-          f" signature {call['signature']}", file=sys.stderr, flush=True)
+    print(
+        f"dev echo: {call['method']} {call['path']} -> {status}, Idempotency-Key {call['idempotency_key']},"
+        f" signature {call['signature']}",
+        file=sys.stderr,
+        flush=True,
+    )
     headers = {"Retry-After": request.args["retry_after"]} if "retry_after" in request.args else None
     return json_response(call, status, headers)
 

@@ -3,6 +3,7 @@
 Thin views: parse the request, call one service function (app.services.jobs, app.services.runs),
 serialize. Errors are exceptions that app.api.problems turns into problem+json.
 """
+
 from __future__ import annotations
 
 from flask import Blueprint, current_app, g, request
@@ -23,7 +24,9 @@ def _registry():
 
 @bp.post("/jobs")
 def create_job():
-    result = jobs.create_job(_registry(), g.owner, json_body(), request.headers.get("Idempotency-Key"), utcnow())
+    result = jobs.create_job(
+        _registry(), g.owner, json_body(), request.headers.get("Idempotency-Key"), utcnow()
+    )
     body = job_json(result.job)
     headers = {"Location": f"/jobs/{body['id']}"}
     if not result.created:
@@ -35,8 +38,14 @@ def create_job():
 def list_jobs():
     args = request.args
     # An empty parameter (`?state=&name=`, as forms send them) means no filter.
-    page = jobs.list_jobs(_registry(), g.owner, state=args.get("state") or None, name=args.get("name") or None,
-                          limit=parse_limit(args.get("limit")), cursor=args.get("cursor"))
+    page = jobs.list_jobs(
+        _registry(),
+        g.owner,
+        state=args.get("state") or None,
+        name=args.get("name") or None,
+        limit=parse_limit(args.get("limit")),
+        cursor=args.get("cursor"),
+    )
     return json_response(page_json(page, job_json))
 
 
@@ -74,5 +83,7 @@ def trigger_job(job_id: str):
 @bp.get("/jobs/<job_id>/runs")
 def list_runs(job_id: str):
     args = request.args
-    page = runs.list_runs(_registry(), g.owner, job_id, limit=parse_limit(args.get("limit")), cursor=args.get("cursor"))
+    page = runs.list_runs(
+        _registry(), g.owner, job_id, limit=parse_limit(args.get("limit")), cursor=args.get("cursor")
+    )
     return json_response(page_json(page, run_json))

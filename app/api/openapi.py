@@ -4,6 +4,7 @@ Field names and bounds come from app.services.validation (and the pure core's ow
 so the document says what the code checks; tests/integration/test_api_ops.py fails
 when a route of the Flask app or a field of a body or a response is missing here.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -42,40 +43,91 @@ def _object(properties: dict, required: tuple[str, ...] = (), closed: bool = Tru
 
 
 def _schemas() -> dict:
-    limits = _object({
-        "key": {"type": "string", "minLength": 1, "maxLength": v.LIMITS_KEY_MAX},
-        "rate_per_s": {"type": "number", "minimum": v.RATE_PER_S[0], "maximum": v.RATE_PER_S[1]},
-        "max_concurrency": {"type": "integer", "minimum": v.MAX_CONCURRENCY[0], "maximum": v.MAX_CONCURRENCY[1]},
-    })
-    webhook = _object({
-        "type": {"const": "webhook"},
-        "url": {"type": "string", "format": "uri", "maxLength": v.URL_MAX, "description": "http(s); private addresses refused unless allowed"},
-        "method": {"enum": list(v.METHODS), "default": v.DEFAULT_METHOD},
-        "headers": {"type": "object", "maxProperties": v.HEADERS_MAX,
-                    "additionalProperties": {"type": "string", "maxLength": v.HEADER_VALUE_MAX}},
-        "timeout_s": {"type": "number", "minimum": v.TIMEOUT_S[0], "maximum": v.TIMEOUT_S[1], "default": v.DEFAULT_TIMEOUT_S},
-        "limits": _ref("Limits"),
-    }, required=("type", "url"))
-    queue = _object({
-        "type": {"const": "queue"},
-        "topic": {"type": "string", "minLength": 1, "maxLength": v.TOPIC_MAX, "pattern": r"^[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*$"},
-        "limits": _ref("Limits"),
-    }, required=("type", "topic"))
+    limits = _object(
+        {
+            "key": {"type": "string", "minLength": 1, "maxLength": v.LIMITS_KEY_MAX},
+            "rate_per_s": {"type": "number", "minimum": v.RATE_PER_S[0], "maximum": v.RATE_PER_S[1]},
+            "max_concurrency": {
+                "type": "integer",
+                "minimum": v.MAX_CONCURRENCY[0],
+                "maximum": v.MAX_CONCURRENCY[1],
+            },
+        }
+    )
+    webhook = _object(
+        {
+            "type": {"const": "webhook"},
+            "url": {
+                "type": "string",
+                "format": "uri",
+                "maxLength": v.URL_MAX,
+                "description": "http(s); private addresses refused unless allowed",
+            },
+            "method": {"enum": list(v.METHODS), "default": v.DEFAULT_METHOD},
+            "headers": {
+                "type": "object",
+                "maxProperties": v.HEADERS_MAX,
+                "additionalProperties": {"type": "string", "maxLength": v.HEADER_VALUE_MAX},
+            },
+            "timeout_s": {
+                "type": "number",
+                "minimum": v.TIMEOUT_S[0],
+                "maximum": v.TIMEOUT_S[1],
+                "default": v.DEFAULT_TIMEOUT_S,
+            },
+            "limits": _ref("Limits"),
+        },
+        required=("type", "url"),
+    )
+    queue = _object(
+        {
+            "type": {"const": "queue"},
+            "topic": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": v.TOPIC_MAX,
+                "pattern": r"^[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*$",
+            },
+            "limits": _ref("Limits"),
+        },
+        required=("type", "topic"),
+    )
     bounds = {"start_at": INSTANT, "end_at": INSTANT}
-    schedule = {"oneOf": [
-        _object({"run_at": INSTANT}, required=("run_at",)),
-        _object({"cron": {"type": "string", "description": "5 fields, or 6 with seconds first"},
-                 "timezone": {"type": "string", "default": "UTC"}, **bounds}, required=("cron",)),
-        _object({"interval_s": {"type": "integer", "minimum": 1, "maximum": MAX_INTERVAL_S}, **bounds},
-                required=("interval_s",)),
-    ]}
-    retry = _object({
-        "max_attempts": {"type": "integer", "minimum": 1, "maximum": MAX_ATTEMPTS, "default": 5},
-        "backoff_s": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_BACKOFF_S, "default": 10},
-        "max_backoff_s": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_MAX_BACKOFF_S, "default": 3600},
-    })
-    dst = _object({"gap": {"enum": list(GAP_POLICIES), "default": "shift"},
-                   "overlap": {"enum": list(OVERLAP_POLICIES), "default": "once"}})
+    schedule = {
+        "oneOf": [
+            _object({"run_at": INSTANT}, required=("run_at",)),
+            _object(
+                {
+                    "cron": {"type": "string", "description": "5 fields, or 6 with seconds first"},
+                    "timezone": {"type": "string", "default": "UTC"},
+                    **bounds,
+                },
+                required=("cron",),
+            ),
+            _object(
+                {"interval_s": {"type": "integer", "minimum": 1, "maximum": MAX_INTERVAL_S}, **bounds},
+                required=("interval_s",),
+            ),
+        ]
+    }
+    retry = _object(
+        {
+            "max_attempts": {"type": "integer", "minimum": 1, "maximum": MAX_ATTEMPTS, "default": 5},
+            "backoff_s": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_BACKOFF_S, "default": 10},
+            "max_backoff_s": {
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "maximum": MAX_MAX_BACKOFF_S,
+                "default": 3600,
+            },
+        }
+    )
+    dst = _object(
+        {
+            "gap": {"enum": list(GAP_POLICIES), "default": "shift"},
+            "overlap": {"enum": list(OVERLAP_POLICIES), "default": "once"},
+        }
+    )
     fields = {
         "name": {"type": "string", "minLength": 1, "maxLength": v.NAME_MAX},
         "target": _ref("Target"),
@@ -86,87 +138,192 @@ def _schemas() -> dict:
         "dst": _ref("Dst"),
         "jitter_s": {"type": "integer", "minimum": 0, "maximum": MAX_JITTER_S, "default": 0},
     }
-    job = _object({
-        "id": {"type": "string", "format": "uuid"},
-        "name": {"type": "string"},
-        "state": {"enum": list(JOB_STATES)},
-        "next_run_at": _nullable(INSTANT),
-        "target": _ref("Target"),
-        "payload": {},
-        "schedule": _ref("Schedule"),
-        "retry": _ref("Retry"),
-        "misfire": {"enum": list(MISFIRE_POLICIES)},
-        "dst": _ref("Dst"),
-        "jitter_s": {"type": "integer"},
-        "attempt": {"type": "integer", "minimum": 0},
-        "created_at": INSTANT,
-        "updated_at": INSTANT,
-    }, required=("id", "name", "state", "next_run_at", "target", "payload", "schedule", "retry", "misfire",
-                 "dst", "jitter_s", "attempt", "created_at", "updated_at"))
-    run = _object({
-        "id": {"type": "string", "format": "uuid"},
-        "job_id": {"type": "string", "format": "uuid"},
-        "scheduled_for": INSTANT,
-        "attempt": {"type": "integer", "minimum": 1},
-        "state": {"enum": list(RUN_STATES)},
-        "started_at": _nullable(INSTANT),
-        "finished_at": _nullable(INSTANT),
-        "lateness_ms": {"type": ["integer", "null"]},
-        "status_code": {"type": ["integer", "null"]},
-        "error": {"type": ["string", "null"]},
-    }, required=("id", "job_id", "scheduled_for", "attempt", "state", "started_at", "finished_at",
-                 "lateness_ms", "status_code", "error"))
+    job = _object(
+        {
+            "id": {"type": "string", "format": "uuid"},
+            "name": {"type": "string"},
+            "state": {"enum": list(JOB_STATES)},
+            "next_run_at": _nullable(INSTANT),
+            "target": _ref("Target"),
+            "payload": {},
+            "schedule": _ref("Schedule"),
+            "retry": _ref("Retry"),
+            "misfire": {"enum": list(MISFIRE_POLICIES)},
+            "dst": _ref("Dst"),
+            "jitter_s": {"type": "integer"},
+            "attempt": {"type": "integer", "minimum": 0},
+            "created_at": INSTANT,
+            "updated_at": INSTANT,
+        },
+        required=(
+            "id",
+            "name",
+            "state",
+            "next_run_at",
+            "target",
+            "payload",
+            "schedule",
+            "retry",
+            "misfire",
+            "dst",
+            "jitter_s",
+            "attempt",
+            "created_at",
+            "updated_at",
+        ),
+    )
+    run = _object(
+        {
+            "id": {"type": "string", "format": "uuid"},
+            "job_id": {"type": "string", "format": "uuid"},
+            "scheduled_for": INSTANT,
+            "attempt": {"type": "integer", "minimum": 1},
+            "state": {"enum": list(RUN_STATES)},
+            "started_at": _nullable(INSTANT),
+            "finished_at": _nullable(INSTANT),
+            "lateness_ms": {"type": ["integer", "null"]},
+            "status_code": {"type": ["integer", "null"]},
+            "error": {"type": ["string", "null"]},
+        },
+        required=(
+            "id",
+            "job_id",
+            "scheduled_for",
+            "attempt",
+            "state",
+            "started_at",
+            "finished_at",
+            "lateness_ms",
+            "status_code",
+            "error",
+        ),
+    )
     return {
         "Limits": limits,
         "WebhookTarget": webhook,
         "QueueTarget": queue,
-        "Target": {"oneOf": [_ref("WebhookTarget"), _ref("QueueTarget")],
-                   "discriminator": {"propertyName": "type",
-                                     "mapping": {"webhook": "#/components/schemas/WebhookTarget",
-                                                 "queue": "#/components/schemas/QueueTarget"}}},
+        "Target": {
+            "oneOf": [_ref("WebhookTarget"), _ref("QueueTarget")],
+            "discriminator": {
+                "propertyName": "type",
+                "mapping": {
+                    "webhook": "#/components/schemas/WebhookTarget",
+                    "queue": "#/components/schemas/QueueTarget",
+                },
+            },
+        },
         "Schedule": schedule,
         "Retry": retry,
         "Dst": dst,
         "JobCreate": _object(fields, required=v.REQUIRED_FIELDS),
-        "JobBatch": _object({"jobs": {"type": "array", "maxItems": MAX_BATCH_JOBS, "items": _object({
-            **fields,
-            "idempotency_key": {"type": "string", "minLength": 1, "maxLength": KEY_MAX,
-                                "description": "what the Idempotency-Key header is for POST /jobs, per job"},
-        }, required=v.REQUIRED_FIELDS)}}, required=("jobs",)),
-        "JobBatchResult": _object({"items": {"type": "array", "description": "one per job, in request order",
-                                             "items": {"oneOf": [
-            _object({"status": {"enum": [200, 201],
-                                "description": "201 created, 200 the job the key stands for"},
-                     "job": _ref("Job")}, required=("status", "job")),
-            _object({"status": {"enum": [409, 413, 422, 503]}, "problem": _ref("Problem")},
-                    required=("status", "problem")),
-        ]}}}, required=("items",)),
+        "JobBatch": _object(
+            {
+                "jobs": {
+                    "type": "array",
+                    "maxItems": MAX_BATCH_JOBS,
+                    "items": _object(
+                        {
+                            **fields,
+                            "idempotency_key": {
+                                "type": "string",
+                                "minLength": 1,
+                                "maxLength": KEY_MAX,
+                                "description": "what the Idempotency-Key header is for POST /jobs, per job",
+                            },
+                        },
+                        required=v.REQUIRED_FIELDS,
+                    ),
+                }
+            },
+            required=("jobs",),
+        ),
+        "JobBatchResult": _object(
+            {
+                "items": {
+                    "type": "array",
+                    "description": "one per job, in request order",
+                    "items": {
+                        "oneOf": [
+                            _object(
+                                {
+                                    "status": {
+                                        "enum": [200, 201],
+                                        "description": "201 created, 200 the job the key stands for",
+                                    },
+                                    "job": _ref("Job"),
+                                },
+                                required=("status", "job"),
+                            ),
+                            _object(
+                                {"status": {"enum": [409, 413, 422, 503]}, "problem": _ref("Problem")},
+                                required=("status", "problem"),
+                            ),
+                        ]
+                    },
+                }
+            },
+            required=("items",),
+        ),
         "JobPatch": _object(fields),
         "Job": job,
         "Run": run,
-        "JobPage": _object({"items": {"type": "array", "items": _ref("Job")}, "next_cursor": {"type": ["string", "null"]}},
-                           required=("items", "next_cursor")),
-        "RunPage": _object({"items": {"type": "array", "items": _ref("Run")}, "next_cursor": {"type": ["string", "null"]}},
-                           required=("items", "next_cursor")),
-        "Preview": _object({"items": {"type": "array", "items": _object({
-            "at": INSTANT,
-            "local": {"type": "string", "description": "RFC 3339 with the zone's offset"},
-            "dst": {"enum": [None, "gap_shifted", "overlap_first", "overlap_second"]},
-        }, required=("at", "local", "dst"))}}, required=("items",)),
-        "Health": _object({
-            "shards": {"type": "array", "items": _object({
-                "shard": {"type": "integer", "minimum": 0}, "ok": {"type": "boolean"}, "error": {"type": "string"},
-            }, required=("shard", "ok"))},
-            "broker": _object({"ok": {"type": "boolean"}, "error": {"type": "string"}}, required=("ok",)),
-        }, required=("shards", "broker")),
-        "Problem": _object({
-            "type": {"type": "string"},
-            "title": {"type": "string"},
-            "status": {"type": "integer"},
-            "detail": {"type": "string"},
-            "errors": {"type": "array", "items": _object({"field": {"type": "string"}, "message": {"type": "string"}},
-                                                         required=("field", "message"))},
-        }, required=("type", "title", "status", "detail", "errors")),
+        "JobPage": _object(
+            {"items": {"type": "array", "items": _ref("Job")}, "next_cursor": {"type": ["string", "null"]}},
+            required=("items", "next_cursor"),
+        ),
+        "RunPage": _object(
+            {"items": {"type": "array", "items": _ref("Run")}, "next_cursor": {"type": ["string", "null"]}},
+            required=("items", "next_cursor"),
+        ),
+        "Preview": _object(
+            {
+                "items": {
+                    "type": "array",
+                    "items": _object(
+                        {
+                            "at": INSTANT,
+                            "local": {"type": "string", "description": "RFC 3339 with the zone's offset"},
+                            "dst": {"enum": [None, "gap_shifted", "overlap_first", "overlap_second"]},
+                        },
+                        required=("at", "local", "dst"),
+                    ),
+                }
+            },
+            required=("items",),
+        ),
+        "Health": _object(
+            {
+                "shards": {
+                    "type": "array",
+                    "items": _object(
+                        {
+                            "shard": {"type": "integer", "minimum": 0},
+                            "ok": {"type": "boolean"},
+                            "error": {"type": "string"},
+                        },
+                        required=("shard", "ok"),
+                    ),
+                },
+                "broker": _object({"ok": {"type": "boolean"}, "error": {"type": "string"}}, required=("ok",)),
+            },
+            required=("shards", "broker"),
+        ),
+        "Problem": _object(
+            {
+                "type": {"type": "string"},
+                "title": {"type": "string"},
+                "status": {"type": "integer"},
+                "detail": {"type": "string"},
+                "errors": {
+                    "type": "array",
+                    "items": _object(
+                        {"field": {"type": "string"}, "message": {"type": "string"}},
+                        required=("field", "message"),
+                    ),
+                },
+            },
+            required=("type", "title", "status", "detail", "errors"),
+        ),
     }
 
 
@@ -192,14 +349,27 @@ _ERRORS = {
 }
 
 
-def _op(summary: str, answers: dict, errors: str, *, body: str | None = None, params: list | None = None,
-        public: bool = False, extra: dict | None = None) -> dict:
-    operation: dict[str, Any] = {"summary": summary, "operationId": summary.lower().replace(" ", "_").replace("'", ""),
-                 "responses": dict(answers)}
+def _op(
+    summary: str,
+    answers: dict,
+    errors: str,
+    *,
+    body: str | None = None,
+    params: list | None = None,
+    public: bool = False,
+    extra: dict | None = None,
+) -> dict:
+    operation: dict[str, Any] = {
+        "summary": summary,
+        "operationId": summary.lower().replace(" ", "_").replace("'", ""),
+        "responses": dict(answers),
+    }
     for code in errors.split():
         operation["responses"][code] = _problem(_ERRORS[code])
     if not public:  # every route that reads the registry (its API key, at least)
-        operation["responses"]["503"] = _problem("a database it needs cannot be reached; retry after Retry-After")
+        operation["responses"]["503"] = _problem(
+            "a database it needs cannot be reached; retry after Retry-After"
+        )
     operation["responses"].update(extra or {})
     if body:
         operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref(body)}}}
@@ -230,22 +400,62 @@ def _paths() -> dict:
     on_job = "401 404 409"
     return {
         "/jobs": {
-            "post": _op("Create job", {
-                "201": _ok("created", "Job", _LOCATION),
-                "200": _ok("the job an earlier request with this Idempotency-Key created", "Job", {
-                    **_LOCATION, "Idempotent-Replayed": {"schema": {"const": "true"}, "description": "a replayed answer"}}),
-            }, "400 401 409 413 415 422", body="JobCreate", params=[{
-                "name": "Idempotency-Key", "in": "header", "required": False,
-                "schema": {"type": "string", "minLength": 1, "maxLength": 255}}]),
-            "get": _op("List jobs", {"200": _ok("newest first", "JobPage")}, "401 422", params=[
-                _query("state", {"enum": list(JOB_STATES)}), _query("name", {"type": "string"}, "exact match"), *_PAGE]),
+            "post": _op(
+                "Create job",
+                {
+                    "201": _ok("created", "Job", _LOCATION),
+                    "200": _ok(
+                        "the job an earlier request with this Idempotency-Key created",
+                        "Job",
+                        {
+                            **_LOCATION,
+                            "Idempotent-Replayed": {
+                                "schema": {"const": "true"},
+                                "description": "a replayed answer",
+                            },
+                        },
+                    ),
+                },
+                "400 401 409 413 415 422",
+                body="JobCreate",
+                params=[
+                    {
+                        "name": "Idempotency-Key",
+                        "in": "header",
+                        "required": False,
+                        "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+                    }
+                ],
+            ),
+            "get": _op(
+                "List jobs",
+                {"200": _ok("newest first", "JobPage")},
+                "401 422",
+                params=[
+                    _query("state", {"enum": list(JOB_STATES)}),
+                    _query("name", {"type": "string"}, "exact match"),
+                    *_PAGE,
+                ],
+            ),
         },
         "/jobs/batch": {
-            "post": _op("Create jobs", {"200": _ok("one answer per job, in request order; all or nothing "
-                                                   "per job, not per batch", "JobBatchResult")},
-                        "400 401 415 422", body="JobBatch", extra={
-                "413": _problem(f"body over {MAX_BATCH_BODY_BYTES // (1024 * 1024)} MiB (a job over 64 KiB "
-                                "is answered 413 in its own item)")}),
+            "post": _op(
+                "Create jobs",
+                {
+                    "200": _ok(
+                        "one answer per job, in request order; all or nothing per job, not per batch",
+                        "JobBatchResult",
+                    )
+                },
+                "400 401 415 422",
+                body="JobBatch",
+                extra={
+                    "413": _problem(
+                        f"body over {MAX_BATCH_BODY_BYTES // (1024 * 1024)} MiB (a job over 64 KiB "
+                        "is answered 413 in its own item)"
+                    )
+                },
+            ),
         },
         "/jobs/{job_id}": {
             "parameters": [_path("job_id")],
@@ -253,31 +463,89 @@ def _paths() -> dict:
             "patch": _op("Update job", job_answer, "400 401 404 409 413 415 422", body="JobPatch"),
             "delete": _op("Cancel job", {"200": _ok("the job, cancelled", "Job")}, on_job),
         },
-        "/jobs/{job_id}/pause": {"parameters": [_path("job_id")], "post": _op("Pause job", job_answer, on_job)},
-        "/jobs/{job_id}/resume": {"parameters": [_path("job_id")], "post": _op("Resume job", job_answer, on_job)},
-        "/jobs/{job_id}/trigger": {"parameters": [_path("job_id")],
-                                   "post": _op("Trigger job", {"202": _ok("the extra run, claimed", "Run")}, on_job)},
-        "/jobs/{job_id}/runs": {"parameters": [_path("job_id")],
-                                "get": _op("List runs", {"200": _ok("newest first", "RunPage")}, "401 404 422", params=_PAGE)},
-        "/dead-letters": {"get": _op("List dead letters", {"200": _ok("dead runs, newest first", "RunPage")},
-                                     "401 422", params=_PAGE)},
-        "/runs/{run_id}/replay": {"parameters": [_path("run_id")],
-                                  "post": _op("Replay run", {"202": _ok("the run, now replayed", "Run")}, "401 404 409")},
-        "/schedules/preview": {"get": _op("Preview schedule", {"200": _ok("the next fire instants", "Preview")}, "401 422", params=[
-            _query("cron", {"type": "string"}), _query("interval_s", {"type": "integer", "minimum": 1, "maximum": MAX_INTERVAL_S}),
-            _query("timezone", {"type": "string", "default": "UTC"}),
-            _query("count", {"type": "integer", "minimum": 1, "maximum": 100, "default": 10}),
-            _query("after", INSTANT, "default now, exclusive"), _query("start_at", INSTANT), _query("end_at", INSTANT),
-            _query("gap", {"enum": list(GAP_POLICIES)}), _query("overlap", {"enum": list(OVERLAP_POLICIES)}),
-        ])},
-        "/healthz": {"get": _op("Health", {"200": _ok("every shard and the broker answer", "Health"),
-                                           "503": _ok("some shard or the broker does not answer", "Health")},
-                                "", public=True)},
-        "/metrics": {"get": _op("Metrics", {"200": {"description": "Prometheus text",
-                                                     "content": {"text/plain": {"schema": {"type": "string"}}}}}, "", public=True)},
-        "/openapi.json": {"get": _op("OpenAPI document", {"200": {"description": "this document",
-                                                                   "content": {"application/json": {"schema": {"type": "object"}}}}},
-                                     "", public=True)},
+        "/jobs/{job_id}/pause": {
+            "parameters": [_path("job_id")],
+            "post": _op("Pause job", job_answer, on_job),
+        },
+        "/jobs/{job_id}/resume": {
+            "parameters": [_path("job_id")],
+            "post": _op("Resume job", job_answer, on_job),
+        },
+        "/jobs/{job_id}/trigger": {
+            "parameters": [_path("job_id")],
+            "post": _op("Trigger job", {"202": _ok("the extra run, claimed", "Run")}, on_job),
+        },
+        "/jobs/{job_id}/runs": {
+            "parameters": [_path("job_id")],
+            "get": _op("List runs", {"200": _ok("newest first", "RunPage")}, "401 404 422", params=_PAGE),
+        },
+        "/dead-letters": {
+            "get": _op(
+                "List dead letters",
+                {"200": _ok("dead runs, newest first", "RunPage")},
+                "401 422",
+                params=_PAGE,
+            )
+        },
+        "/runs/{run_id}/replay": {
+            "parameters": [_path("run_id")],
+            "post": _op("Replay run", {"202": _ok("the run, now replayed", "Run")}, "401 404 409"),
+        },
+        "/schedules/preview": {
+            "get": _op(
+                "Preview schedule",
+                {"200": _ok("the next fire instants", "Preview")},
+                "401 422",
+                params=[
+                    _query("cron", {"type": "string"}),
+                    _query("interval_s", {"type": "integer", "minimum": 1, "maximum": MAX_INTERVAL_S}),
+                    _query("timezone", {"type": "string", "default": "UTC"}),
+                    _query("count", {"type": "integer", "minimum": 1, "maximum": 100, "default": 10}),
+                    _query("after", INSTANT, "default now, exclusive"),
+                    _query("start_at", INSTANT),
+                    _query("end_at", INSTANT),
+                    _query("gap", {"enum": list(GAP_POLICIES)}),
+                    _query("overlap", {"enum": list(OVERLAP_POLICIES)}),
+                ],
+            )
+        },
+        "/healthz": {
+            "get": _op(
+                "Health",
+                {
+                    "200": _ok("every shard and the broker answer", "Health"),
+                    "503": _ok("some shard or the broker does not answer", "Health"),
+                },
+                "",
+                public=True,
+            )
+        },
+        "/metrics": {
+            "get": _op(
+                "Metrics",
+                {
+                    "200": {
+                        "description": "Prometheus text",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+                "",
+                public=True,
+            )
+        },
+        "/openapi.json": {
+            "get": _op(
+                "OpenAPI document",
+                {
+                    "200": {
+                        "description": "this document",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    }
+                },
+                "",
+                public=True,
+            )
+        },
     }
 
 
@@ -286,14 +554,23 @@ def document() -> dict:
     """The OpenAPI 3.1 document (built once per process)."""
     return {
         "openapi": "3.1.0",
-        "info": {"title": "Punctual", "version": __version__,
-                 "description": "A distributed job scheduler: webhooks and queue messages fired on time,"
-                                " at least once."},
+        "info": {
+            "title": "Punctual",
+            "version": __version__,
+            "description": "A distributed job scheduler: webhooks and queue messages fired on time,"
+            " at least once.",
+        },
         "servers": [{"url": "/"}],
         "security": [{"bearer": []}],
         "paths": _paths(),
         "components": {
             "schemas": _schemas(),
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "description": "an API key from `punctual keys create`"}},
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "an API key from `punctual keys create`",
+                }
+            },
         },
     }

@@ -9,6 +9,7 @@ registry gauges (jobs by state, dead letters, backlog per shard), counted while 
 tables are small and estimated from PostgreSQL's statistics once they are big
 (app.registry.estimates), cached for GAUGE_TTL_S.
 """
+
 from __future__ import annotations
 
 import threading
@@ -59,8 +60,10 @@ def health(registry: Registry) -> tuple[list[dict], dict]:
     try:
         routing = registry.routing()
     except Exception as exc:  # no map, no shard is served; the class says enough
-        unread = [{"shard": shard, "ok": False, "error": f"shard map unreadable ({type(exc).__name__})"}
-                  for shard in range(registry.settings.shards)]
+        unread = [
+            {"shard": shard, "ok": False, "error": f"shard map unreadable ({type(exc).__name__})"}
+            for shard in range(registry.settings.shards)
+        ]
         return unread, broker
     shards = []
     for shard in range(registry.settings.shards):
@@ -103,7 +106,9 @@ def _ping(engine: sa.Engine) -> str | None:
 def metrics():
     gauges = current_app.extensions["punctual"].gauges
     text = generate_latest(collecting_registry()) + generate_latest(gauges.registry)
-    return Response(text, mimetype="text/plain", headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+    return Response(
+        text, mimetype="text/plain", headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+    )
 
 
 @bp.get("/openapi.json")
@@ -127,8 +132,11 @@ class RegistryGauges:
         with self._lock:
             if time.monotonic() >= self._expires:
                 try:
-                    self._values = (jobs.count_by_state(self._source), runs.count_dead(self._source),
-                                    jobs.backlog_by_shard(self._source, utcnow()))
+                    self._values = (
+                        jobs.count_by_state(self._source),
+                        runs.count_dead(self._source),
+                        jobs.backlog_by_shard(self._source, utcnow()),
+                    )
                 except sa.exc.SQLAlchemyError:
                     pass  # keep the last values; /healthz is where an outage shows
                 self._expires = time.monotonic() + self._ttl_s
@@ -144,8 +152,9 @@ class RegistryGauges:
             family.add_metric([state], count)
         yield family
         yield GaugeMetricFamily("punctual_dead_letter_runs", "Runs in state dead (dead letters)", value=dead)
-        family = GaugeMetricFamily("punctual_backlog_jobs", "Jobs due and not claimed yet, per logical shard",
-                                   labels=["shard"])
+        family = GaugeMetricFamily(
+            "punctual_backlog_jobs", "Jobs due and not claimed yet, per logical shard", labels=["shard"]
+        )
         for shard, count in sorted(backlog.items()):
             family.add_metric([str(shard)], count)
         yield family

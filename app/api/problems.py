@@ -8,6 +8,7 @@ or body parsing), a database that cannot be reached (503 with Retry-After) and a
 write refused by a shard move's fence (503, Retry-After: 1) all come out in this one
 shape, so a client parses one thing.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,9 @@ class Unauthorized(Exception):
     """No API key, or one that belongs to nobody."""
 
 
-def problem_json(status: int, title: str, detail: str, *, kind: str | None = None,
-                 errors: list[FieldError] | None = None) -> dict:
+def problem_json(
+    status: int, title: str, detail: str, *, kind: str | None = None, errors: list[FieldError] | None = None
+) -> dict:
     return {
         "type": _TYPE_BASE + kind if kind else "about:blank",
         "title": title,
@@ -43,8 +45,15 @@ def problem_json(status: int, title: str, detail: str, *, kind: str | None = Non
     }
 
 
-def problem(status: int, title: str, detail: str, *, kind: str | None = None,
-            errors: list[FieldError] | None = None, headers: dict | None = None) -> Response:
+def problem(
+    status: int,
+    title: str,
+    detail: str,
+    *,
+    kind: str | None = None,
+    errors: list[FieldError] | None = None,
+    headers: dict | None = None,
+) -> Response:
     body = problem_json(status, title, detail, kind=kind, errors=errors)
     response = Response(json.dumps(body), status=status, mimetype=PROBLEM_TYPE)
     for name, value in (headers or {}).items():
@@ -57,8 +66,9 @@ def problem_for(exc: Exception) -> dict:
     (POST /jobs/batch): the same body the error gets as a whole answer."""
     if isinstance(exc, ValidationError):
         fields = ", ".join(dict.fromkeys(e.field for e in exc.errors))
-        return problem_json(422, "Invalid fields", f"invalid: {fields}", kind="invalid-fields",
-                            errors=exc.errors)
+        return problem_json(
+            422, "Invalid fields", f"invalid: {fields}", kind="invalid-fields", errors=exc.errors
+        )
     if isinstance(exc, Conflict):
         return problem_json(409, "Conflict", exc.detail, kind=exc.kind)
     if isinstance(exc, Unavailable):
@@ -81,8 +91,13 @@ def _conflict(exc: Conflict) -> Response:
 
 
 def _unauthorized(_exc: Unauthorized) -> Response:
-    return problem(401, "Unauthorized", "send a valid API key as 'Authorization: Bearer <key>'",
-                   kind="unauthorized", headers={"WWW-Authenticate": 'Bearer realm="punctual"'})
+    return problem(
+        401,
+        "Unauthorized",
+        "send a valid API key as 'Authorization: Bearer <key>'",
+        kind="unauthorized",
+        headers={"WWW-Authenticate": 'Bearer realm="punctual"'},
+    )
 
 
 def _http(exc: HTTPException) -> Response:
@@ -97,21 +112,37 @@ def _http(exc: HTTPException) -> Response:
 # a refused or dropped connection, a pool with no connection to give within its timeout.
 # psycopg's own OperationalError too: a reconnect inside the pool's pre-ping can raise
 # it unwrapped.
-REGISTRY_UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError,
-                        sa_exc.DisconnectionError, psycopg.OperationalError, psycopg.InterfaceError)
+REGISTRY_UNAVAILABLE = (
+    sa_exc.OperationalError,
+    sa_exc.InterfaceError,
+    sa_exc.TimeoutError,
+    sa_exc.DisconnectionError,
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+)
 RETRY_AFTER_S = 5
 
 
 def _registry_unavailable(exc: Exception) -> Response:
     log.warning("registry unavailable: %s", type(exc).__name__, exc_info=exc)
-    return problem(503, "Service Unavailable", "the job registry cannot be reached; retry later",
-                   kind="registry-unavailable", headers={"Retry-After": str(RETRY_AFTER_S)})
+    return problem(
+        503,
+        "Service Unavailable",
+        "the job registry cannot be reached; retry later",
+        kind="registry-unavailable",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
 
 
 def _unexpected(exc: Exception) -> Response:
     if is_fence_error(exc):  # a write to a shard in the fence of a move: seconds at most
-        return problem(503, "Service Unavailable", "the job's shard is being moved; try again in a moment",
-                       kind="shard-moving", headers={"Retry-After": "1"})
+        return problem(
+            503,
+            "Service Unavailable",
+            "the job's shard is being moved; try again in a moment",
+            kind="shard-moving",
+            headers={"Retry-After": "1"},
+        )
     log.exception("unhandled error", exc_info=exc)
     return problem(500, "Internal Server Error", "the server failed to answer this request")
 

@@ -1,4 +1,5 @@
 """/dead-letters and /runs/{id}/replay. Thin views over app.services.runs."""
+
 from __future__ import annotations
 
 from flask import Blueprint, current_app, g, request
@@ -16,8 +17,9 @@ bp = protect(Blueprint("runs", __name__))
 @bp.get("/dead-letters")
 def list_dead_letters():
     registry = current_app.extensions["punctual"].registry
-    page = runs.list_dead_letters(registry, g.owner, limit=parse_limit(request.args.get("limit")),
-                                  cursor=request.args.get("cursor"))
+    page = runs.list_dead_letters(
+        registry, g.owner, limit=parse_limit(request.args.get("limit")), cursor=request.args.get("cursor")
+    )
     return json_response(page_json(page, run_json))
 
 

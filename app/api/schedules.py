@@ -5,6 +5,7 @@ Query parameters (docs/api.md): `cron` or `interval_s`, `timezone` (default UTC)
 (the job defaults), and `start_at`/`end_at` as in a job's schedule. Every invalid
 parameter is reported at once, named as the parameter (`cron`, not `schedule.cron`).
 """
+
 from __future__ import annotations
 
 import dataclasses

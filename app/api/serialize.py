@@ -4,6 +4,7 @@ Instants are RFC 3339 UTC with `Z` (app.core.timefmt.format_instant); a job's sc
 retry and dst come back through the pure core's own `to_json`, so what a client
 reads is what it could send again.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -65,4 +66,6 @@ def page_json(page: Page, item: Callable[[Row], dict]) -> dict:
 
 
 def preview_json(items: list[PreviewItem]) -> dict:
-    return {"items": [{"at": format_instant(i.at), "local": format_local(i.local), "dst": i.dst} for i in items]}
+    return {
+        "items": [{"at": format_instant(i.at), "local": format_local(i.local), "dst": i.dst} for i in items]
+    }

@@ -5,6 +5,7 @@ the size cap (MAX_CONTENT_LENGTH, 64 KiB) answers 413 before anything is parsed;
 bytes that are not UTF-8 JSON, and JSON numbers no float can hold (NaN, Infinity,
 1e400) answer 400: Postgres' jsonb would refuse them later with a 500.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,9 @@ MAX_BODY_BYTES = 64 * 1024
 def json_body() -> Any:
     """The request's JSON body, or a 400/413/415 HTTPException."""
     mimetype = request.mimetype or ""
-    if not (mimetype == "application/json" or (mimetype.startswith("application/") and mimetype.endswith("+json"))):
+    if not (
+        mimetype == "application/json" or (mimetype.startswith("application/") and mimetype.endswith("+json"))
+    ):
         raise UnsupportedMediaType("send the body as application/json")
     raw = request.get_data(cache=True)  # raises 413 past MAX_CONTENT_LENGTH
     try:
@@ -47,8 +50,11 @@ def _reason(exc: Exception) -> str:
 
 
 def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    response = Response(json.dumps(data, ensure_ascii=False, separators=(",", ":")), status=status,
-                        mimetype="application/json")
+    response = Response(
+        json.dumps(data, ensure_ascii=False, separators=(",", ":")),
+        status=status,
+        mimetype="application/json",
+    )
     for name, value in (headers or {}).items():
         response.headers[name] = value
     return response

@@ -4,6 +4,7 @@ Subcommands live in small modules (app.cli.ops, app.cli.keys, app.cli.jobs,
 app.cli.runs, app.cli.dev, app.cli.serve) and are attached here; each imports its
 heavy dependencies only when it runs, so `punctual --help` stays quick.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -13,7 +14,13 @@ import click
 from app.settings import VARIABLES
 
 _SUBCOMMAND_MODULES = (
-    "app.cli.ops", "app.cli.shards", "app.cli.keys", "app.cli.jobs", "app.cli.runs", "app.cli.dev", "app.cli.serve",
+    "app.cli.ops",
+    "app.cli.shards",
+    "app.cli.keys",
+    "app.cli.jobs",
+    "app.cli.runs",
+    "app.cli.dev",
+    "app.cli.serve",
 )
 
 

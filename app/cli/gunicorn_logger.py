@@ -3,6 +3,7 @@
 Named by `punctual api` in gunicorn's `logger_class` setting; kept out of
 app.cli.serve so that `punctual --help` does not import gunicorn.
 """
+
 from __future__ import annotations
 
 from gunicorn.glogging import Logger

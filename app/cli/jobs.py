@@ -4,6 +4,7 @@ They talk to a running API at PUNCTUAL_URL with PUNCTUAL_API_KEY (or --url and
 --api-key). Output is a human table by default and the API's JSON with --json, for
 scripts. An API error prints its problem (every invalid field) to stderr, exit 1.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,11 +16,21 @@ import click
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
-_url_option = click.option("--url", envvar="PUNCTUAL_URL", default=DEFAULT_URL, show_default=True,
-                           help="The API's base URL [env PUNCTUAL_URL].")
-_key_option = click.option("--api-key", envvar="PUNCTUAL_API_KEY",
-                           help="An API key from `punctual keys create` [env PUNCTUAL_API_KEY].")
-_json_option = click.option("--json", "as_json", is_flag=True, help="Print the API's JSON instead of a table.")
+_url_option = click.option(
+    "--url",
+    envvar="PUNCTUAL_URL",
+    default=DEFAULT_URL,
+    show_default=True,
+    help="The API's base URL [env PUNCTUAL_URL].",
+)
+_key_option = click.option(
+    "--api-key",
+    envvar="PUNCTUAL_API_KEY",
+    help="An API key from `punctual keys create` [env PUNCTUAL_API_KEY].",
+)
+_json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print the API's JSON instead of a table."
+)
 
 
 def _client(ctx: click.Context):
@@ -41,8 +52,9 @@ def _call(action: Callable[[], Any]) -> Any:
     try:
         return action()
     except TransportError:  # no HTTP answer at all: say where we looked, not urllib3's retry story
-        click.echo(f"punctual: no Punctual API answers at {_api_url()} (is `punctual api` running?)",
-                   err=True)
+        click.echo(
+            f"punctual: no Punctual API answers at {_api_url()} (is `punctual api` running?)", err=True
+        )
         sys.exit(1)
     except PunctualError as exc:
         click.echo(f"punctual: {exc}", err=True)
@@ -82,14 +94,38 @@ def _target_text(target: dict) -> str:
 
 
 def _job_rows(jobs) -> str:
-    return _table(([j.id, j.name, j.state, j.raw["next_run_at"] or "-", _schedule_text(j.schedule), _target_text(j.target)]
-                   for j in jobs), ["ID", "NAME", "STATE", "NEXT RUN", "SCHEDULE", "TARGET"])
+    return _table(
+        (
+            [
+                j.id,
+                j.name,
+                j.state,
+                j.raw["next_run_at"] or "-",
+                _schedule_text(j.schedule),
+                _target_text(j.target),
+            ]
+            for j in jobs
+        ),
+        ["ID", "NAME", "STATE", "NEXT RUN", "SCHEDULE", "TARGET"],
+    )
 
 
 def _run_rows(runs) -> str:
-    return _table(([r.id, r.raw["scheduled_for"], r.attempt, r.state, r.status_code or "-",
-                    "-" if r.lateness_ms is None else f"{r.lateness_ms}ms", r.error or ""]
-                   for r in runs), ["ID", "SCHEDULED FOR", "ATTEMPT", "STATE", "STATUS", "LATENESS", "ERROR"])
+    return _table(
+        (
+            [
+                r.id,
+                r.raw["scheduled_for"],
+                r.attempt,
+                r.state,
+                r.status_code or "-",
+                "-" if r.lateness_ms is None else f"{r.lateness_ms}ms",
+                r.error or "",
+            ]
+            for r in runs
+        ),
+        ["ID", "SCHEDULED FOR", "ATTEMPT", "STATE", "STATUS", "LATENESS", "ERROR"],
+    )
 
 
 def _show_job(job, as_json: bool) -> None:
@@ -101,7 +137,11 @@ def _show_job(job, as_json: bool) -> None:
 
 def _show_page(page, as_json: bool, rows: Callable) -> None:
     if as_json:
-        click.echo(json.dumps({"items": [item.raw for item in page.items], "next_cursor": page.next_cursor}, indent=2))
+        click.echo(
+            json.dumps(
+                {"items": [item.raw for item in page.items], "next_cursor": page.next_cursor}, indent=2
+            )
+        )
         return
     click.echo(rows(page.items))
     if page.next_cursor:
@@ -129,9 +169,13 @@ def _json_value(text: str | None, option: str) -> Any:
 
 
 @jobs.command("create")
-@click.option("--from-file", "from_file", metavar="FILE.jsonl",
-              help="Create many jobs: one job body per line (- for stdin), sent 1,000 per POST /jobs/batch;"
-                   " an `idempotency_key` field per line makes a rerun safe. Prints one result per line.")
+@click.option(
+    "--from-file",
+    "from_file",
+    metavar="FILE.jsonl",
+    help="Create many jobs: one job body per line (- for stdin), sent 1,000 per POST /jobs/batch;"
+    " an `idempotency_key` field per line makes a rerun safe. Prints one result per line.",
+)
 @click.option("--body", help="The whole job as JSON (or @file, @- for stdin); the options below override it.")
 @click.option("--name")
 @click.option("--cron", help="5 fields, or 6 with seconds first.")
@@ -156,13 +200,40 @@ def _json_value(text: str | None, option: str) -> Any:
 @click.option("--idempotency-key", help="Repeat the command with the same key to get the same job.")
 @_json_option
 @click.pass_context
-def create(ctx: click.Context, from_file, body, name, cron, timezone, interval_s, run_at, start_at,
-           end_at, target_url, method, headers, timeout_s, topic, payload, max_attempts, backoff_s,
-           max_backoff_s, misfire, gap, overlap, jitter_s, idempotency_key, as_json) -> None:
+def create(
+    ctx: click.Context,
+    from_file,
+    body,
+    name,
+    cron,
+    timezone,
+    interval_s,
+    run_at,
+    start_at,
+    end_at,
+    target_url,
+    method,
+    headers,
+    timeout_s,
+    topic,
+    payload,
+    max_attempts,
+    backoff_s,
+    max_backoff_s,
+    misfire,
+    gap,
+    overlap,
+    jitter_s,
+    idempotency_key,
+    as_json,
+) -> None:
     """Create a job; prints it. With --from-file, create every job of a JSON Lines file."""
     if from_file is not None:
-        given = [name for name, value in ctx.params.items()
-                 if name not in ("from_file", "as_json") and value not in (None, ())]
+        given = [
+            name
+            for name, value in ctx.params.items()
+            if name not in ("from_file", "as_json") and value not in (None, ())
+        ]
         if given:
             option = "--" + given[0].replace("_", "-")
             raise click.UsageError(f"--from-file takes the jobs from the file; drop {option}")
@@ -173,12 +244,20 @@ def create(ctx: click.Context, from_file, body, name, cron, timezone, interval_s
         raise click.BadParameter("must be a JSON object", param_hint="--body")
     if name is not None:
         job["name"] = name
-    schedule = {"cron": cron, "timezone": timezone, "interval_s": interval_s, "run_at": run_at,
-                "start_at": start_at, "end_at": end_at}
+    schedule = {
+        "cron": cron,
+        "timezone": timezone,
+        "interval_s": interval_s,
+        "run_at": run_at,
+        "start_at": start_at,
+        "end_at": end_at,
+    }
     if any(value is not None for value in schedule.values()):
         job["schedule"] = {k: v for k, v in schedule.items() if v is not None}
     if target_url is not None or topic is not None:
-        job["target"] = {"type": "queue", "topic": topic} if topic is not None else {"type": "webhook", "url": target_url}
+        job["target"] = (
+            {"type": "queue", "topic": topic} if topic is not None else {"type": "webhook", "url": target_url}
+        )
     target = job.get("target") if isinstance(job.get("target"), dict) else None
     for key, value in (("method", method), ("timeout_s", timeout_s)):
         if value is not None and target is not None:
@@ -187,7 +266,15 @@ def create(ctx: click.Context, from_file, body, name, cron, timezone, interval_s
         target["headers"] = dict(_header(h) for h in headers)
     if payload is not None:
         job["payload"] = _json_value(payload, "--payload")
-    retry = {k: v for k, v in (("max_attempts", max_attempts), ("backoff_s", backoff_s), ("max_backoff_s", max_backoff_s)) if v is not None}
+    retry = {
+        k: v
+        for k, v in (
+            ("max_attempts", max_attempts),
+            ("backoff_s", backoff_s),
+            ("max_backoff_s", max_backoff_s),
+        )
+        if v is not None
+    }
     if retry:
         job["retry"] = retry
     dst = {k: v for k, v in (("gap", gap), ("overlap", overlap)) if v is not None}
@@ -234,8 +321,9 @@ def _create_from_file(client, source: str, as_json: bool) -> None:
                 send()
     if pending:
         send()
-    click.echo(f"created {counts['created']}, existing {counts['existing']}, failed {counts['failed']}",
-               err=True)
+    click.echo(
+        f"created {counts['created']}, existing {counts['existing']}, failed {counts['failed']}", err=True
+    )
     if counts["failed"]:
         sys.exit(1)
 
@@ -265,7 +353,9 @@ def _header(text: str) -> tuple[str, str]:
 
 
 @jobs.command("list")
-@click.option("--state", type=click.Choice(["scheduled", "running", "paused", "completed", "cancelled", "dead"]))
+@click.option(
+    "--state", type=click.Choice(["scheduled", "running", "paused", "completed", "cancelled", "dead"])
+)
 @click.option("--name", help="Exact name.")
 @click.option("--limit", type=int, help="Page size (1-500, default 100).")
 @click.option("--cursor", help="Continue after a previous page.")
@@ -282,7 +372,11 @@ def list_(ctx: click.Context, state, name, limit, cursor, every, as_json) -> Non
         else:
             click.echo(_job_rows(items))
         return
-    _show_page(_call(lambda: client.list_jobs(state=state, name=name, limit=limit, cursor=cursor)), as_json, _job_rows)
+    _show_page(
+        _call(lambda: client.list_jobs(state=state, name=name, limit=limit, cursor=cursor)),
+        as_json,
+        _job_rows,
+    )
 
 
 _SCHEDULE_KINDS = ("cron", "interval_s", "run_at")
@@ -307,8 +401,9 @@ def _merged(current: dict, given: dict) -> dict:
 @click.option("--target-url", "target_url", help="A new webhook URL (http or https).")
 @click.option("--topic", help="A new queue target (routing key on the punctual.jobs exchange).")
 @click.option("--method", type=click.Choice(["POST", "PUT", "GET", "DELETE", "PATCH"]))
-@click.option("--header", "headers", multiple=True,
-              help="'Name: value', repeatable; replaces the job's headers.")
+@click.option(
+    "--header", "headers", multiple=True, help="'Name: value', repeatable; replaces the job's headers."
+)
 @click.option("--timeout-s", type=float)
 @click.option("--payload", help="JSON (or @file).")
 @click.option("--retry-max-attempts", "--max-attempts", "max_attempts", type=int)
@@ -320,9 +415,32 @@ def _merged(current: dict, given: dict) -> dict:
 @click.option("--jitter-s", type=int)
 @_json_option
 @click.pass_context
-def update(ctx: click.Context, job_id, body, name, cron, interval_s, run_at, timezone, start_at, end_at,
-           target_url, topic, method, headers, timeout_s, payload, max_attempts, backoff_s, max_backoff_s,
-           misfire, gap, overlap, jitter_s, as_json) -> None:
+def update(
+    ctx: click.Context,
+    job_id,
+    body,
+    name,
+    cron,
+    interval_s,
+    run_at,
+    timezone,
+    start_at,
+    end_at,
+    target_url,
+    topic,
+    method,
+    headers,
+    timeout_s,
+    payload,
+    max_attempts,
+    backoff_s,
+    max_backoff_s,
+    misfire,
+    gap,
+    overlap,
+    jitter_s,
+    as_json,
+) -> None:
     """Change a job (PATCH): only the fields given change; prints the job.
 
     Options that set part of a field (--timezone, --max-attempts, --method, --gap,
@@ -353,15 +471,21 @@ def update(ctx: click.Context, job_id, body, name, cron, interval_s, run_at, tim
         changes["schedule"] = _merged(job()["schedule"], bounds)
     if target_url is not None and topic is not None:
         raise click.UsageError("give --target-url or --topic, not both")
-    target_parts = {"method": method, "timeout_s": timeout_s,
-                    "headers": dict(_header(h) for h in headers) if headers else None}
+    target_parts = {
+        "method": method,
+        "timeout_s": timeout_s,
+        "headers": dict(_header(h) for h in headers) if headers else None,
+    }
     if topic is not None:
         changes["target"] = {"type": "queue", "topic": topic, "limits": job()["target"].get("limits")}
     elif target_url is not None or any(v is not None for v in target_parts.values()):
         base = job()["target"]
         if target_url is not None:
-            base = {**(base if base.get("type") == "webhook" else {"limits": base.get("limits")}),
-                    "type": "webhook", "url": target_url}
+            base = {
+                **(base if base.get("type") == "webhook" else {"limits": base.get("limits")}),
+                "type": "webhook",
+                "url": target_url,
+            }
         changes["target"] = _merged(base, target_parts)
     if "target" in changes and isinstance(changes["target"], dict):
         changes["target"] = {k: v for k, v in changes["target"].items() if v is not None}
@@ -435,13 +559,34 @@ def runs(ctx: click.Context, job_id: str, limit, cursor, as_json: bool) -> None:
 def preview(cron, timezone, count, after, gap, overlap, url, api_key, as_json) -> None:
     """The next fire instants of CRON, in UTC and local time, with DST flags."""
     client = _connect(url, api_key)
-    items = _call(lambda: client.preview_schedule(cron, timezone=timezone, count=count, after=after, gap=gap, overlap=overlap))
+    items = _call(
+        lambda: client.preview_schedule(
+            cron, timezone=timezone, count=count, after=after, gap=gap, overlap=overlap
+        )
+    )
     if as_json:
-        click.echo(json.dumps({"items": [{"at": i.at.isoformat().replace("+00:00", "Z"), "local": i.local.isoformat(),
-                                          "dst": i.dst} for i in items]}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "items": [
+                        {
+                            "at": i.at.isoformat().replace("+00:00", "Z"),
+                            "local": i.local.isoformat(),
+                            "dst": i.dst,
+                        }
+                        for i in items
+                    ]
+                },
+                indent=2,
+            )
+        )
         return
-    click.echo(_table(([i.at.isoformat().replace("+00:00", "Z"), i.local.isoformat(), i.dst or ""] for i in items),
-                      ["UTC", "LOCAL", "DST"]))
+    click.echo(
+        _table(
+            ([i.at.isoformat().replace("+00:00", "Z"), i.local.isoformat(), i.dst or ""] for i in items),
+            ["UTC", "LOCAL", "DST"],
+        )
+    )
 
 
 COMMANDS = [jobs, preview]

@@ -5,6 +5,7 @@ They write the registry's home DSN directly (PUNCTUAL_DATABASE_URLS), as
 needed. A key is shown once, at creation; afterwards it is named by its id, the
 first characters of its SHA-256 (which is all the registry keeps).
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,9 @@ def keys() -> None:
 
 @keys.command("create")
 @click.option("--owner", required=True, help="The owner the key belongs to (created on first use).")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print {owner, key_id, api_key, signing_secret} as JSON.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print {owner, key_id, api_key, signing_secret} as JSON."
+)
 def keys_create(owner: str, as_json: bool) -> None:
     """Print a new API key and the owner's signing secret (only a hash of the key is stored)."""
     from app.services.owners import create_key
@@ -76,19 +78,27 @@ def keys_revoke(key_id: str, as_json: bool) -> None:
     try:
         key = revoke_key(_registry(), key_id)
     except (NotFound, ValueError) as exc:
-        raise click.BadParameter(str(exc) if isinstance(exc, ValueError) else f"no key {key_id!r}",
-                                 param_hint="KEY_ID") from None
+        raise click.BadParameter(
+            str(exc) if isinstance(exc, ValueError) else f"no key {key_id!r}", param_hint="KEY_ID"
+        ) from None
     if as_json:
         click.echo(json.dumps(key.as_dict()))
     else:
-        click.echo(f"revoked {key.key_id} of {key.owner} at {key.as_dict()['revoked_at']}; "
-                   f"every API process refuses it within {KEY_CACHE_TTL_S:g} s")
+        click.echo(
+            f"revoked {key.key_id} of {key.owner} at {key.as_dict()['revoked_at']}; "
+            f"every API process refuses it within {KEY_CACHE_TTL_S:g} s"
+        )
 
 
 @keys.command("rotate")
 @click.option("--owner", required=True, help="Whose signing secret to replace.")
-@click.option("--window-s", type=click.IntRange(0, 30 * 86400), default=86400, show_default=True,
-              help="Seconds the old secret keeps signing next to the new one.")
+@click.option(
+    "--window-s",
+    type=click.IntRange(0, 30 * 86400),
+    default=86400,
+    show_default=True,
+    help="Seconds the old secret keeps signing next to the new one.",
+)
 @_json_option
 def keys_rotate(owner: str, window_s: int, as_json: bool) -> None:
     """A new signing secret for OWNER; the old one keeps signing during the window.

@@ -3,6 +3,7 @@ checked registry every operator command loads).
 
 `punctual keys ...` lives in app.cli.keys.
 """
+
 from __future__ import annotations
 
 import json
@@ -50,12 +51,10 @@ def load_registry(serving: bool = False):
 def migrate() -> None:
     """Create or upgrade the schema on every database (safe to repeat); the first run
     also writes the shard map, and a database added at the end gets its identity."""
-    from app.registry.migrate import establish_cluster, migrate_schema
-    from app.registry.shard_map import ShardMapError
-
     import sqlalchemy as sa
 
-    from app.registry.migrate import migrate_all
+    from app.registry.migrate import establish_cluster, migrate_schema
+    from app.registry.shard_map import ShardMapError
 
     settings = load_settings()
     log = start_logging("migrate", settings)
@@ -67,8 +66,12 @@ def migrate() -> None:
             sys.exit(1)
         state = "up to date" if before == after else f"{before or 'empty'} -> {after}"
         if settings.log_format == "json":  # one JSON object per line, like every process's log
-            log.info("%s: %s", _redact(dsn), state,
-                     extra={"database": _redact(dsn), "before": before, "after": after})
+            log.info(
+                "%s: %s",
+                _redact(dsn),
+                state,
+                extra={"database": _redact(dsn), "before": before, "after": after},
+            )
         else:
             click.echo(f"{_redact(dsn)}: {state}")
     try:
@@ -120,17 +123,24 @@ def owners_list(as_json: bool) -> None:
             click.echo(json.dumps({**item.as_dict(), "max_in_flight": quota}))
         return
     width = max([len("owner")] + [len(item.owner) for item in found])
-    click.echo(f"{'owner'.ljust(width)}  {'weight':>6}  {'quota':>6}  {'due':>8}  "
-               f"{'waiting':>8}  {'running':>8}")
+    click.echo(
+        f"{'owner'.ljust(width)}  {'weight':>6}  {'quota':>6}  {'due':>8}  {'waiting':>8}  {'running':>8}"
+    )
     for item in found:
-        click.echo(f"{item.owner.ljust(width)}  {item.weight:>6}  {quota or '-':>6}  {item.due:>8}  "
-                   f"{item.waiting:>8}  {item.running:>8}")
+        click.echo(
+            f"{item.owner.ljust(width)}  {item.weight:>6}  {quota or '-':>6}  {item.due:>8}  "
+            f"{item.waiting:>8}  {item.running:>8}"
+        )
 
 
 @owners.command("set")
 @click.argument("owner")
-@click.option("--weight", type=click.IntRange(1, 1000), required=True,
-              help="The owner's share of each claim batch relative to other owners with due rows (1-1000).")
+@click.option(
+    "--weight",
+    type=click.IntRange(1, 1000),
+    required=True,
+    help="The owner's share of each claim batch relative to other owners with due rows (1-1000).",
+)
 def owners_set(owner: str, weight: int) -> None:
     """Set an owner's weight (pollers pick it up within 30 s)."""
     from app.registry.engines import registry_for

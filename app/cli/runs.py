@@ -4,6 +4,7 @@ Like `punctual jobs`, they call a running API at PUNCTUAL_URL with PUNCTUAL_API_
 (or --url and --api-key), print a table (or the API's JSON with --json), and print
 an API error's problem to stderr with exit status 1.
 """
+
 from __future__ import annotations
 
 import json

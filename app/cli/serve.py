@@ -6,13 +6,14 @@ process) x `--threads` threads each (default 8: a create waits on its commit's W
 flush, and more commits in flight share one flush). On a 2-core box that is 2 x 8,
 measured best of 2x4, 2x8, 2x16 and 3x4 with bench.create; set `--workers` to
 2 x cores + 1 when requests wait on slow shards more than they compute. Keep
-workers x threads within PUNCTUAL_DB_POOL_SIZE x 2 (the pool's overflow included). Connections are opened lazily
-in each worker after the fork (never shared with the master).
+workers x threads within PUNCTUAL_DB_POOL_SIZE x 2 (the pool's overflow included).
+Connections are opened lazily in each worker after the fork (never shared with the master).
 
 Graceful shutdown: SIGTERM (or SIGINT) stops accepting connections and lets
 requests in flight finish for up to --graceful-timeout seconds; SIGHUP reloads the
 workers one by one.
 """
+
 from __future__ import annotations
 
 import os
@@ -45,8 +46,14 @@ def control_socket_path(host: str, port: int) -> str:
     return os.path.join(directory, name)
 
 
-def gunicorn_options(host: str, port: int, workers: int, threads: int, graceful_timeout_s: int,
-                     control_socket: str | None = None) -> dict:
+def gunicorn_options(
+    host: str,
+    port: int,
+    workers: int,
+    threads: int,
+    graceful_timeout_s: int,
+    control_socket: str | None = None,
+) -> dict:
     return {
         "bind": f"{host}:{port}",
         "workers": workers,
@@ -74,17 +81,36 @@ def gunicorn_options(host: str, port: int, workers: int, threads: int, graceful_
 
 
 @click.command("api")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0 for all).")
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0 for all)."
+)
 @click.option("--port", default=8000, show_default=True, type=int)
 @click.option("--workers", type=int, default=None, help="Worker processes [default: CPU cores].")
 @click.option("--threads", type=int, default=DEFAULT_THREADS, show_default=True, help="Threads per worker.")
-@click.option("--graceful-timeout", "graceful_timeout_s", type=int, default=30, show_default=True,
-              help="Seconds requests in flight get to finish on SIGTERM.")
-@click.option("--control-socket", "control_socket", default=None, metavar="PATH",
-              help="gunicorn's control socket for `gunicornc -s PATH` [default: punctual-api-HOST-PORT.ctl "
-                   "in $XDG_RUNTIME_DIR or ~/.gunicorn, one per instance].")
-def api(host: str, port: int, workers: int | None, threads: int, graceful_timeout_s: int,
-        control_socket: str | None) -> None:
+@click.option(
+    "--graceful-timeout",
+    "graceful_timeout_s",
+    type=int,
+    default=30,
+    show_default=True,
+    help="Seconds requests in flight get to finish on SIGTERM.",
+)
+@click.option(
+    "--control-socket",
+    "control_socket",
+    default=None,
+    metavar="PATH",
+    help="gunicorn's control socket for `gunicornc -s PATH` [default: punctual-api-HOST-PORT.ctl "
+    "in $XDG_RUNTIME_DIR or ~/.gunicorn, one per instance].",
+)
+def api(
+    host: str,
+    port: int,
+    workers: int | None,
+    threads: int,
+    graceful_timeout_s: int,
+    control_socket: str | None,
+) -> None:
     """Serve the HTTP API (gunicorn, gthread workers, graceful shutdown on SIGTERM)."""
     from gunicorn.app.base import BaseApplication
 
@@ -94,8 +120,9 @@ def api(host: str, port: int, workers: int | None, threads: int, graceful_timeou
 
     class _Server(BaseApplication):
         def load_config(self):
-            options = gunicorn_options(host, port, workers or default_workers(), threads, graceful_timeout_s,
-                                       control_socket)
+            options = gunicorn_options(
+                host, port, workers or default_workers(), threads, graceful_timeout_s, control_socket
+            )
             for key, value in options.items():
                 self.cfg.set(key, value)
 

@@ -5,6 +5,7 @@ in-flight runs by their partial index ix_runs_leased), so on a registry of many
 millions of jobs it takes as long as one sequential scan of jobs: an operator's
 command, not a probe.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,14 +35,23 @@ def shards(ctx: click.Context, as_json: bool) -> None:
     table = [header] + [row.as_text() for row in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]
     for line in table:
-        click.echo("  ".join(cell.rjust(width) if i < 4 or i == 5 else cell.ljust(width)
-                             for i, (cell, width) in enumerate(zip(line, widths, strict=True))).rstrip())
+        click.echo(
+            "  ".join(
+                cell.rjust(width) if i < 4 or i == 5 else cell.ljust(width)
+                for i, (cell, width) in enumerate(zip(line, widths, strict=True))
+            ).rstrip()
+        )
 
 
 @shards.command("move")
 @click.argument("shard", type=int)
-@click.option("--to", "to_index", type=int, default=None,
-              help="The index (into PUNCTUAL_DATABASE_URLS) of the database the shard moves to.")
+@click.option(
+    "--to",
+    "to_index",
+    type=int,
+    default=None,
+    help="The index (into PUNCTUAL_DATABASE_URLS) of the database the shard moves to.",
+)
 @click.option("--abort", is_flag=True, help="Undo the shard's move in progress (before its switch).")
 def move(shard: int, to_index: int | None, abort: bool) -> None:
     """Move SHARD to another database, online; run it again to finish an interrupted move."""
@@ -56,8 +66,9 @@ def move(shard: int, to_index: int | None, abort: bool) -> None:
         else:
             assert to_index is not None  # --abort or --to, checked above
             report = move_shard(registry, shard, to_index, echo=click.echo)
-            click.echo(f"moved shard {report.shard} in {report.duration_s:.1f} s "
-                       f"(fenced {report.fence_s:.2f} s)")
+            click.echo(
+                f"moved shard {report.shard} in {report.duration_s:.1f} s (fenced {report.fence_s:.2f} s)"
+            )
     except MoveError as exc:
         click.echo(f"punctual: {exc}", err=True)
         sys.exit(1)

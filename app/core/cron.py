@@ -16,6 +16,7 @@ Two halves, both pure:
   zoneinfo, where PEP 495's `fold` tells a gap (the time does not exist) from an
   overlap (it exists twice), and the job's DST policy decides what runs.
 """
+
 from __future__ import annotations
 
 import heapq

@@ -5,6 +5,7 @@ receives"): the payload as compact JSON, and the headers below, with
 `Punctual-Signature` computed over exactly the bytes sent. Both callers build
 them here so that the two can never drift apart.
 """
+
 from __future__ import annotations
 
 import json

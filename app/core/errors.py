@@ -4,6 +4,7 @@ Validation collects every bad field before failing, so a caller sees all of its
 mistakes at once; the API turns a ValidationError into a 422 problem+json whose
 `errors` list is `[{"field", "message"}]` with dotted JSON paths.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -6,6 +6,7 @@ all land on 00:00:00. The delay is a hash, not a random draw, so that every proc
 storing it, and a restart never moves an occurrence. The idempotency key keeps the
 nominal time; only when the run becomes due changes.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -40,7 +41,11 @@ def fire_at(job_id: uuid.UUID | str, nominal: datetime, jitter_s: int) -> dateti
 
 def parse_jitter_s(value: object) -> int:
     """The API's jitter_s: an integer 0-3600. Raises ValueError with a 422 message."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and not value.is_integer()):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (isinstance(value, float) and not value.is_integer())
+    ):
         raise ValueError(f"must be an integer number of seconds, 0 to {MAX_JITTER_S}")
     if not 0 <= value <= MAX_JITTER_S:
         raise ValueError(f"must be between 0 and {MAX_JITTER_S}")

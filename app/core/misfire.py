@@ -10,6 +10,7 @@ An occurrence is missed when its first claim comes more than the grace
 (PUNCTUAL_MISFIRE_GRACE_S) after its fire instant (nominal + jitter). Retries, runs
 held by a limit and replays are never misfires; the caller does not ask here.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -49,7 +50,9 @@ class Backlog:
 class MisfireDecision:
     run: tuple[Occurrence, ...]  # to run, oldest first
     skipped: tuple[Occurrence, ...]  # to record as `skipped` runs (at most `cap`)
-    unrecorded_skips: int  # skipped beyond those listed (exact when Backlog.count is known, else a lower bound)
+    unrecorded_skips: (
+        int  # skipped beyond those listed (exact when Backlog.count is known, else a lower bound)
+    )
 
 
 def find_backlog(
@@ -107,7 +110,9 @@ def find_backlog(
     return Backlog(oldest=tuple(oldest), latest=latest, truncated=truncated, count=count)
 
 
-def decide_misfire(policy: str, backlog: Backlog, now: datetime, grace_s: float, cap: int = 1000) -> MisfireDecision:
+def decide_misfire(
+    policy: str, backlog: Backlog, now: datetime, grace_s: float, cap: int = 1000
+) -> MisfireDecision:
     """Apply a misfire policy to a backlog (docs/api.md "Misfires").
 
     - One due occurrence within the grace runs, whatever the policy.
@@ -142,7 +147,9 @@ def decide_misfire(policy: str, backlog: Backlog, now: datetime, grace_s: float,
     rest = [occurrence for occurrence in known if occurrence.nominal not in chosen]
     if len(rest) > cap:
         rest = rest[: cap - 1] + [latest] if rest[-1].nominal == latest.nominal else rest[:cap]
-    return MisfireDecision(run=tuple(run), skipped=tuple(rest), unrecorded_skips=max(0, total - len(run) - len(rest)))
+    return MisfireDecision(
+        run=tuple(run), skipped=tuple(rest), unrecorded_skips=max(0, total - len(run) - len(rest))
+    )
 
 
 def is_missed(occurrence: Occurrence, now: datetime, grace_s: float) -> bool:

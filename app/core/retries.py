@@ -9,6 +9,7 @@ d/2 so that a retry is never almost immediate. A Retry-After answer replaces tha
 (the target said when), capped at max_backoff_s so a hostile header cannot park a
 job for a year.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,7 +34,11 @@ class RetryPolicy:
     max_backoff_s: float = 3600
 
     def to_json(self) -> dict[str, Any]:
-        return {"max_attempts": self.max_attempts, "backoff_s": self.backoff_s, "max_backoff_s": self.max_backoff_s}
+        return {
+            "max_attempts": self.max_attempts,
+            "backoff_s": self.backoff_s,
+            "max_backoff_s": self.max_backoff_s,
+        }
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,7 @@ def parse_retry(data: object, field: str = "retry") -> RetryPolicy:
     if data is None:
         return RetryPolicy()
     if not isinstance(data, dict):
-        raise ValidationError.single(field, "must be an object such as {\"max_attempts\": 5}")
+        raise ValidationError.single(field, 'must be an object such as {"max_attempts": 5}')
     errors: list[FieldError] = []
     unknown = sorted(str(key) for key in data if key not in ("max_attempts", "backoff_s", "max_backoff_s"))
     if unknown:
@@ -77,13 +82,21 @@ def parse_retry(data: object, field: str = "retry") -> RetryPolicy:
 
     if isinstance(max_attempts, float) and max_attempts.is_integer():
         max_attempts = int(max_attempts)
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not 1 <= max_attempts <= MAX_ATTEMPTS:
+    if (
+        isinstance(max_attempts, bool)
+        or not isinstance(max_attempts, int)
+        or not 1 <= max_attempts <= MAX_ATTEMPTS
+    ):
         errors.append(FieldError(f"{field}.max_attempts", f"must be an integer from 1 to {MAX_ATTEMPTS}"))
     backoff_ok = _is_number(backoff_s) and 0 < backoff_s <= MAX_BACKOFF_S
     if not backoff_ok:
-        errors.append(FieldError(f"{field}.backoff_s", f"must be a number of seconds above 0, at most {MAX_BACKOFF_S}"))
+        errors.append(
+            FieldError(f"{field}.backoff_s", f"must be a number of seconds above 0, at most {MAX_BACKOFF_S}")
+        )
     if not (_is_number(max_backoff_s) and 0 < max_backoff_s <= MAX_MAX_BACKOFF_S):
-        errors.append(FieldError(f"{field}.max_backoff_s", f"must be a number of seconds, at most {MAX_MAX_BACKOFF_S}"))
+        errors.append(
+            FieldError(f"{field}.max_backoff_s", f"must be a number of seconds, at most {MAX_MAX_BACKOFF_S}")
+        )
     elif backoff_ok and max_backoff_s < backoff_s:
         hint = "" if "max_backoff_s" in data else f" (it defaults to {defaults.max_backoff_s})"
         errors.append(FieldError(f"{field}.max_backoff_s", f"must be at least backoff_s{hint}"))
@@ -156,7 +169,9 @@ def decide_retry(
     if not retryable:
         return RetryDecision(retry_at=None, dead=True, reason=f"{cause}: not retried")
     if attempt >= policy.max_attempts:
-        return RetryDecision(retry_at=None, dead=True, reason=f"attempts exhausted ({policy.max_attempts}): {cause}")
+        return RetryDecision(
+            retry_at=None, dead=True, reason=f"attempts exhausted ({policy.max_attempts}): {cause}"
+        )
     delay_s = parse_retry_after(outcome.retry_after, now)
     if delay_s is not None:
         delay_s = min(delay_s, policy.max_backoff_s)

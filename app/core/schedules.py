@@ -10,6 +10,7 @@ aware UTC datetime. A job's occurrences t always satisfy start_at <= t <= end_at
   starts at the job's creation (`anchor`) and its first point is one interval later.
   Intervals are absolute durations: DST never moves them.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -59,7 +60,11 @@ class Schedule:
         """The API form; parse_schedule(s.to_json()) == s."""
         if self.kind == "once":
             return {"run_at": format_instant(_run_at(self))}
-        data: dict[str, Any] = {"cron": self.cron, "timezone": self.timezone} if self.kind == "cron" else {"interval_s": self.interval_s}
+        data: dict[str, Any] = (
+            {"cron": self.cron, "timezone": self.timezone}
+            if self.kind == "cron"
+            else {"interval_s": self.interval_s}
+        )
         if self.start_at is not None:
             data["start_at"] = format_instant(self.start_at)
         if self.end_at is not None:
@@ -132,7 +137,7 @@ def parse_dst(data: object, field: str = "dst") -> DstPolicy:
     if data is None:
         return DstPolicy()
     if not isinstance(data, dict):
-        raise ValidationError.single(field, "must be an object such as {\"gap\": \"shift\", \"overlap\": \"once\"}")
+        raise ValidationError.single(field, 'must be an object such as {"gap": "shift", "overlap": "once"}')
     errors: list[FieldError] = []
     unknown = sorted(str(key) for key in data if key not in ("gap", "overlap"))
     if unknown:
@@ -220,7 +225,9 @@ def preview(schedule: Schedule, dst: DstPolicy, after: datetime, count: int) -> 
     ]
 
 
-def latest_fire(schedule: Schedule, dst: DstPolicy, anchor: datetime, since: datetime, until: datetime) -> datetime | None:
+def latest_fire(
+    schedule: Schedule, dst: DstPolicy, anchor: datetime, since: datetime, until: datetime
+) -> datetime | None:
     """The latest occurrence t with since < t <= until, without walking them all.
 
     Intervals are arithmetic. For cron, "some occurrence lies in (a, until]" is one
@@ -260,7 +267,9 @@ def latest_fire(schedule: Schedule, dst: DstPolicy, anchor: datetime, since: dat
     return next_fire(schedule, dst, good, anchor)
 
 
-def count_fires(schedule: Schedule, dst: DstPolicy, anchor: datetime, since: datetime, until: datetime) -> int | None:
+def count_fires(
+    schedule: Schedule, dst: DstPolicy, anchor: datetime, since: datetime, until: datetime
+) -> int | None:
     """How many occurrences lie in (since, until]; None when only walking could tell (cron)."""
     if until <= since:
         return 0
@@ -275,7 +284,9 @@ def count_fires(schedule: Schedule, dst: DstPolicy, anchor: datetime, since: dat
     return (last - first) // _step(schedule) + 1
 
 
-def _flagged(schedule: Schedule, dst: DstPolicy, after: datetime, anchor: datetime) -> Iterator[tuple[datetime, str | None]]:
+def _flagged(
+    schedule: Schedule, dst: DstPolicy, after: datetime, anchor: datetime
+) -> Iterator[tuple[datetime, str | None]]:
     if after.tzinfo is None or anchor.tzinfo is None:
         # astimezone() would read a naive time as the HOST's local time: a silent bug.
         raise ValueError("naive datetime: every instant in Punctual is aware UTC")
@@ -318,7 +329,9 @@ def _grid(schedule: Schedule, anchor: datetime) -> tuple[datetime, int]:
     return anchor, 1  # the creation instant itself is not an occurrence
 
 
-def _interval_occurrences(schedule: Schedule, after: datetime, anchor: datetime) -> Iterator[tuple[datetime, str | None]]:
+def _interval_occurrences(
+    schedule: Schedule, after: datetime, anchor: datetime
+) -> Iterator[tuple[datetime, str | None]]:
     origin, k_min = _grid(schedule, anchor)
     step = _step(schedule)
     # timedelta // timedelta is exact integer arithmetic on microseconds: no float drift.

@@ -5,6 +5,7 @@ offset): docs/api.md requires an explicit `Z` or `+hh:mm`. Printing uses `Z` and
 a fraction only when the instant has one, so `Idempotency-Key`,
 `Punctual-Scheduled-For` and a run's `scheduled_for` are the same string.
 """
+
 from __future__ import annotations
 
 import re
@@ -39,7 +40,9 @@ def parse_instant(text: object) -> datetime:
             raise ValueError("has an invalid UTC offset")
         tz = timezone(sign * timedelta(hours=hours, minutes=minutes))
     try:
-        local = datetime(int(year), int(month), int(day), int(hour), int(minute), int(second), micros, tzinfo=tz)
+        local = datetime(
+            int(year), int(month), int(day), int(hour), int(minute), int(second), micros, tzinfo=tz
+        )
         return local.astimezone(UTC)
     except ValueError as exc:  # 2026-02-30, hour 24, leap second 60
         raise ValueError(f"is not a valid date-time ({exc})") from None

@@ -7,6 +7,7 @@ job that fires every ten seconds. The examples carry the real URL and key; each
 is a block of lines indented by two spaces after its heading line, which the
 acceptance tests take out of the output and run as they are.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,15 +43,19 @@ def sdk_example(url: str, api_key: str) -> str:
 
 
 def curl_example(url: str, api_key: str) -> str:
-    body = ('{"name": "every-10s", "target": {"type": "webhook", "url": "' + url + '/dev/echo"}, '
-            '"schedule": {"interval_s": 10}}')
+    body = (
+        '{"name": "every-10s", "target": {"type": "webhook", "url": "' + url + '/dev/echo"}, '
+        '"schedule": {"interval_s": 10}}'
+    )
     auth = shlex.quote(f"Authorization: Bearer {api_key}")
-    return "\n".join([
-        f"curl -s -w '\\n' {url}/jobs -H {auth} -H 'Content-Type: application/json' \\",
-        f"  -d {shlex.quote(body)}",
-        f"curl -s -w '\\n' {url}/jobs/<id>/runs -H {auth}    # the run history, newest first",
-        f"curl -s -w '\\n' {url}/dev/echo    # what the echo target received",
-    ])
+    return "\n".join(
+        [
+            f"curl -s -w '\\n' {url}/jobs -H {auth} -H 'Content-Type: application/json' \\",
+            f"  -d {shlex.quote(body)}",
+            f"curl -s -w '\\n' {url}/jobs/<id>/runs -H {auth}    # the run history, newest first",
+            f"curl -s -w '\\n' {url}/dev/echo    # what the echo target received",
+        ]
+    )
 
 
 def banner(url: str, key: NewKey, data_dir: Path, env_file: Path, ignored: tuple[str, ...] = ()) -> str:

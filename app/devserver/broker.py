@@ -24,6 +24,7 @@ messages named `<ms>_<uuid>.<queue>.msg` as kombu names them, with the
 milliseconds zero-padded so that they sort oldest first), its `.taken/`
 subfolder, and `control_folder` (exchange bindings).
 """
+
 from __future__ import annotations
 
 import os
@@ -47,8 +48,12 @@ class Channel(filesystem.Channel):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         # kombu expects the folders to exist; `punctual dev` starts from an empty data dir.
-        for folder in (self.data_folder_in, self.data_folder_out, self.control_folder,
-                       os.path.join(self.data_folder_in, TAKEN)):
+        for folder in (
+            self.data_folder_in,
+            self.data_folder_out,
+            self.control_folder,
+            os.path.join(self.data_folder_in, TAKEN),
+        ):
             os.makedirs(folder, exist_ok=True)
 
     # kombu's own filesystem.Channel names the argument `payload`, AbstractChannel `message`:

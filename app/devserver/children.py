@@ -18,6 +18,7 @@ Contract:
 Start every child before pumping any: the pre-exec hook runs Python between fork
 and exec, which is only safe while the supervisor has no other threads.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -51,7 +52,9 @@ def _parent_death_signal():
 
 
 class Child:
-    def __init__(self, name: str, argv: list[str], env: Mapping[str, str], cwd: Path, emit: Callable[[str], None]):
+    def __init__(
+        self, name: str, argv: list[str], env: Mapping[str, str], cwd: Path, emit: Callable[[str], None]
+    ):
         self.name = name
         self.argv = argv
         self.env = dict(env)
@@ -71,8 +74,14 @@ class Child:
 
     def start(self) -> None:
         self.popen = subprocess.Popen(
-            self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_parent_death_signal(),
+            self.argv,
+            env=self.env,
+            cwd=self.cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_parent_death_signal(),
         )
 
     def pump(self) -> None:

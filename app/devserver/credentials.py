@@ -9,6 +9,7 @@ deleted, or the key file copied from elsewhere) is replaced by a new key.
 `<data dir>/dev.env` (mode 0600) sets PUNCTUAL_URL and PUNCTUAL_API_KEY for the
 client commands and the SDK examples: `. .punctual/dev.env` in another shell.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,12 +39,17 @@ def dev_key(registry: Registry, data_dir: Path) -> NewKey:
 def write_env_file(data_dir: Path, url: str, key: NewKey) -> Path:
     """Write `dev.env` for this start (the port may differ from the last one)."""
     path = data_dir / ENV_FILE
-    write_private(path, "".join([
-        "# Written by `punctual dev`; source it: . " + shlex.quote(str(path)) + "\n",
-        f"export PUNCTUAL_URL={shlex.quote(url)}\n",
-        f"export PUNCTUAL_API_KEY={shlex.quote(key.api_key)}\n",
-        f"# signing secret of owner {key.owner!r}: {key.signing_secret}\n",
-    ]))
+    write_private(
+        path,
+        "".join(
+            [
+                "# Written by `punctual dev`; source it: . " + shlex.quote(str(path)) + "\n",
+                f"export PUNCTUAL_URL={shlex.quote(url)}\n",
+                f"export PUNCTUAL_API_KEY={shlex.quote(key.api_key)}\n",
+                f"# signing secret of owner {key.owner!r}: {key.signing_secret}\n",
+            ]
+        ),
+    )
     return path
 
 

@@ -6,6 +6,7 @@ banner only after the file appears, so a job scheduled from the banner's example
 a few seconds ahead is polled on time rather than waiting for a worker still
 starting up.
 """
+
 from __future__ import annotations
 
 import os

@@ -22,6 +22,7 @@ dispatches, so there is one poller on the SQLite file and one in-process limiter
 that every call goes through. The API runs one gunicorn worker, so /dev/echo's
 in-memory record is one record.
 """
+
 from __future__ import annotations
 
 import sys
@@ -65,15 +66,60 @@ def commands(settings: Settings, host: str, port: int, python: str = sys.executa
     """argv of each child by name. `python -m` runs them on this interpreter (this venv)."""
     data_dir = settings.data_dir
     return {
-        "api": [python, "-m", "app.cli", "api", "--host", host, "--port", str(port), "--workers", "1",
-                "--threads", str(API_THREADS), "--graceful-timeout", "5"],
+        "api": [
+            python,
+            "-m",
+            "app.cli",
+            "api",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--threads",
+            str(API_THREADS),
+            "--graceful-timeout",
+            "5",
+        ],
         # -q: no startup banner (the supervisor prints its own).
-        "worker": [python, "-m", "celery", "-A", "app", "-q", "worker", "-Q", ",".join(shard_queues(settings)),
-                   "--pool", "threads", "--concurrency", str(WORKER_THREADS), "--hostname", "dev@%h",
-                   "--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel", "WARNING",
-                   "--include", "app.devserver.probe"],
+        "worker": [
+            python,
+            "-m",
+            "celery",
+            "-A",
+            "app",
+            "-q",
+            "worker",
+            "-Q",
+            ",".join(shard_queues(settings)),
+            "--pool",
+            "threads",
+            "--concurrency",
+            str(WORKER_THREADS),
+            "--hostname",
+            "dev@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "--loglevel",
+            "WARNING",
+            "--include",
+            "app.devserver.probe",
+        ],
         # The beat scheduler is in-memory (celeryconfig); --schedule keeps the file
         # of any persistent scheduler in the data dir, not in the user's cwd.
-        "beat": [python, "-m", "celery", "-A", "app", "-q", "beat", "--schedule", str(data_dir / "celerybeat-schedule"),
-                 "--loglevel", "WARNING"],
+        "beat": [
+            python,
+            "-m",
+            "celery",
+            "-A",
+            "app",
+            "-q",
+            "beat",
+            "--schedule",
+            str(data_dir / "celerybeat-schedule"),
+            "--loglevel",
+            "WARNING",
+        ],
     }

@@ -17,6 +17,7 @@
 0 after a requested stop; 1 when a child failed or the stack did not come up;
 2 for a bad setting, a busy port or a data dir in use.
 """
+
 from __future__ import annotations
 
 import errno
@@ -169,7 +170,9 @@ def _lock_data_dir(data_dir: Path) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         os.close(fd)
-        raise StartError(f"another `punctual dev` is using {data_dir} (stop it, or pass --data-dir)") from None
+        raise StartError(
+            f"another `punctual dev` is using {data_dir} (stop it, or pass --data-dir)"
+        ) from None
     return fd
 
 
@@ -219,12 +222,16 @@ def _wait_ready(children: dict[str, Child], url: str, ready_path: Path, stop: th
     while not stop.is_set():
         for child in children.values():
             if not child.alive():
-                raise StartError(f"{child.name} exited on start (status {child.returncode}); see its output above", 1)
+                raise StartError(
+                    f"{child.name} exited on start (status {child.returncode}); see its output above", 1
+                )
         api_up = api_up or _healthy(url)
         if api_up and ready_path.exists():
             return True
         if time.monotonic() > deadline:
-            waiting = [name for name, up in (("the API", api_up), ("the worker", ready_path.exists())) if not up]
+            waiting = [
+                name for name, up in (("the API", api_up), ("the worker", ready_path.exists())) if not up
+            ]
             raise StartError(f"{' and '.join(waiting)} did not come up within {READY_TIMEOUT_S:g}s", 1)
         stop.wait(0.2)
     return False
@@ -248,8 +255,9 @@ def _watch(children: dict[str, Child], signals: _Signals, say: Callable[[str], N
     return False
 
 
-def _stop(children: dict[str, Child], signals: _Signals, say: Callable[[str], None], failed: bool,
-          status: int = 1) -> int:
+def _stop(
+    children: dict[str, Child], signals: _Signals, say: Callable[[str], None], failed: bool, status: int = 1
+) -> int:
     running = [children[name] for name in stack.STOP_ORDER if name in children and children[name].alive()]
     if running:
         say("punctual dev: stopping (Ctrl-C again to kill at once)")

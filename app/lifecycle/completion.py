@@ -15,6 +15,7 @@ flushes them) and writes them in ONE transaction per physical DSN:
 The janitor settles expired leases through `apply` too, with the run states it
 may take back (`claimed` as well as `running`) and retry_now.
 """
+
 from __future__ import annotations
 
 import random
@@ -53,8 +54,9 @@ class CompletionReport:
         return CompletionReport(self.applied + other.applied, self.stale + other.stale)
 
 
-def complete(registry: Registry, finished: Sequence[Finished], now: datetime,
-             rand: Callable[[], float] = random.random) -> CompletionReport:
+def complete(
+    registry: Registry, finished: Sequence[Finished], now: datetime, rand: Callable[[], float] = random.random
+) -> CompletionReport:
     """Write a batch of finished attempts: one transaction per database (by the shard
     map; a batch refused by a move's fence is written where its shard went)."""
 
@@ -65,8 +67,15 @@ def complete(registry: Registry, finished: Sequence[Finished], now: datetime,
     return sum(registry.for_each_database(finished, lambda item: item.run.shard, write), CompletionReport())
 
 
-def apply(conn: sa.Connection, batch: Sequence[Finished], now: datetime, rand: Callable[[], float],
-          lease_s: float, run_states: tuple[str, ...] = ("running",), retry_now: bool = False) -> CompletionReport:
+def apply(
+    conn: sa.Connection,
+    batch: Sequence[Finished],
+    now: datetime,
+    rand: Callable[[], float],
+    lease_s: float,
+    run_states: tuple[str, ...] = ("running",),
+    retry_now: bool = False,
+) -> CompletionReport:
     """Fence, settle and write `batch` inside the caller's transaction.
 
     The runs:
@@ -108,28 +117,49 @@ def apply(conn: sa.Connection, batch: Sequence[Finished], now: datetime, rand: C
         run = item.run
         current = run_rows.get(run.run_id)
         job = job_rows.get(run.job_id)
-        if (current is None or current["lease_token"] != run.lease_token or current["state"] not in run_states
-                or (not run.off_schedule and (job is None or job["lease_token"] != run.lease_token))):
+        if (
+            current is None
+            or current["lease_token"] != run.lease_token
+            or current["state"] not in run_states
+            or (not run.off_schedule and (job is None or job["lease_token"] != run.lease_token))
+        ):
             stale += 1
             continue
         attempt = Attempt(run.job_id, run.origin, run.scheduled_for, run.attempt, run.retry)
         settled = settle(attempt, item.outcome, job, now, rand, retry_now=retry_now)
-        run_writes.append({
-            "run_id": run.run_id, "state": settled.run_state, "finished_at": item.finished_at,
-            "status_code": item.outcome.status_code, "error": settled.error,
-        })
+        run_writes.append(
+            {
+                "run_id": run.run_id,
+                "state": settled.run_state,
+                "finished_at": item.finished_at,
+                "status_code": item.outcome.status_code,
+                "error": settled.error,
+            }
+        )
         if settled.job is not None:
             job_writes.append({**settled.job, "job_id": run.job_id, "_token": run.lease_token})
         if settled.retry_at is not None:
             retry_rows.append(_retry_row(run, settled.retry_at, now, lease_s))
         _count(settled)
-    update_many(conn, runs, run_writes, match=("run_id",), columns=("state", "finished_at", "status_code", "error"),
-                constants={"leased_until": None, "updated_at": now})
+    update_many(
+        conn,
+        runs,
+        run_writes,
+        match=("run_id",),
+        columns=("state", "finished_at", "status_code", "error"),
+        constants={"leased_until": None, "updated_at": now},
+    )
     for shape, rows in _by_shape(job_writes):
         # The lease fence, written into the statement: WHERE job_id = ? AND lease_token = ?
         fenced = [{**row, "lease_token": row["_token"]} for row in rows]
-        update_many(conn, jobs, fenced, match=("job_id", "lease_token"), columns=[c for c in shape if c != "lease_token"],
-                    constants={"updated_at": now, **({"lease_token": None} if "lease_token" in shape else {})})
+        update_many(
+            conn,
+            jobs,
+            fenced,
+            match=("job_id", "lease_token"),
+            columns=[c for c in shape if c != "lease_token"],
+            constants={"updated_at": now, **({"lease_token": None} if "lease_token" in shape else {})},
+        )
     insert_many(conn, runs, retry_rows)
     if stale:
         metrics.STALE_COMPLETIONS.inc(stale)
@@ -137,13 +167,19 @@ def apply(conn: sa.Connection, batch: Sequence[Finished], now: datetime, rand: C
 
 
 # What settling needs from a job row: not its target or payload (JSON to decode).
-_SETTLE_COLUMNS = [c for c in jobs.c if c.name not in ("target", "payload", "name", "idempotency_key", "request_hash")]
+_SETTLE_COLUMNS = [
+    c for c in jobs.c if c.name not in ("target", "payload", "name", "idempotency_key", "request_hash")
+]
 
 
 def _lock_jobs(conn: sa.Connection, job_ids: set) -> dict:
     if not job_ids:
         return {}
-    stmt = sa.select(*_SETTLE_COLUMNS).where(key_in(conn, jobs.c.job_id, sorted(job_ids))).order_by(jobs.c.job_id)
+    stmt = (
+        sa.select(*_SETTLE_COLUMNS)
+        .where(key_in(conn, jobs.c.job_id, sorted(job_ids)))
+        .order_by(jobs.c.job_id)
+    )
     if locks_rows(conn):
         stmt = stmt.with_for_update()
     return {row["job_id"]: row for row in conn.execute(stmt).mappings()}
@@ -170,11 +206,22 @@ def _by_shape(rows: Iterable[dict]) -> list[tuple[tuple[str, ...], list[dict]]]:
 
 def _retry_row(run: DispatchRun, retry_at: datetime, now: datetime, lease_s: float) -> dict:
     """An off-schedule run's next attempt: its own lease, published by the relay sweep when due."""
-    return run_row(job_id=run.job_id, shard=run.shard, owner=run.owner, origin=run.origin,
-                   scheduled_for=run.scheduled_for, attempt=run.attempt + 1, state="claimed",
-                   target=run.target, retry=dict(run.retry), now=now, lease_token=uuid.uuid4(),
-                   leased_until=retry_at + timedelta(seconds=lease_s), due_at=retry_at,
-                   published=False)
+    return run_row(
+        job_id=run.job_id,
+        shard=run.shard,
+        owner=run.owner,
+        origin=run.origin,
+        scheduled_for=run.scheduled_for,
+        attempt=run.attempt + 1,
+        state="claimed",
+        target=run.target,
+        retry=dict(run.retry),
+        now=now,
+        lease_token=uuid.uuid4(),
+        leased_until=retry_at + timedelta(seconds=lease_s),
+        due_at=retry_at,
+        published=False,
+    )
 
 
 def _count(settled: Settlement) -> None:

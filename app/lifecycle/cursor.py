@@ -6,6 +6,7 @@ computed from a nominal instant (the run's scheduled_for), never from now
 (invariant 6), with the job row's schedule as it is at that moment, so a PATCH
 during a run applies from the next occurrence.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping

@@ -20,6 +20,7 @@ changed; the start recognises the runs an earlier try of its own started (the
 commit went through, its answer was lost) by their started_at, which is this
 start's `now` to the microsecond, and its token.
 """
+
 from __future__ import annotations
 
 import functools
@@ -59,15 +60,20 @@ def start(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -> se
     started: set[uuid.UUID] = set()
     until = now + timedelta(seconds=registry.settings.lease_s)
     for index, group in _by_engine(registry, batch).items():
-        on_jobs = sorted(({"job_id": run.job_id, "lease_token": run.lease_token} for run in group
-                          if not run.off_schedule), key=lambda row: row["job_id"])
-        rows = [{
-            "run_id": run.run_id,
-            "lease_token": run.lease_token,
-            "lateness_ms": int((now - run.scheduled_for).total_seconds() * 1000),
-            # Off-schedule runs hold their own lease; schedule runs' lease is the job's.
-            "leased_until": until if run.off_schedule else None,
-        } for run in group]
+        on_jobs = sorted(
+            ({"job_id": run.job_id, "lease_token": run.lease_token} for run in group if not run.off_schedule),
+            key=lambda row: row["job_id"],
+        )
+        rows = [
+            {
+                "run_id": run.run_id,
+                "lease_token": run.lease_token,
+                "lateness_ms": int((now - run.scheduled_for).total_seconds() * 1000),
+                # Off-schedule runs hold their own lease; schedule runs' lease is the job's.
+                "leased_until": until if run.off_schedule else None,
+            }
+            for run in group
+        ]
         tries = itertools.count()
 
         def attempt(engine=registry.engines[index], on_jobs=on_jobs, rows=rows, tries=tries) -> list:
@@ -77,8 +83,9 @@ def start(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -> se
     return started
 
 
-def _start_on(engine, on_jobs: list[dict], rows: list[dict], until: datetime, now: datetime,
-              retried: bool) -> list:
+def _start_on(
+    engine, on_jobs: list[dict], rows: list[dict], until: datetime, now: datetime, retried: bool
+) -> list:
     """One try of a start on one DSN. Job rows are written before run rows, the
     janitor's lock order, so the two never deadlock:
 
@@ -93,9 +100,14 @@ def _start_on(engine, on_jobs: list[dict], rows: list[dict], until: datetime, no
     with engine.begin() as conn:
         update_many(conn, jobs, on_jobs, match=("job_id", "lease_token"), constants={"leased_until": until})
         ids = update_many(
-            conn, runs, rows, match=("run_id", "lease_token"), columns=("lateness_ms", "leased_until"),
+            conn,
+            runs,
+            rows,
+            match=("run_id", "lease_token"),
+            columns=("lateness_ms", "leased_until"),
             constants={"state": "running", "started_at": now, "updated_at": now},
-            where="runs.state = 'claimed'", returning="run_id",
+            where="runs.state = 'claimed'",
+            returning="run_id",
         )
         if retried:
             # The connection may have broken after an earlier try committed: the runs it
@@ -105,10 +117,17 @@ def _start_on(engine, on_jobs: list[dict], rows: list[dict], until: datetime, no
 
 
 def _started_at(conn: sa.Connection, rows: list[dict], now: datetime) -> list:
-    return list(conn.execute(sa.select(runs.c.run_id).where(
-        sa.tuple_(runs.c.run_id, runs.c.lease_token).in_([(r["run_id"], r["lease_token"]) for r in rows]),
-        runs.c.state == "running", runs.c.started_at == now,
-    )).scalars())
+    return list(
+        conn.execute(
+            sa.select(runs.c.run_id).where(
+                sa.tuple_(runs.c.run_id, runs.c.lease_token).in_(
+                    [(r["run_id"], r["lease_token"]) for r in rows]
+                ),
+                runs.c.state == "running",
+                runs.c.started_at == now,
+            )
+        ).scalars()
+    )
 
 
 def hold(registry: Registry, held: Sequence[tuple[DispatchRun, datetime]], now: datetime) -> int:
@@ -118,40 +137,59 @@ def hold(registry: Registry, held: Sequence[tuple[DispatchRun, datetime]], now: 
         until = {run.run_id: at for run, at in group}
         scheduled = [(run, at) for run, at in group if not run.off_schedule]
         off = [(run, at) for run, at in group if run.off_schedule]
+
         def write(engine=registry.engines[index], scheduled=scheduled, off=off, until=until) -> int:
             held = 0
             with engine.begin() as conn:
                 if scheduled:
                     # Jobs are locked before runs, the janitor's and the completion's order.
                     keys = sorted((r.job_id, r.lease_token) for r, _ in scheduled)
-                    lock = sa.select(jobs.c.job_id).where(
-                        sa.tuple_(jobs.c.job_id, jobs.c.lease_token).in_(keys)
-                    ).order_by(jobs.c.job_id)
+                    lock = (
+                        sa.select(jobs.c.job_id)
+                        .where(sa.tuple_(jobs.c.job_id, jobs.c.lease_token).in_(keys))
+                        .order_by(jobs.c.job_id)
+                    )
                     if locks_rows(conn):
                         conn.execute(lock.with_for_update()).all()
                     deleted = conn.execute(
                         sa.delete(runs)
                         .where(
                             sa.tuple_(runs.c.run_id, runs.c.lease_token).in_(
-                                [(r.run_id, r.lease_token) for r, _ in scheduled]),
+                                [(r.run_id, r.lease_token) for r, _ in scheduled]
+                            ),
                             runs.c.state == "claimed",
                         )
                         .returning(runs.c.run_id, runs.c.job_id, runs.c.lease_token)
                     ).all()
                     if deleted:
-                        conn.execute(_RELEASE_JOB, [
-                            {"b_job_id": row.job_id, "b_token": row.lease_token, "b_at": until[row.run_id],
-                             "b_now": now}
-                            for row in sorted(deleted, key=lambda r: r.job_id)
-                        ])
+                        conn.execute(
+                            _RELEASE_JOB,
+                            [
+                                {
+                                    "b_job_id": row.job_id,
+                                    "b_token": row.lease_token,
+                                    "b_at": until[row.run_id],
+                                    "b_now": now,
+                                }
+                                for row in sorted(deleted, key=lambda r: r.job_id)
+                            ],
+                        )
                     held += len(deleted)
                 for run, at in off:
                     result = conn.execute(
                         sa.update(runs)
-                        .where(runs.c.run_id == run.run_id, runs.c.lease_token == run.lease_token,
-                               runs.c.state == "claimed")
-                        .values(lease_token=uuid.uuid4(), due_at=at, published=False, updated_at=now,
-                                leased_until=at + timedelta(seconds=registry.settings.lease_s))
+                        .where(
+                            runs.c.run_id == run.run_id,
+                            runs.c.lease_token == run.lease_token,
+                            runs.c.state == "claimed",
+                        )
+                        .values(
+                            lease_token=uuid.uuid4(),
+                            due_at=at,
+                            published=False,
+                            updated_at=now,
+                            leased_until=at + timedelta(seconds=registry.settings.lease_s),
+                        )
                     )
                     held += result.rowcount
             return held
@@ -184,14 +222,19 @@ def heartbeat(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -
     until = {"leased_until": now + timedelta(seconds=registry.settings.lease_s)}
     kept: set[uuid.UUID] = set()
     for index, group in _by_engine(registry, batch).items():
-        on_jobs = sorted(({"job_id": r.job_id, "lease_token": r.lease_token} for r in group
-                          if not r.off_schedule), key=lambda row: row["job_id"])
-        on_runs = sorted(({"run_id": r.run_id, "lease_token": r.lease_token} for r in group
-                          if r.off_schedule), key=lambda row: row["run_id"])
+        on_jobs = sorted(
+            ({"job_id": r.job_id, "lease_token": r.lease_token} for r in group if not r.off_schedule),
+            key=lambda row: row["job_id"],
+        )
+        on_runs = sorted(
+            ({"run_id": r.run_id, "lease_token": r.lease_token} for r in group if r.off_schedule),
+            key=lambda row: row["run_id"],
+        )
         # A beat that cannot get through before the next one is due is left to that one.
         beat = functools.partial(_heartbeat_on, registry.engines[index], on_jobs, on_runs, until)
-        job_ids, run_ids = retrying(beat, f"heartbeat of {len(group)} runs",
-                                    budget_s=registry.settings.heartbeat_s)
+        job_ids, run_ids = retrying(
+            beat, f"heartbeat of {len(group)} runs", budget_s=registry.settings.heartbeat_s
+        )
         extended_jobs = set(job_ids)
         kept.update(run_ids)
         kept.update(r.run_id for r in group if not r.off_schedule and r.job_id in extended_jobs)
@@ -211,8 +254,16 @@ def _heartbeat_on(engine, on_jobs: list[dict], on_runs: list[dict], until: dict)
     runs.state = 'running' RETURNING runs.run_id;
     """
     with engine.begin() as conn:
-        job_ids = update_many(conn, jobs, on_jobs, match=("job_id", "lease_token"), constants=until,
-                              returning="job_id")
-        run_ids = update_many(conn, runs, on_runs, match=("run_id", "lease_token"), constants=until,
-                              where="runs.state = 'running'", returning="run_id")
+        job_ids = update_many(
+            conn, jobs, on_jobs, match=("job_id", "lease_token"), constants=until, returning="job_id"
+        )
+        run_ids = update_many(
+            conn,
+            runs,
+            on_runs,
+            match=("run_id", "lease_token"),
+            constants=until,
+            where="runs.state = 'running'",
+            returning="run_id",
+        )
     return job_ids, run_ids

@@ -13,6 +13,7 @@ and at most one step after it, while runs due within one step share a message.
 
 Pure: building entries from run rows, grouping them into messages, parsing them back.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -154,7 +155,9 @@ def eta_of(fire_at: datetime | None, now: datetime) -> datetime | None:
     return _EPOCH + steps * ETA_STEP
 
 
-def to_messages(runs: Iterable[DispatchRun], now: datetime, size: int = CHUNK_RUNS) -> list[tuple[datetime | None, list[dict]]]:
+def to_messages(
+    runs: Iterable[DispatchRun], now: datetime, size: int = CHUNK_RUNS
+) -> list[tuple[datetime | None, list[dict]]]:
     """The messages that carry `runs`: (eta, entries) pairs, runs grouped by eta,
     owners in turn (`round_robin`), then in slices of at most `size`; the ones due now
     come first."""
@@ -164,8 +167,11 @@ def to_messages(runs: Iterable[DispatchRun], now: datetime, size: int = CHUNK_RU
     order = sorted(by_eta, key=lambda eta: (eta is not None, eta or now))
     # Owners take turns within each eta: every message of a batch carries every owner's
     # first runs before anyone's later ones, and a worker starts a message in order.
-    return [(eta, [run.to_message() for run in chunk]) for eta in order
-            for chunk in chunks(round_robin(by_eta[eta], _owner), size)]
+    return [
+        (eta, [run.to_message() for run in chunk])
+        for eta in order
+        for chunk in chunks(round_robin(by_eta[eta], _owner), size)
+    ]
 
 
 def _owner(run: DispatchRun) -> str:

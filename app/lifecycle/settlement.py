@@ -18,6 +18,7 @@ are docs/design.md's "Completion of a schedule run" and "Off-schedule runs":
   next_run_at stays null) -- except that an end (`completed`, or a one-off's
   `dead`) also ends a paused job: there is nothing left for a resume to run.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
@@ -43,7 +44,9 @@ class Attempt:
 
     @property
     def policy(self) -> RetryPolicy:
-        return RetryPolicy(**{k: self.retry[k] for k in ("max_attempts", "backoff_s", "max_backoff_s") if k in self.retry})
+        return RetryPolicy(
+            **{k: self.retry[k] for k in ("max_attempts", "backoff_s", "max_backoff_s") if k in self.retry}
+        )
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,12 @@ def settle(
 def _retried(job: Mapping[str, Any] | None, attempt: Attempt, retry_at: datetime) -> dict | None:
     if job is None:
         return None
-    values: dict[str, Any] = {"attempt": attempt.attempt, "misfire_exempt": True, "lease_token": None, "leased_until": None}
+    values: dict[str, Any] = {
+        "attempt": attempt.attempt,
+        "misfire_exempt": True,
+        "lease_token": None,
+        "leased_until": None,
+    }
     if job["state"] != "cancelled":
         values["next_run_at"] = retry_at
     if job["state"] == "running":

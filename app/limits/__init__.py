@@ -5,6 +5,7 @@ admits runs under them, atomically and for a whole batch at a time. Workers shar
 limits through Redis when PUNCTUAL_REDIS_URL is set; without it (`punctual dev`),
 the process's in-memory limiter stands in.
 """
+
 from __future__ import annotations
 
 import threading

@@ -6,6 +6,7 @@ key's limits whenever a job is created or updated with it (`record_limit_key`);
 workers read them back (`LimitKeyDirectory`, cached for a few seconds, so a change
 reaches every worker within that time) and hand them to `limit_specs`.
 """
+
 from __future__ import annotations
 
 import threading
@@ -44,11 +45,7 @@ def record_limit_key(registry: Registry, owner: str, target: Mapping[str, Any], 
         "updated_at": now,
     }
     engine = registry.home
-    insert = (
-        postgresql.insert(limit_keys)
-        if is_postgres(engine)
-        else sqlite.insert(limit_keys)
-    )
+    insert = postgresql.insert(limit_keys) if is_postgres(engine) else sqlite.insert(limit_keys)
     statement = insert.values(owner=owner, name=name, **values).on_conflict_do_update(
         index_elements=[limit_keys.c.owner, limit_keys.c.name], set_=values
     )
@@ -83,8 +80,12 @@ class LimitKeyDirectory:
             condition = sa.tuple_(limit_keys.c.owner, limit_keys.c.name).in_(sorted(missing))
             with self.registry.home.connect() as conn:
                 rows = conn.execute(
-                    sa.select(limit_keys.c.owner, limit_keys.c.name, limit_keys.c.rate_per_s,
-                              limit_keys.c.max_concurrency).where(condition)
+                    sa.select(
+                        limit_keys.c.owner,
+                        limit_keys.c.name,
+                        limit_keys.c.rate_per_s,
+                        limit_keys.c.max_concurrency,
+                    ).where(condition)
                 ).all()
             fetched = {(r.owner, r.name): (r.rate_per_s, r.max_concurrency) for r in rows}
             expires = time.monotonic() + self.ttl_s

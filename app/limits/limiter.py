@@ -30,6 +30,7 @@ it cannot start before its reservation anyway.
 `now` is the caller's clock: unix seconds, or an aware datetime. `retry_at` comes
 back in the same form.
 """
+
 from __future__ import annotations
 
 import time
@@ -86,7 +87,9 @@ class Limiter(ABC):
     def __init__(self, hold_s: float = DEFAULT_HOLD_S):
         self.hold_s = hold_s
 
-    def acquire_many(self, requests: Sequence[Request], now: float | datetime, lease_s: float) -> list[Admission]:
+    def acquire_many(
+        self, requests: Sequence[Request], now: float | datetime, lease_s: float
+    ) -> list[Admission]:
         """Admit or hold each request, in order, each one atomically (see module doc).
 
         Requests without a limited spec are admitted without any I/O; the others
@@ -110,8 +113,14 @@ class Limiter(ABC):
                     admissions[i] = Admission(False, at, reason)
         return admissions
 
-    def acquire(self, specs: Sequence[LimitSpec], holder: str, now: float | datetime, lease_s: float,
-                reserver: str | None = None) -> Admission:
+    def acquire(
+        self,
+        specs: Sequence[LimitSpec],
+        holder: str,
+        now: float | datetime,
+        lease_s: float,
+        reserver: str | None = None,
+    ) -> Admission:
         return self.acquire_many([(specs, holder, reserver or holder)], now, lease_s)[0]
 
     def release(self, specs: Sequence[LimitSpec], holder: str) -> None:
@@ -123,15 +132,18 @@ class Limiter(ABC):
         if capped:
             self._release(capped)
 
-    def renew(self, specs: Sequence[LimitSpec], holder: str, lease_s: float,
-              now: float | datetime | None = None) -> None:
+    def renew(
+        self, specs: Sequence[LimitSpec], holder: str, lease_s: float, now: float | datetime | None = None
+    ) -> None:
         """Extend `holder`'s slots to now + lease_s (never shorter).
 
         A slot that was released, or dropped after its lease ran out, is not taken back.
         """
         self.renew_many([(specs, holder)], lease_s, now)
 
-    def renew_many(self, items: Iterable[Request], lease_s: float, now: float | datetime | None = None) -> None:
+    def renew_many(
+        self, items: Iterable[Request], lease_s: float, now: float | datetime | None = None
+    ) -> None:
         capped = _capped(items)
         if capped:
             self._renew(capped, time.time() if now is None else _seconds(now), float(lease_s))
@@ -149,8 +161,9 @@ class Limiter(ABC):
         """For each spec key: how many slots are held by leases running past `now`."""
 
     @abstractmethod
-    def _acquire(self, requests: list[tuple[tuple[LimitSpec, ...], str, str]], now: float,
-                 lease_s: float) -> list[tuple[str, float] | None]:
+    def _acquire(
+        self, requests: list[tuple[tuple[LimitSpec, ...], str, str]], now: float, lease_s: float
+    ) -> list[tuple[str, float] | None]:
         """For each (specs, holder, reserver): None when admitted, else (reason, retry time)."""
 
     @abstractmethod

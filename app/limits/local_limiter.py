@@ -5,6 +5,7 @@ both); one lock guards all state, as the script runs alone in Redis. Keys that
 have nothing left to remember (tat in the past, no holders, no reservations) are
 swept now and then, so memory follows the set of busy targets.
 """
+
 from __future__ import annotations
 
 import threading
@@ -34,15 +35,17 @@ class LocalLimiter(Limiter):
 
     def _acquire(self, requests, now, lease_s):
         with self._lock:
-            answers = [self._admit(specs, holder, reserver, now, lease_s)
-                       for specs, holder, reserver in requests]
+            answers = [
+                self._admit(specs, holder, reserver, now, lease_s) for specs, holder, reserver in requests
+            ]
             self._since_sweep += len(requests)
             if self._since_sweep >= _SWEEP_EVERY:
                 self._sweep(now)
             return answers
 
-    def _admit(self, specs: tuple[LimitSpec, ...], holder: str, reserver: str, now: float,
-               lease_s: float) -> tuple[str, float] | None:
+    def _admit(
+        self, specs: tuple[LimitSpec, ...], holder: str, reserver: str, now: float, lease_s: float
+    ) -> tuple[str, float] | None:
         # First look at every spec without changing anything...
         looks = []
         rate_at = cap_at = None
@@ -93,8 +96,10 @@ class LocalLimiter(Limiter):
     def _held(self, keys, now):
         with self._lock:
             states = [self._keys.get(key) for key in keys]
-            return [sum(1 for expiry in state.holders.values() if expiry > now) if state else 0
-                    for state in states]
+            return [
+                sum(1 for expiry in state.holders.values() if expiry > now) if state else 0
+                for state in states
+            ]
 
     def _release(self, items):
         with self._lock:
@@ -114,10 +119,12 @@ class LocalLimiter(Limiter):
         self._since_sweep = 0
         for state in self._keys.values():
             if state.reservations:
-                state.reservations = {r: at for r, at in state.reservations.items()
-                                      if at >= now - RESERVATION_KEEP_S}
+                state.reservations = {
+                    r: at for r, at in state.reservations.items() if at >= now - RESERVATION_KEEP_S
+                }
         idle = [
-            key for key, s in self._keys.items()
+            key
+            for key, s in self._keys.items()
             if s.tat <= now and not s.reservations and not any(expiry > now for expiry in s.holders.values())
         ]
         for key in idle:

@@ -15,6 +15,7 @@ A run is subject to at most three specs:
 
 A run is admitted only when every spec admits it (app.limits.limiter).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping

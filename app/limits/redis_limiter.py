@@ -10,6 +10,7 @@ Per spec key K there are three Redis keys:
 Each expires once it holds nothing worth remembering. Release and renew touch only
 the slots and need no script: a pipeline of ZREM / ZADD XX GT.
 """
+
 from __future__ import annotations
 
 import redis
@@ -21,7 +22,8 @@ __all__ = ["RedisLimiter", "ADMIT_SCRIPT"]
 # Seconds a key outlives the last thing it has to remember.
 _KEY_GRACE_S = 60
 
-ADMIT_SCRIPT = r"""
+ADMIT_SCRIPT = (
+    r"""
 -- Admit a batch of runs, each all-or-nothing across its limit specs.
 --
 -- ARGV: now, lease_s, hold_s, n_runs, then per run: holder, reserver, n_specs, and per
@@ -156,8 +158,10 @@ for _, S in ipairs(order) do
   end
 end
 return answers
-""".replace("__GRACE__", str(_KEY_GRACE_S)).replace("__EARLY__", repr(EARLY_S)).replace(
-    "__KEEP__", repr(RESERVATION_KEEP_S))
+""".replace("__GRACE__", str(_KEY_GRACE_S))
+    .replace("__EARLY__", repr(EARLY_S))
+    .replace("__KEEP__", repr(RESERVATION_KEEP_S))
+)
 
 _REASONS = {"r": RATE, "c": CAP}
 

@@ -5,6 +5,7 @@ that shard's queue; a slower `punctual.sweep` per shard runs the janitor and the
 relay's full sweep. There is no beat lock: two beats only send twice the polls,
 and the claim (FOR UPDATE SKIP LOCKED plus the state transition) is the guard.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta

@@ -14,6 +14,7 @@
   by the next tick of any beat), so a watchdog ends the process STOP_GRACE_S after
   the first signal, whatever it is blocked in.
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,8 +38,10 @@ log = logging.getLogger("punctual.beat")
 
 def schedule_summary(settings: Settings) -> str:
     last = f"shard-{settings.shards - 1:02d}"
-    return (f"beat alive: sending {POLL_TASK} every {settings.poll_interval_s:g} s and {SWEEP_TASK} every "
-            f"{sweep_interval_s(settings):g} s to each of {settings.shards} shard queues (shard-00..{last})")
+    return (
+        f"beat alive: sending {POLL_TASK} every {settings.poll_interval_s:g} s and {SWEEP_TASK} every "
+        f"{sweep_interval_s(settings):g} s to each of {settings.shards} shard queues (shard-00..{last})"
+    )
 
 
 class SentCounter:
@@ -91,8 +94,9 @@ def install_stop_watchdog(grace_s: float = STOP_GRACE_S) -> None:
     def _force_exit() -> None:
         # Log from a thread of its own: if the main thread holds a logging lock while
         # it is blocked, the exit must not wait for it.
-        note = threading.Thread(target=log.warning, daemon=True,
-                                args=("beat: still stopping after %g s; exiting now", grace_s))
+        note = threading.Thread(
+            target=log.warning, daemon=True, args=("beat: still stopping after %g s; exiting now", grace_s)
+        )
         note.start()
         note.join(0.5)
         os._exit(0)
@@ -129,6 +133,7 @@ def start(settings: Settings, alive_file: Path | None) -> SentCounter:
     log.info(schedule_summary(settings))
     if alive_file is not None:
         touch(alive_file)
-    threading.Thread(target=_report_forever, args=(counter, LIVENESS_S), name="beat-liveness",
-                     daemon=True).start()
+    threading.Thread(
+        target=_report_forever, args=(counter, LIVENESS_S), name="beat-liveness", daemon=True
+    ).start()
     return counter

@@ -53,6 +53,7 @@ row to one transaction, and a row it took is no longer 'scheduled' when the othe
 looks again (invariant 4). SQLite (embedded mode) has no FOR UPDATE; it has one
 poller and takes the write lock at BEGIN.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -109,35 +110,56 @@ def due_owners(shard: int, horizon: datetime) -> sa.Select:
     instant: a loose index scan (one probe of ix_jobs_due_by_owner per owner of the
     shard, due or not). PostgreSQL; SQLite groups instead (`_due_owners_grouped`)."""
     scheduled = (jobs.c.shard == shard, jobs.c.state == "scheduled")
-    first = (sa.select(jobs.c.owner, jobs.c.next_run_at).where(*scheduled)
-             .order_by(jobs.c.owner, jobs.c.next_run_at).limit(1))
+    first = (
+        sa.select(jobs.c.owner, jobs.c.next_run_at)
+        .where(*scheduled)
+        .order_by(jobs.c.owner, jobs.c.next_run_at)
+        .limit(1)
+    )
     found = first.cte("due_owners", recursive=True)
-    following = (sa.select(jobs.c.owner, jobs.c.next_run_at).where(*scheduled, jobs.c.owner > found.c.owner)
-                 .order_by(jobs.c.owner, jobs.c.next_run_at).limit(1).lateral("next"))
-    found = found.union_all(sa.select(following.c.owner, following.c.next_run_at)
-                            .select_from(found).join(following, sa.true()))
+    following = (
+        sa.select(jobs.c.owner, jobs.c.next_run_at)
+        .where(*scheduled, jobs.c.owner > found.c.owner)
+        .order_by(jobs.c.owner, jobs.c.next_run_at)
+        .limit(1)
+        .lateral("next")
+    )
+    found = found.union_all(
+        sa.select(following.c.owner, following.c.next_run_at).select_from(found).join(following, sa.true())
+    )
     return sa.select(found.c.owner, found.c.next_run_at).where(found.c.next_run_at <= horizon)
 
 
 def _due_owners_grouped(shard: int, horizon: datetime) -> sa.Select:
     """`due_owners` where there is no LATERAL (SQLite, one process, a small registry)."""
-    return (sa.select(jobs.c.owner, sa.func.min(jobs.c.next_run_at).label("next_run_at"))
-            .where(jobs.c.shard == shard, jobs.c.state == "scheduled", jobs.c.next_run_at <= horizon)
-            .group_by(jobs.c.owner))
+    return (
+        sa.select(jobs.c.owner, sa.func.min(jobs.c.next_run_at).label("next_run_at"))
+        .where(jobs.c.shard == shard, jobs.c.state == "scheduled", jobs.c.next_run_at <= horizon)
+        .group_by(jobs.c.owner)
+    )
 
 
-def fair_due_jobs(shard: int, horizon: datetime, shares: Sequence[tuple[str, int]],
-                  lock: bool = True) -> sa.Select:
+def fair_due_jobs(
+    shard: int, horizon: datetime, shares: Sequence[tuple[str, int]], lock: bool = True
+) -> sa.Select:
     """The fair claim query (PostgreSQL): each owner's oldest due rows, at most its
     share, locked, skipping locked ones; one range scan of ix_jobs_due_by_owner each."""
-    share = sa.func.unnest(
-        sa.literal([owner for owner, _ in shares], postgresql.ARRAY(sa.Text)),
-        sa.literal([take for _, take in shares], postgresql.ARRAY(sa.Integer)),
-    ).table_valued("owner", "take").render_derived("share")
+    share = (
+        sa.func.unnest(
+            sa.literal([owner for owner, _ in shares], postgresql.ARRAY(sa.Text)),
+            sa.literal([take for _, take in shares], postgresql.ARRAY(sa.Integer)),
+        )
+        .table_valued("owner", "take")
+        .render_derived("share")
+    )
     per_owner = (
         sa.select(jobs)
-        .where(jobs.c.shard == shard, jobs.c.state == "scheduled", jobs.c.owner == share.c.owner,
-               jobs.c.next_run_at <= horizon)
+        .where(
+            jobs.c.shard == shard,
+            jobs.c.state == "scheduled",
+            jobs.c.owner == share.c.owner,
+            jobs.c.next_run_at <= horizon,
+        )
         .order_by(jobs.c.next_run_at)
         .limit(share.c.take)
     )
@@ -153,8 +175,9 @@ def fair_due_jobs(shard: int, horizon: datetime, shares: Sequence[tuple[str, int
 _last_served: dict[tuple[str, int], str] = {}
 
 
-def _select_due(conn: sa.Connection, shard: int, horizon: datetime, limit: int, lock: bool,
-                weights: Mapping[str, int]) -> tuple[Sequence[Row], bool]:
+def _select_due(
+    conn: sa.Connection, shard: int, horizon: datetime, limit: int, lock: bool, weights: Mapping[str, int]
+) -> tuple[Sequence[Row], bool]:
     """The due rows this batch takes, fairly between owners, and whether more may be
     due (the batch, or some owner's share, came back full)."""
     owners_stmt = due_owners(shard, horizon) if is_postgres(conn) else _due_owners_grouped(shard, horizon)
@@ -169,13 +192,21 @@ def _select_due(conn: sa.Connection, shard: int, horizon: datetime, limit: int, 
     if is_postgres(conn):
         rows = conn.execute(fair_due_jobs(shard, horizon, shares, lock)).mappings().all()
     else:
-        rows = [row for owner, take in shares for row in conn.execute(
-            due_jobs(shard, horizon, take, lock).where(jobs.c.owner == owner)).mappings()]
+        rows = [
+            row
+            for owner, take in shares
+            for row in conn.execute(
+                due_jobs(shard, horizon, take, lock).where(jobs.c.owner == owner)
+            ).mappings()
+        ]
     taken: dict[str, int] = {}
     for row in rows:
         taken[row["owner"]] = taken.get(row["owner"], 0) + 1
-    full = (len(rows) >= limit or len(shares) < len(found)
-            or any(taken.get(owner, 0) >= take for owner, take in shares))
+    full = (
+        len(rows) >= limit
+        or len(shares) < len(found)
+        or any(taken.get(owner, 0) >= take for owner, take in shares)
+    )
     return rows, full
 
 
@@ -198,13 +229,26 @@ class ClaimResult:
 
 
 # Columns each claimed (or moved-on) job row gets from its plan; the rest are constants.
-_CLAIMED_COLUMNS = ("lease_token", "leased_until", "nominal_at", "next_run_at", "attempt", "skipped_after",
-                    "skipped_through")
+_CLAIMED_COLUMNS = (
+    "lease_token",
+    "leased_until",
+    "nominal_at",
+    "next_run_at",
+    "attempt",
+    "skipped_after",
+    "skipped_through",
+)
 _MOVED_COLUMNS = ("state", "nominal_at", "next_run_at")
 
 
-def claim_batch(engine: sa.Engine, shard: int, now: datetime, settings: Settings, limit: int | None = None,
-                weights: Mapping[str, int] | None = None) -> ClaimResult:
+def claim_batch(
+    engine: sa.Engine,
+    shard: int,
+    now: datetime,
+    settings: Settings,
+    limit: int | None = None,
+    weights: Mapping[str, int] | None = None,
+) -> ClaimResult:
     """Claim at most `limit` (settings.claim_batch) jobs of `shard` due by now +
     settings.claim_ahead_s, fairly between owners (`weights`: the owners whose weight is
     not 1), and commit. After the SELECTs (`due_owners`, `fair_due_jobs`), the batch is
@@ -264,12 +308,31 @@ def claim_batch(engine: sa.Engine, shard: int, now: datetime, settings: Settings
             params, run_row = _claim_params(job, plan, token, max(now, plan.run.fire_at) + lease, now, due_at)
             claimed.append(params)
             new_runs.append(run_row)
-            to_publish.append(DispatchRun.from_row(run_row, job["payload"], plan.run.fire_at if ahead else None))
-        update_many(conn, jobs, claimed, match=("job_id",), columns=_CLAIMED_COLUMNS,
-                    constants={"state": "running", "updated_at": now})
-        update_many(conn, jobs, moved, match=("job_id",), columns=_MOVED_COLUMNS,
-                    constants={"attempt": 0, "misfire_exempt": False, "skipped_after": None,
-                               "skipped_through": None, "updated_at": now})
+            to_publish.append(
+                DispatchRun.from_row(run_row, job["payload"], plan.run.fire_at if ahead else None)
+            )
+        update_many(
+            conn,
+            jobs,
+            claimed,
+            match=("job_id",),
+            columns=_CLAIMED_COLUMNS,
+            constants={"state": "running", "updated_at": now},
+        )
+        update_many(
+            conn,
+            jobs,
+            moved,
+            match=("job_id",),
+            columns=_MOVED_COLUMNS,
+            constants={
+                "attempt": 0,
+                "misfire_exempt": False,
+                "skipped_after": None,
+                "skipped_through": None,
+                "updated_at": now,
+            },
+        )
         insert_many(conn, runs, new_runs)
     metrics.CLAIM_BATCH_SIZE.observe(len(rows))
     if rows:
@@ -281,8 +344,9 @@ def claim_batch(engine: sa.Engine, shard: int, now: datetime, settings: Settings
     return ClaimResult(runs=to_publish, taken=len(rows), full=full)
 
 
-def _claim_params(job: Row, plan: ClaimPlan, token: uuid.UUID, leased_until: datetime,
-                  now: datetime, due_at: datetime) -> tuple[dict, dict]:
+def _claim_params(
+    job: Row, plan: ClaimPlan, token: uuid.UUID, leased_until: datetime, now: datetime, due_at: datetime
+) -> tuple[dict, dict]:
     assert plan.run is not None  # only a plan that runs something is claimed
     skipped_after: datetime | None
     skipped_through: datetime | None
@@ -326,7 +390,18 @@ def _skipped_rows(job: Row, plan: ClaimPlan, now: datetime, grace_s: float) -> l
     return rows
 
 
-def _run_row(job: Mapping[str, Any], scheduled_for: datetime, attempt: int, state: str, now: datetime) -> dict:
-    return run_row(job_id=job["job_id"], shard=job["shard"], owner=job["owner"], origin="schedule",
-                   scheduled_for=scheduled_for, attempt=attempt, state=state, target=job["target"],
-                   retry=retry_of(job).to_json(), now=now)
+def _run_row(
+    job: Mapping[str, Any], scheduled_for: datetime, attempt: int, state: str, now: datetime
+) -> dict:
+    return run_row(
+        job_id=job["job_id"],
+        shard=job["shard"],
+        owner=job["owner"],
+        origin="schedule",
+        scheduled_for=scheduled_for,
+        attempt=attempt,
+        state=state,
+        target=job["target"],
+        retry=retry_of(job).to_json(),
+        now=now,
+    )

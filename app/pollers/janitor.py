@@ -12,6 +12,7 @@ LOCKED so that two janitors share the work: jobs by ix_jobs_leased (schedule run
 hold their lease on the job), runs by ix_runs_leased (triggered and replayed runs
 hold their own).
 """
+
 from __future__ import annotations
 
 import random
@@ -46,16 +47,25 @@ def expired_jobs(shard: int, now: datetime, limit: int, lock: bool = True) -> sa
 def expired_runs(shard: int, now: datetime, limit: int, lock: bool = True) -> sa.Select:
     stmt = (
         sa.select(runs)
-        .where(runs.c.shard == shard, runs.c.state.in_(("claimed", "running")), runs.c.leased_until < now,
-               runs.c.origin != "schedule")
+        .where(
+            runs.c.shard == shard,
+            runs.c.state.in_(("claimed", "running")),
+            runs.c.leased_until < now,
+            runs.c.origin != "schedule",
+        )
         .order_by(runs.c.leased_until)
         .limit(limit)
     )
     return stmt.with_for_update(skip_locked=True) if lock else stmt
 
 
-def expire(engine: sa.Engine, shard: int, now: datetime, settings: Settings,
-           rand: Callable[[], float] = random.random) -> int:
+def expire(
+    engine: sa.Engine,
+    shard: int,
+    now: datetime,
+    settings: Settings,
+    rand: Callable[[], float] = random.random,
+) -> int:
     """Take back every expired lease of `shard`; returns how many runs were settled."""
     lock = locks_rows(engine)
     total = 0
@@ -76,10 +86,17 @@ def _expire_job_leases(conn, shard, now, settings, rand, lock) -> tuple[int, boo
     if not leases:
         return 0, False
     tokens = {row.job_id: row.lease_token for row in leases}
-    rows = conn.execute(
-        sa.select(runs).where(runs.c.job_id.in_(list(tokens)), runs.c.state.in_(("claimed", "running")),
-                              runs.c.origin == "schedule")
-    ).mappings().all()
+    rows = (
+        conn.execute(
+            sa.select(runs).where(
+                runs.c.job_id.in_(list(tokens)),
+                runs.c.state.in_(("claimed", "running")),
+                runs.c.origin == "schedule",
+            )
+        )
+        .mappings()
+        .all()
+    )
     owned = [row for row in rows if tokens.get(row["job_id"]) == row["lease_token"]]
     settled = _settle(conn, owned, now, settings, rand)
     # A lease with no run left behind (nothing to settle) is simply released.
@@ -88,8 +105,13 @@ def _expire_job_leases(conn, shard, now, settings, rand, lock) -> tuple[int, boo
         conn.execute(
             sa.update(jobs)
             .where(jobs.c.job_id == job_id, jobs.c.lease_token == tokens[job_id])
-            .values(state=sa.case((jobs.c.state == "running", "scheduled"), else_=jobs.c.state),
-                    lease_token=None, leased_until=None, misfire_exempt=True, updated_at=now)
+            .values(
+                state=sa.case((jobs.c.state == "running", "scheduled"), else_=jobs.c.state),
+                lease_token=None,
+                leased_until=None,
+                misfire_exempt=True,
+                updated_at=now,
+            )
         )
     return settled, len(leases) >= BATCH
 
@@ -103,5 +125,7 @@ def _settle(conn, rows, now, settings, rand) -> int:
     if not rows:
         return 0
     batch = [Finished(DispatchRun.from_row(row, None), EXPIRED, now) for row in rows]
-    report = apply(conn, batch, now, rand, settings.lease_s, run_states=("claimed", "running"), retry_now=True)
+    report = apply(
+        conn, batch, now, rand, settings.lease_s, run_states=("claimed", "running"), retry_now=True
+    )
     return report.applied

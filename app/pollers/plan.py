@@ -18,6 +18,7 @@ it is on time, and its backlog is the current occurrence alone. The cases:
   range that the completion steps over. When nothing runs, the cursor moves to
   the occurrence after the latest due one.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -60,8 +61,12 @@ def plan_claim(job: Row, now: datetime, grace_s: float) -> ClaimPlan:
     if not decision.run:
         moved = advance(job, latest.nominal)
         return ClaimPlan(
-            run=None, attempt=0, skipped=skipped, unrecorded_skips=decision.unrecorded_skips,
-            moved_to=moved.next, clear_skipped_range=clear,
+            run=None,
+            attempt=0,
+            skipped=skipped,
+            unrecorded_skips=decision.unrecorded_skips,
+            moved_to=moved.next,
+            clear_skipped_range=clear,
         )
     run = decision.run[0]
     attempt = job["attempt"] + 1 if run.nominal == current.nominal else 1
@@ -75,6 +80,10 @@ def plan_claim(job: Row, now: datetime, grace_s: float) -> ClaimPlan:
             skipped_range = (last_run, latest.nominal)
             clear = False
     return ClaimPlan(
-        run=run, attempt=attempt, skipped=skipped, unrecorded_skips=decision.unrecorded_skips,
-        skipped_range=skipped_range, clear_skipped_range=clear and skipped_range is None,
+        run=run,
+        attempt=attempt,
+        skipped=skipped,
+        unrecorded_skips=decision.unrecorded_skips,
+        skipped_range=skipped_range,
+        clear_skipped_range=clear and skipped_range is None,
     )

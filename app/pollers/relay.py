@@ -14,6 +14,7 @@ again (app.registry.transient).
 apply_async (with publisher confirms); tests pass a recorder. `eta` is None, or the
 instant the runs of a message claimed ahead may start (app.lifecycle.message).
 """
+
 from __future__ import annotations
 
 import functools
@@ -44,6 +45,7 @@ def publish_claimed(engine: sa.Engine, shard: int, claimed: Sequence[DispatchRun
     def mark() -> None:
         with engine.begin() as conn:
             conn.execute(_mark_published(conn, [run.run_id for run in claimed]))
+
     # Given up, the runs stay unpublished and the sweep sends them again after the
     # relay grace: a duplicate message, whose start is fenced.
     retrying(mark, f"marking {len(claimed)} runs published")
@@ -61,7 +63,12 @@ def outbox_due(shard: int, now: datetime, limit: int, lock: bool = True) -> sa.S
     stmt = (
         sa.select(runs, jobs.c.payload, fire_at)
         .join(jobs, jobs.c.job_id == runs.c.job_id)
-        .where(runs.c.shard == shard, runs.c.published == sa.false(), runs.c.due_at <= now, runs.c.state == "claimed")
+        .where(
+            runs.c.shard == shard,
+            runs.c.published == sa.false(),
+            runs.c.due_at <= now,
+            runs.c.state == "claimed",
+        )
         .order_by(runs.c.due_at)
         .limit(limit)
     )
@@ -94,8 +101,9 @@ def _send_all(shard: int, found: Sequence[DispatchRun], send: Send) -> int:
     for eta, entries in messages:
         # A broker that drops the connection is reconnected to by the send itself; a
         # publish sent twice is a duplicate message, whose start is fenced.
-        retrying(functools.partial(send, shard, entries, eta),
-                 f"publishing {len(entries)} runs of shard {shard}")
+        retrying(
+            functools.partial(send, shard, entries, eta), f"publishing {len(entries)} runs of shard {shard}"
+        )
     metrics.PUBLISHED.labels(str(shard)).inc(len(messages))
     return len(messages)
 

@@ -12,6 +12,7 @@ A claim never waits on it: claims lock job rows and insert new runs, and the
 prune locks only finished runs, skipping any that someone else holds. A backlog
 (history switched on over a big table) drains over successive sweeps.
 """
+
 from __future__ import annotations
 
 import time
@@ -34,16 +35,26 @@ def history_cutoff(now: datetime, history_days: float) -> datetime:
 def expired_runs(shard: int, cutoff: datetime, limit: int, lock: bool = True) -> sa.Select:
     stmt = (
         sa.select(runs.c.run_id)
-        .where(runs.c.shard == shard, runs.c.finished_at.isnot(None), runs.c.finished_at < cutoff,
-               runs.c.state.in_(FINISHED_STATES))
+        .where(
+            runs.c.shard == shard,
+            runs.c.finished_at.isnot(None),
+            runs.c.finished_at < cutoff,
+            runs.c.state.in_(FINISHED_STATES),
+        )
         .order_by(runs.c.finished_at)
         .limit(limit)
     )
     return stmt.with_for_update(skip_locked=True) if lock else stmt
 
 
-def prune(engine: sa.Engine, shard: int, now: datetime, history_days: float, batch: int = PRUNE_BATCH,
-          budget_s: float = PRUNE_BUDGET_S) -> int:
+def prune(
+    engine: sa.Engine,
+    shard: int,
+    now: datetime,
+    history_days: float,
+    batch: int = PRUNE_BATCH,
+    budget_s: float = PRUNE_BUDGET_S,
+) -> int:
     """Delete the shard's history older than `history_days`; returns how many runs went."""
     lock = engine.dialect.name != "sqlite"
     cutoff = history_cutoff(now, history_days)

@@ -22,6 +22,7 @@ statement whose SET and recordset columns are a subset of it is that form.
 The test suite pins it: while a test runs, each statement issued here is checked
 against its caller's docstring (tests/conftest.py, `observe`).
 """
+
 from __future__ import annotations
 
 import json
@@ -72,7 +73,9 @@ def _json_default(value: Any) -> str:
     raise TypeError(f"cannot send {type(value).__name__} in a bulk write")
 
 
-def _recordset(table: sa.Table, columns: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> tuple[str, dict]:
+def _recordset(
+    table: sa.Table, columns: Sequence[str], rows: Sequence[Mapping[str, Any]]
+) -> tuple[str, dict]:
     """The `jsonb_to_recordset(...) AS v(col type, ...)` source of a batch and its one parameter.
 
     The whole batch travels as one JSON document: json.dumps is C, and Postgres
@@ -80,25 +83,37 @@ def _recordset(table: sa.Table, columns: Sequence[str], rows: Sequence[Mapping[s
     """
     spec = ", ".join(f"{c} {_pg_type(table.c[c])}" for c in columns)
     # A key left out is NULL in the recordset: None values need not travel.
-    payload = json.dumps([{c: row[c] for c in columns if row[c] is not None} for row in rows], default=_json_default)
+    payload = json.dumps(
+        [{c: row[c] for c in columns if row[c] is not None} for row in rows], default=_json_default
+    )
     return f"jsonb_to_recordset(CAST(:rows AS jsonb)) AS v({spec})", {"rows": payload}
 
 
-def update_sql(table: sa.Table, match: Sequence[str], columns: Sequence[str] = (), constants: Sequence[str] = (),
-               where: str | None = None, returning: str | None = None) -> str:
+def update_sql(
+    table: sa.Table,
+    match: Sequence[str],
+    columns: Sequence[str] = (),
+    constants: Sequence[str] = (),
+    where: str | None = None,
+    returning: str | None = None,
+) -> str:
     """The statement `update_many` issues, as its callers' docstrings show it."""
     names = list(match) + [c for c in columns if c not in match]
     sets = [f"{c} = v.{c}" for c in columns] + [f"{c} = :{c}" for c in constants]
     conditions = [f"{table.name}.{k} = v.{k}" for k in match] + ([where] if where else [])
-    sql = (f"UPDATE {table.name} SET {', '.join(sets)} FROM {_source_sql(table, names)} "
-           f"WHERE {' AND '.join(conditions)}")
+    sql = (
+        f"UPDATE {table.name} SET {', '.join(sets)} FROM {_source_sql(table, names)} "
+        f"WHERE {' AND '.join(conditions)}"
+    )
     return sql + (f" RETURNING {table.name}.{returning}" if returning else "") + ";"
 
 
 def insert_sql(table: sa.Table, columns: Sequence[str]) -> str:
     """The statement `insert_many` issues, as its callers' docstrings show it."""
-    return (f"INSERT INTO {table.name} ({', '.join(columns)}) SELECT {', '.join(f'v.{c}' for c in columns)} "
-            f"FROM {_source_sql(table, columns)};")
+    return (
+        f"INSERT INTO {table.name} ({', '.join(columns)}) SELECT {', '.join(f'v.{c}' for c in columns)} "
+        f"FROM {_source_sql(table, columns)};"
+    )
 
 
 def insert_new_sql(table: sa.Table, columns: Sequence[str], key: str) -> str:
@@ -228,10 +243,14 @@ def key_in(conn: sa.Connection, column: sa.Column, values: Sequence[Any]) -> sa.
     key (with hundreds of keys that is most of the statement's cost)."""
     if not is_postgres(conn):
         return column.in_(list(values))
-    return column == sa.any_(sa.bindparam(f"{column.name}_keys", list(values), type_=postgresql.ARRAY(column.type)))
+    return column == sa.any_(
+        sa.bindparam(f"{column.name}_keys", list(values), type_=postgresql.ARRAY(column.type))
+    )
 
 
-def _shared_scalars(table: sa.Table, names: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def _shared_scalars(
+    table: sa.Table, names: Sequence[str], rows: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
     """Scalar columns with one value across the batch (a claim's shard, state, due_at,
     created_at, ...): bound once rather than encoded into every row of the document.
     JSON columns always travel per row."""
@@ -239,8 +258,10 @@ def _shared_scalars(table: sa.Table, names: Sequence[str], rows: Sequence[Mappin
         return {}
     first = rows[0]
     return {
-        name: first[name] for name in names
-        if first[name] is not None and _pg_type(table.c[name]) != "jsonb"
+        name: first[name]
+        for name in names
+        if first[name] is not None
+        and _pg_type(table.c[name]) != "jsonb"
         and all(row[name] == first[name] for row in rows)
     }
 

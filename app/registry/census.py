@@ -3,6 +3,7 @@
 A database may also hold rows of a shard it does not serve (a move's copy, or the
 rows a finished move is still deleting); only the serving database is counted.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,25 +28,36 @@ class ShardRow:
 
     def as_dict(self) -> dict:
         return {
-            "shard": self.shard, "database": self.database, "jobs": self.jobs, "due_now": self.due_now,
+            "shard": self.shard,
+            "database": self.database,
+            "jobs": self.jobs,
+            "due_now": self.due_now,
             "oldest_due": format_instant(self.oldest_due) if self.oldest_due else None,
-            "in_flight": self.in_flight, "move": self.move,
+            "in_flight": self.in_flight,
+            "move": self.move,
         }
 
     def as_text(self) -> tuple[str, ...]:
-        return (str(self.shard), str(self.database), f"{self.jobs:,}", f"{self.due_now:,}",
-                format_instant(self.oldest_due) if self.oldest_due else "-", f"{self.in_flight:,}",
-                self.move or "-")
+        return (
+            str(self.shard),
+            str(self.database),
+            f"{self.jobs:,}",
+            f"{self.due_now:,}",
+            format_instant(self.oldest_due) if self.oldest_due else "-",
+            f"{self.in_flight:,}",
+            self.move or "-",
+        )
 
 
 def shard_census(registry: Registry, now: datetime) -> list[ShardRow]:
     routing = registry.reload_map()
     due = sa.and_(jobs.c.state == "scheduled", jobs.c.next_run_at <= now)
-    job_counts = (
-        sa.select(jobs.c.shard, sa.func.count(), sa.func.count().filter(due),
-                  sa.func.min(jobs.c.next_run_at).filter(due))
-        .group_by(jobs.c.shard)
-    )
+    job_counts = sa.select(
+        jobs.c.shard,
+        sa.func.count(),
+        sa.func.count().filter(due),
+        sa.func.min(jobs.c.next_run_at).filter(due),
+    ).group_by(jobs.c.shard)
     in_flight = (
         sa.select(runs.c.shard, sa.func.count())
         .where(runs.c.state.in_(("claimed", "running")))
@@ -70,8 +82,12 @@ def shard_census(registry: Registry, now: datetime) -> list[ShardRow]:
         move = None
         if placement.move_step is not None:
             peer = routing.index_of_database(placement.move_peer) if placement.move_peer else None
-            move = (f"{placement.move_step}, from {peer}" if placement.move_step == "switched"
-                    else f"{placement.move_step}, to {peer}")
-        rows.append(ShardRow(shard, routing.shard_index[shard], total, due_now, oldest, flying.get(shard, 0),
-                             move))
+            move = (
+                f"{placement.move_step}, from {peer}"
+                if placement.move_step == "switched"
+                else f"{placement.move_step}, to {peer}"
+            )
+        rows.append(
+            ShardRow(shard, routing.shard_index[shard], total, due_now, oldest, flying.get(shard, 0), move)
+        )
     return rows

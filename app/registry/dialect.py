@@ -5,6 +5,7 @@ has no row locks (one writer at a time holds the whole file, so FOR UPDATE and S
 LOCKED are left out there) and no JSONB or array parameters (app.registry.bulk falls
 back to plain executemany).
 """
+
 from __future__ import annotations
 
 from sqlalchemy.engine import Connection, Engine

@@ -7,6 +7,7 @@ their place in PUNCTUAL_DATABASE_URLS. Postgres DSNs are plain
 file is opened in WAL mode with a busy timeout so the API, the poller and the
 worker of `punctual dev` can share it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -192,8 +193,9 @@ class Registry:
         """Shards whose rows DSN `index` holds without serving them (see Routing)."""
         return self.routing().foreign_shards(index)
 
-    def for_each_database(self, items: Sequence[T], shard_of: Callable[[T], int],
-                          write: Callable[[Engine, list[T]], R]) -> list[R]:
+    def for_each_database(
+        self, items: Sequence[T], shard_of: Callable[[T], int], write: Callable[[Engine, list[T]], R]
+    ) -> list[R]:
         """`write(engine, group)` for the items of each database, grouped by the map.
 
         A group refused by a move's fence waits for the map to switch and is written

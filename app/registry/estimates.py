@@ -8,6 +8,7 @@ times each state's share in pg_stats' most common values (kept by ANALYZE): a
 figure as fresh as autovacuum's last analyze, at the cost of three catalog reads.
 SQLite (`punctual dev`) always counts.
 """
+
 from __future__ import annotations
 
 import sqlalchemy as sa
@@ -17,8 +18,9 @@ from app.registry.dialect import is_postgres
 EXACT_BELOW = 100_000
 
 
-def counts_by_state(conn: sa.Connection, table: sa.Table,
-                    states: tuple[str, ...] | None = None) -> dict[str, int]:
+def counts_by_state(
+    conn: sa.Connection, table: sa.Table, states: tuple[str, ...] | None = None
+) -> dict[str, int]:
     """Rows of `table` per value of its `state` column (only `states`, when given)."""
     if is_postgres(conn):
         estimated = _estimate(conn, table.name)
@@ -37,12 +39,18 @@ def _estimate(conn: sa.Connection, name: str) -> dict[str, int] | None:
     ).scalar()
     if reltuples is None or reltuples < EXACT_BELOW:
         return None
-    live = conn.execute(
-        sa.text("SELECT n_live_tup FROM pg_stat_user_tables WHERE relid = to_regclass(:name)"), {"name": name}
-    ).scalar() or reltuples
+    live = (
+        conn.execute(
+            sa.text("SELECT n_live_tup FROM pg_stat_user_tables WHERE relid = to_regclass(:name)"),
+            {"name": name},
+        ).scalar()
+        or reltuples
+    )
     row = conn.execute(
-        sa.text("SELECT most_common_vals::text::text[], most_common_freqs FROM pg_stats "
-                "WHERE schemaname = current_schema() AND tablename = :name AND attname = 'state'"),
+        sa.text(
+            "SELECT most_common_vals::text::text[], most_common_freqs FROM pg_stats "
+            "WHERE schemaname = current_schema() AND tablename = :name AND attname = 'state'"
+        ),
         {"name": name},
     ).first()
     if row is None or row[0] is None:

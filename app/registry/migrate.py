@@ -5,6 +5,7 @@ Safe to repeat: Alembic records the revision in each database, so a second run
 finds nothing to do, and the map is written only once. Migrations are forward-only
 and live in migrations/ (installed as app/_migrations).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -88,16 +89,18 @@ def migrate_schema(dsns: tuple[str, ...]) -> list[tuple[str, str | None, str]]:
     return results
 
 
-def migrate_all(dsns: tuple[str, ...], *, shards: int,
-                echo: Callable[[str], None] = lambda _line: None) -> list[tuple[str, str | None, str]]:
+def migrate_all(
+    dsns: tuple[str, ...], *, shards: int, echo: Callable[[str], None] = lambda _line: None
+) -> list[tuple[str, str | None, str]]:
     """Upgrade every DSN, then `establish_cluster`; returns (dsn, before, after) for each."""
     results = migrate_schema(dsns)
     establish_cluster(dsns, shards, echo)
     return results
 
 
-def establish_cluster(dsns: tuple[str, ...], shards: int,
-                      echo: Callable[[str], None] = lambda _line: None) -> None:
+def establish_cluster(
+    dsns: tuple[str, ...], shards: int, echo: Callable[[str], None] = lambda _line: None
+) -> None:
     """Give each database its identity and, the first time, write the shard map
     (app.registry.shard_map.establish); `echo` gets a line per thing done. Raises
     ShardMapError when the list and the stored map disagree."""

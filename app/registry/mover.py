@@ -24,6 +24,7 @@ by `--abort`:
 A database restart makes the command fail; running it again resumes at the
 recorded step (the copies are idempotent: a batch replaces its rows).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -72,8 +73,13 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def move_shard(registry: Registry, shard: int, to_index: int, echo: Callable[[str], None] = lambda _l: None,
-               batch: int = BATCH) -> MoveReport:
+def move_shard(
+    registry: Registry,
+    shard: int,
+    to_index: int,
+    echo: Callable[[str], None] = lambda _l: None,
+    batch: int = BATCH,
+) -> MoveReport:
     """Move `shard` to PUNCTUAL_DATABASE_URLS[to_index], or finish the move in progress."""
     with _only_mover(registry, shard):
         return _move(registry, shard, to_index, echo, batch)
@@ -90,7 +96,9 @@ def _only_mover(registry: Registry, shard: int):
     """One command at a time moves (or aborts) a shard: a session lock on the home,
     released by the database if the command dies."""
     with registry.home.connect() as conn:
-        taken = conn.execute(sa.text("SELECT pg_try_advisory_lock(7710227, :shard)"), {"shard": shard}).scalar()
+        taken = conn.execute(
+            sa.text("SELECT pg_try_advisory_lock(7710227, :shard)"), {"shard": shard}
+        ).scalar()
         if not taken:
             raise MoveError(f"another `punctual shards move` of shard {shard} is running now")
         conn.commit()
@@ -101,8 +109,9 @@ def _only_mover(registry: Registry, shard: int):
             conn.commit()
 
 
-def _move(registry: Registry, shard: int, to_index: int, echo: Callable[[str], None],
-          batch: int) -> MoveReport:
+def _move(
+    registry: Registry, shard: int, to_index: int, echo: Callable[[str], None], batch: int
+) -> MoveReport:
     started = time.monotonic()
     routing = registry.reload_map()
     if not 0 <= shard < routing.map.shards:
@@ -128,8 +137,10 @@ def _move(registry: Registry, shard: int, to_index: int, echo: Callable[[str], N
             )
     source_index = routing.index_of(source_id)
     source, target = registry.engines[source_index], registry.engines[to_index]
-    echo(f"shard {shard}: PUNCTUAL_DATABASE_URLS[{source_index}] ({short(source_id)}) -> "
-         f"[{to_index}] ({short(target_id)}), {'resuming at ' + step if step != 'copying' else 'copying'}")
+    echo(
+        f"shard {shard}: PUNCTUAL_DATABASE_URLS[{source_index}] ({short(source_id)}) -> "
+        f"[{to_index}] ({short(target_id)}), {'resuming at ' + step if step != 'copying' else 'copying'}"
+    )
     fence_s = 0.0
     counts = (0, 0)
     if step == "copying":
@@ -154,18 +165,22 @@ def _move(registry: Registry, shard: int, to_index: int, echo: Callable[[str], N
         _drop_fence(target, shard)
         _set_step(registry, shard, Placement(target_id, source_id, "switched"))
         fence_s = time.monotonic() - fenced_at
-        echo(f"switched after a fence of {fence_s:.2f} s: "
-             f"{counts[0]:,} jobs, {counts[1]:,} runs on both sides")
+        echo(
+            f"switched after a fence of {fence_s:.2f} s: {counts[0]:,} jobs, {counts[1]:,} runs on both sides"
+        )
         step = "switched"
     delete_started = time.monotonic()
     deleted = _delete_shard(source, shard, batch)
     with source.begin() as conn:
         conn.execute(shard_changes.delete().where(shard_changes.c.shard == shard))
     _set_step(registry, shard, Placement(target_id))
-    echo(f"deleted {deleted:,} rows of shard {shard} from PUNCTUAL_DATABASE_URLS[{source_index}] "
-         f"in {time.monotonic() - delete_started:.1f} s; done")
-    return MoveReport(shard, source_index, to_index, counts[0], counts[1], fence_s,
-                      time.monotonic() - started)
+    echo(
+        f"deleted {deleted:,} rows of shard {shard} from PUNCTUAL_DATABASE_URLS[{source_index}] "
+        f"in {time.monotonic() - delete_started:.1f} s; done"
+    )
+    return MoveReport(
+        shard, source_index, to_index, counts[0], counts[1], fence_s, time.monotonic() - started
+    )
 
 
 def _abort(registry: Registry, shard: int, echo: Callable[[str], None]) -> None:
@@ -189,8 +204,10 @@ def _abort(registry: Registry, shard: int, echo: Callable[[str], None]) -> None:
     with source.begin() as conn:
         conn.execute(shard_changes.delete().where(shard_changes.c.shard == shard))
     _set_step(registry, shard, Placement(source_id))
-    echo(f"move of shard {shard} aborted: it stays on PUNCTUAL_DATABASE_URLS[{routing.shard_index[shard]}]; "
-         f"{deleted:,} copied rows removed")
+    echo(
+        f"move of shard {shard} aborted: it stays on PUNCTUAL_DATABASE_URLS[{routing.shard_index[shard]}]; "
+        f"{deleted:,} copied rows removed"
+    )
 
 
 def _move_ends(placement: Placement) -> tuple[uuid.UUID, uuid.UUID]:
@@ -210,8 +227,11 @@ def _set_step(registry: Registry, shard: int, placement: Placement) -> Routing:
 
 def _set_fence(engine: sa.Engine, shard: int, mode: str, replace: bool = True) -> None:
     stmt = sa.dialects.postgresql.insert(shard_fences).values(shard=shard, mode=mode)
-    stmt = stmt.on_conflict_do_update(index_elements=["shard"], set_={"mode": mode}) if replace \
+    stmt = (
+        stmt.on_conflict_do_update(index_elements=["shard"], set_={"mode": mode})
+        if replace
         else stmt.on_conflict_do_nothing(index_elements=["shard"])
+    )
     with engine.begin() as conn:
         conn.execute(stmt)
 
@@ -266,11 +286,17 @@ def _copy_shard(source: sa.Engine, target: sa.Engine, shard: int, batch: int) ->
                 upper = conn.execute(bounds).scalar()
             where = [psycopg_sql.SQL("shard = {}").format(psycopg_sql.Literal(shard))]
             if last is not None:
-                where.append(psycopg_sql.SQL("{} > {}").format(psycopg_sql.Identifier(key.name),
-                                                               psycopg_sql.Literal(last)))
+                where.append(
+                    psycopg_sql.SQL("{} > {}").format(
+                        psycopg_sql.Identifier(key.name), psycopg_sql.Literal(last)
+                    )
+                )
             if upper is not None:
-                where.append(psycopg_sql.SQL("{} <= {}").format(psycopg_sql.Identifier(key.name),
-                                                                psycopg_sql.Literal(upper)))
+                where.append(
+                    psycopg_sql.SQL("{} <= {}").format(
+                        psycopg_sql.Identifier(key.name), psycopg_sql.Literal(upper)
+                    )
+                )
             copied += _stream(source, target, table, psycopg_sql.SQL(" AND ").join(where))
             if upper is None:
                 break
@@ -293,8 +319,10 @@ def _stream(source: sa.Engine, target: sa.Engine, table: sa.Table, where: psycop
             in_cursor.execute(psycopg_sql.SQL("DELETE FROM {} WHERE {}").format(name, where))
             copy_out = psycopg_sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT (FORMAT BINARY)")
             copy_in = psycopg_sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)")
-            with out_cursor.copy(copy_out.format(columns, name, where)) as out_copy, \
-                    in_cursor.copy(copy_in.format(name, columns)) as in_copy:
+            with (
+                out_cursor.copy(copy_out.format(columns, name, where)) as out_copy,
+                in_cursor.copy(copy_in.format(name, columns)) as in_copy,
+            ):
                 for block in out_copy:
                     in_copy.write(block)
             written = in_cursor.rowcount
@@ -316,10 +344,14 @@ def _apply_changes(source: sa.Engine, target: sa.Engine, shard: int) -> int:
     with source.begin() as conn:
         taken = conn.execute(
             shard_changes.delete()
-            .where(sa.tuple_(shard_changes.c.table_name, shard_changes.c.row_key).in_(
-                sa.select(shard_changes.c.table_name, shard_changes.c.row_key)
-                .where(shard_changes.c.shard == shard).limit(CHANGES_BATCH).with_for_update(skip_locked=True)
-            ))
+            .where(
+                sa.tuple_(shard_changes.c.table_name, shard_changes.c.row_key).in_(
+                    sa.select(shard_changes.c.table_name, shard_changes.c.row_key)
+                    .where(shard_changes.c.shard == shard)
+                    .limit(CHANGES_BATCH)
+                    .with_for_update(skip_locked=True)
+                )
+            )
             .returning(shard_changes.c.table_name, shard_changes.c.row_key)
         ).all()
         if not taken:
@@ -362,8 +394,10 @@ def _verified_counts(source: sa.Engine, target: sa.Engine, shard: int, batch: in
     _copy_shard(source, target, shard, batch)
     found = _counts(target, shard)
     if expected != found:
-        raise MoveError(f"shard {shard}: the target holds {found} (jobs, runs), the source {expected}; "
-                        f"the map was not switched: run the move again or --abort it")
+        raise MoveError(
+            f"shard {shard}: the target holds {found} (jobs, runs), the source {expected}; "
+            f"the map was not switched: run the move again or --abort it"
+        )
     return expected
 
 

@@ -8,6 +8,7 @@ history and the outbox: see app.registry.schema's docstring): every row carries 
 column, so a batch of them is one INSERT (app.registry.bulk.insert_many), and what a
 claim, a skipped occurrence or an off-schedule retry writes differs only in what they say.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -124,8 +125,20 @@ def new_job_row(
     }
 
 
-def run_row(*, job_id: uuid.UUID, shard: int, owner: str, origin: str, scheduled_for: datetime, attempt: int,
-            state: str, target: Any, retry: dict, now: datetime, **columns: Any) -> dict:
+def run_row(
+    *,
+    job_id: uuid.UUID,
+    shard: int,
+    owner: str,
+    origin: str,
+    scheduled_for: datetime,
+    attempt: int,
+    state: str,
+    target: Any,
+    retry: dict,
+    now: datetime,
+    **columns: Any,
+) -> dict:
     """A new runs row; `columns` sets any of the others (lease_token, due_at, published, ...)."""
     row = {
         "run_id": uuid.uuid4(),

@@ -16,6 +16,7 @@ runs is the history and the outbox in one: a claim inserts one row per run with
 replayed off-schedule carry their own lease (`origin` 'trigger' or 'replay') and
 their retries are new rows with a later `due_at`.
 """
+
 from __future__ import annotations
 
 from datetime import UTC, datetime
@@ -92,7 +93,9 @@ jobs = sa.Table(
     sa.Column("dst_overlap", sa.Text(), nullable=False),
     sa.Column("jitter_s", sa.Integer(), nullable=False, server_default="0"),
     sa.Column("state", sa.Text(), nullable=False),
-    sa.Column("next_run_at", UTCDateTime(), nullable=True),  # jittered fire instant; null when nothing is due any more
+    sa.Column(
+        "next_run_at", UTCDateTime(), nullable=True
+    ),  # jittered fire instant; null when nothing is due any more
     sa.Column("nominal_at", UTCDateTime(), nullable=True),  # the occurrence next_run_at stands for
     sa.Column("attempt", sa.Integer(), nullable=False, server_default="0"),  # attempts spent on nominal_at
     # next_run_at is a retry, a run held back by a limit, or a replay: never a misfire.
@@ -147,7 +150,9 @@ runs = sa.Table(
     sa.Column("shard", sa.SmallInteger(), nullable=False),
     sa.Column("owner", sa.Text(), nullable=False),
     sa.Column("origin", sa.Text(), nullable=False, server_default="schedule"),
-    sa.Column("scheduled_for", UTCDateTime(), nullable=False),  # nominal occurrence: the idempotency key's time
+    sa.Column(
+        "scheduled_for", UTCDateTime(), nullable=False
+    ),  # nominal occurrence: the idempotency key's time
     sa.Column("attempt", sa.Integer(), nullable=False),  # 1-based
     sa.Column("state", sa.Text(), nullable=False),
     sa.Column("lease_token", sa.Uuid(), nullable=True),
@@ -220,7 +225,9 @@ owners = sa.Table(
 api_keys = sa.Table(
     "api_keys",
     metadata,
-    sa.Column("key_hash", sa.Text(), primary_key=True),  # sha256 hex of the key; the key itself is never stored
+    sa.Column(
+        "key_hash", sa.Text(), primary_key=True
+    ),  # sha256 hex of the key; the key itself is never stored
     sa.Column("owner", sa.Text(), sa.ForeignKey("owners.owner"), nullable=False),
     sa.Column("created_at", UTCDateTime(), nullable=False),
     sa.Column("revoked_at", UTCDateTime(), nullable=True),  # `punctual keys revoke`; the row stays listed

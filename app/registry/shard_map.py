@@ -16,6 +16,7 @@ end holds nothing until a move gives it shards.
 
 `route` is pure: identities and a map in, a Routing (shard -> DSN index) out.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -187,8 +188,9 @@ def stand_ins(identities: Sequence[Identity | None | Unreachable], value: ShardM
     return filled
 
 
-def route(identities: Sequence[Identity | None | Unreachable], shard_map_value: ShardMap,
-          shards: int) -> Routing:
+def route(
+    identities: Sequence[Identity | None | Unreachable], shard_map_value: ShardMap, shards: int
+) -> Routing:
     """Resolve the stored map against the DSN list, or refuse with one line."""
     home = find_home(identities)
     if any(x is UNREACHABLE for x in identities):
@@ -265,37 +267,65 @@ def read_map(conn: sa.Connection) -> ShardMap | None:
 
 def write_identity(conn: sa.Connection, identity: Identity, now: datetime) -> None:
     conn.execute(punctual_database.delete())
-    conn.execute(punctual_database.insert().values(
-        database_id=identity.database_id, cluster_id=identity.cluster_id, home_id=identity.home_id,
-        created_index=identity.created_index, created_at=now,
-    ))
+    conn.execute(
+        punctual_database.insert().values(
+            database_id=identity.database_id,
+            cluster_id=identity.cluster_id,
+            home_id=identity.home_id,
+            created_index=identity.created_index,
+            created_at=now,
+        )
+    )
 
 
 def write_new_map(conn: sa.Connection, value: ShardMap, now: datetime) -> None:
-    conn.execute(punctual_cluster.insert().values(
-        cluster_id=value.cluster_id, home_id=value.home_id, map_version=value.version, created_at=now,
-    ))
-    conn.execute(shard_map.insert(), [
-        {"shard": s, "database_id": p.database_id, "move_peer": None, "move_step": None, "updated_at": now}
-        for s, p in enumerate(value.placements)
-    ])
+    conn.execute(
+        punctual_cluster.insert().values(
+            cluster_id=value.cluster_id,
+            home_id=value.home_id,
+            map_version=value.version,
+            created_at=now,
+        )
+    )
+    conn.execute(
+        shard_map.insert(),
+        [
+            {
+                "shard": s,
+                "database_id": p.database_id,
+                "move_peer": None,
+                "move_step": None,
+                "updated_at": now,
+            }
+            for s, p in enumerate(value.placements)
+        ],
+    )
 
 
 def record_databases(conn: sa.Connection, identities: Sequence[Identity], now: datetime) -> None:
     """On the home: every database of the cluster and its place when stamped (idempotent)."""
     known = set(conn.execute(sa.select(cluster_databases.c.database_id)).scalars())
-    fresh = [{"database_id": i.database_id, "created_index": i.created_index, "created_at": now}
-             for i in identities if i.database_id not in known]
+    fresh = [
+        {"database_id": i.database_id, "created_index": i.created_index, "created_at": now}
+        for i in identities
+        if i.database_id not in known
+    ]
     if fresh:
         conn.execute(cluster_databases.insert(), fresh)
 
 
 def set_placement(conn: sa.Connection, shard: int, placement: Placement, now: datetime) -> None:
     """Change one shard's row and bump the map's version (in the caller's transaction)."""
-    conn.execute(shard_map.update().where(shard_map.c.shard == shard).values(
-        database_id=placement.database_id, move_peer=placement.move_peer, move_step=placement.move_step,
-        updated_at=now,
-    ))
+    conn.execute(
+        shard_map.update()
+        .where(shard_map.c.shard == shard)
+        .values(
+            database_id=placement.database_id,
+            move_peer=placement.move_peer,
+            move_step=placement.move_step,
+            updated_at=now,
+        )
+    )
     conn.execute(punctual_cluster.update().values(map_version=punctual_cluster.c.map_version + 1))
 
 
@@ -338,8 +368,9 @@ def _establish(engines: Sequence[sa.Engine], shards: int, now: datetime) -> list
         cluster_id, home_id = known[0].cluster_id, known[0].home_id
     else:
         cluster_id, home_id = uuid.uuid4(), uuid.uuid4()
-    home_index = next((i for i, x in enumerate(identities) if x is not None and x.database_id == home_id),
-                      None)
+    home_index = next(
+        (i for i, x in enumerate(identities) if x is not None and x.database_id == home_id), None
+    )
     if home_index is None and identities[0] is None:
         home_index = 0
     if home_index is None:
@@ -356,9 +387,14 @@ def _establish(engines: Sequence[sa.Engine], shards: int, now: datetime) -> list
         with engine.begin() as conn:
             write_identity(conn, identity, now)
         identities[index] = identity
-        done.append(f"PUNCTUAL_DATABASE_URLS[{index}] is database {short(database_id)}"
-                    + (" (home)" if index == home_index else (" (new: holds no shard until a move)"
-                                                               if home_map is not None else "")))
+        done.append(
+            f"PUNCTUAL_DATABASE_URLS[{index}] is database {short(database_id)}"
+            + (
+                " (home)"
+                if index == home_index
+                else (" (new: holds no shard until a move)" if home_map is not None else "")
+            )
+        )
     if home_map is None:
         ids = [identity.database_id for identity in identities if identity is not None]
         # The home first: shard 0 stays where owners and keys are, as before the map.
@@ -367,15 +403,18 @@ def _establish(engines: Sequence[sa.Engine], shards: int, now: datetime) -> list
         with engines[home_index].begin() as conn:
             if read_map(conn) is None:
                 write_new_map(conn, value, now)
-                done.append(f"shard map written: {shards} shards over {len(ids)} databases "
-                            f"(shard s on PUNCTUAL_DATABASE_URLS[s mod {len(ids)}])")
+                done.append(
+                    f"shard map written: {shards} shards over {len(ids)} databases "
+                    f"(shard s on PUNCTUAL_DATABASE_URLS[s mod {len(ids)}])"
+                )
     stamped = [identity for identity in identities if identity is not None]  # every one, by now
     with engines[home_index].begin() as conn:
         record_databases(conn, stamped, now)
     written = _read_map_of(engines[home_index])
     if written is None:
-        raise ShardMapError("the home database holds no shard map after migrating: "
-                            "run `punctual migrate` again")
+        raise ShardMapError(
+            "the home database holds no shard map after migrating: run `punctual migrate` again"
+        )
     route(stamped, written, shards)  # the same check every process makes
     return done
 

@@ -5,6 +5,7 @@ salted per process) modulo PUNCTUAL_SHARDS. Which database serves a logical shar
 is the stored shard map (app.registry.shard_map), so moving a logical shard to a new
 primary is a copy plus a map change, never a re-hash.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -14,6 +14,7 @@ lease.
 What is never retried here: the call of a target. Retries of a call live in the
 registry only (docs/design.md, invariant 3).
 """
+
 from __future__ import annotations
 
 import logging
@@ -73,14 +74,20 @@ def is_transient(exc: BaseException) -> bool:
     """
     if isinstance(exc, sa_exc.DBAPIError):
         return bool(exc.connection_invalidated) or isinstance(
-            exc, (sa_exc.OperationalError, sa_exc.InterfaceError))
+            exc, (sa_exc.OperationalError, sa_exc.InterfaceError)
+        )
     if isinstance(exc, (sa_exc.TimeoutError, sa_exc.DisconnectionError)):
         return True
     return isinstance(exc, _OTHER_TRANSIENT)
 
 
-def retrying(operation: Callable[[], T], what: str, budget_s: float = RETRY_BUDGET_S,
-             sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> T:
+def retrying(
+    operation: Callable[[], T],
+    what: str,
+    budget_s: float = RETRY_BUDGET_S,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> T:
     """`operation()`, sent again after each transient failure (0.1 s, 0.2 s, ... 2 s
     apart) until it succeeds or `budget_s` has passed; the last failure is raised,
     as is any failure that is not transient."""
@@ -95,8 +102,13 @@ def retrying(operation: Callable[[], T], what: str, budget_s: float = RETRY_BUDG
                 raise
             failures += 1
             if failures == 1:
-                log.warning("%s failed (%s: %s); retrying for up to %gs", what, type(exc).__name__,
-                            str(exc).splitlines()[0] if str(exc) else "", budget_s)
+                log.warning(
+                    "%s failed (%s: %s); retrying for up to %gs",
+                    what,
+                    type(exc).__name__,
+                    str(exc).splitlines()[0] if str(exc) else "",
+                    budget_s,
+                )
             sleep(pause)
             pause = min(MAX_PAUSE_S, pause * 2)
             continue

@@ -8,6 +8,7 @@ host at create time with `resolve_target`; workers check the address a socket
 actually connected to (app.worker.webhook), so a DNS answer that changes between
 the two checks (DNS rebinding) gains nothing.
 """
+
 from __future__ import annotations
 
 import ipaddress

@@ -16,6 +16,7 @@ that fails answers its own jobs as unavailable and leaves the others created.
 Within one batch, items are answered as if they had been sent one after another:
 a second item with an earlier item's key replays (or conflicts with) that job.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -108,9 +109,21 @@ def _plan(registry: Registry, owner: str, item: Any, now: datetime) -> _Plan:
     except ValidationError as exc:
         return _Plan(job_id, request_hash, None, exc)
     row = new_job_row(
-        job_id=job_id, shard=shard, owner=owner, name=spec.name, target=spec.target, payload=spec.payload,
-        schedule=spec.schedule, retry=spec.retry, misfire=spec.misfire, dst=spec.dst, jitter_s=spec.jitter_s,
-        first=first, now=now, idempotency_key=key, request_hash=request_hash,
+        job_id=job_id,
+        shard=shard,
+        owner=owner,
+        name=spec.name,
+        target=spec.target,
+        payload=spec.payload,
+        schedule=spec.schedule,
+        retry=spec.retry,
+        misfire=spec.misfire,
+        dst=spec.dst,
+        jitter_s=spec.jitter_s,
+        first=first,
+        now=now,
+        idempotency_key=key,
+        request_hash=request_hash,
     )
     return _Plan(job_id, request_hash, row, None)
 
@@ -168,11 +181,14 @@ def _write(engine: sa.Engine, owner: str, plans: list[_Placed]) -> dict[int, Out
             rows.append(plan.row)
     with engine.begin() as conn:
         inserted = bulk.insert_new(conn, jobs, rows, "job_id")
-        taken = [job_id for _, job_id, plan in plans if plan.request_hash is not None and job_id not in inserted]
+        taken = [
+            job_id for _, job_id, plan in plans if plan.request_hash is not None and job_id not in inserted
+        ]
         existing: dict[uuid.UUID, Row] = {}
         if taken:
-            query = sa.select(jobs).where(bulk.key_in(conn, jobs.c.job_id, list(set(taken))),
-                                         jobs.c.owner == owner)
+            query = sa.select(jobs).where(
+                bulk.key_in(conn, jobs.c.job_id, list(set(taken))), jobs.c.owner == owner
+            )
             existing = {row["job_id"]: row for row in conn.execute(query).mappings()}
     created_rows = {row["job_id"]: row for row in rows if row["job_id"] in inserted}
     answered: dict[int, Outcome] = {}
@@ -186,11 +202,13 @@ def _write(engine: sa.Engine, owner: str, plans: list[_Placed]) -> dict[int, Out
         if earlier is None:
             # Keyless rows never collide; a keyed one whose id another owner holds cannot
             # happen (the owner is part of the uuid5), so this is the item's own error.
-            answered[index] = Outcome(error=plan.error or Conflict("the idempotency_key is in use",
-                                                                    kind="idempotency-conflict"))
+            answered[index] = Outcome(
+                error=plan.error or Conflict("the idempotency_key is in use", kind="idempotency-conflict")
+            )
         elif earlier["request_hash"] != plan.request_hash:
-            conflict = Conflict("this idempotency_key was used with a different job body",
-                                kind="idempotency-conflict")
+            conflict = Conflict(
+                "this idempotency_key was used with a different job body", kind="idempotency-conflict"
+            )
             answered[index] = Outcome(error=conflict)
         else:
             answered[index] = Outcome(job=earlier, created=False)

@@ -4,6 +4,7 @@ a registry database that did not answer.
 The API maps them to problems (app.api.problems): NotFound is 404, Conflict 409,
 Unavailable 503.
 """
+
 from __future__ import annotations
 
 

@@ -6,6 +6,7 @@ their owner because the owner is part of the name. "The same body" is equal JSON
 a hash of the body as canonical JSON (keys sorted, 1.0 written as 1), stored with
 the job and compared when the key comes again.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -12,6 +12,7 @@ key names the shard and the primary key is the uniqueness check (no global table
 The first INSERT wins; every other request with that key reads the winner and
 compares request hashes: equal bodies answer the same job, different ones Conflict.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -62,7 +63,9 @@ class Created:
 # --- create ------------------------------------------------------------------------
 
 
-def create_job(registry: Registry, owner: str, body: object, idempotency_key: str | None, now: datetime) -> Created:
+def create_job(
+    registry: Registry, owner: str, body: object, idempotency_key: str | None, now: datetime
+) -> Created:
     """Validate and insert a job: one INSERT on the job's shard (plus, only for a target
     with a named limits key, that key's limits on the home DSN).
 
@@ -91,9 +94,21 @@ def create_job(registry: Registry, owner: str, body: object, idempotency_key: st
                 return Created(_same_request(existing, request_hash), created=False)
         raise
     row = new_job_row(
-        job_id=job_id, shard=shard, owner=owner, name=spec.name, target=spec.target, payload=spec.payload,
-        schedule=spec.schedule, retry=spec.retry, misfire=spec.misfire, dst=spec.dst, jitter_s=spec.jitter_s,
-        first=first, now=now, idempotency_key=idempotency_key, request_hash=request_hash,
+        job_id=job_id,
+        shard=shard,
+        owner=owner,
+        name=spec.name,
+        target=spec.target,
+        payload=spec.payload,
+        schedule=spec.schedule,
+        retry=spec.retry,
+        misfire=spec.misfire,
+        dst=spec.dst,
+        jitter_s=spec.jitter_s,
+        first=first,
+        now=now,
+        idempotency_key=idempotency_key,
+        request_hash=request_hash,
     )
     if _insert(engine, row, idempotent=request_hash is not None):
         record_limit_key(registry, owner, spec.target, now)  # a named key: nothing otherwise
@@ -107,7 +122,9 @@ def create_job(registry: Registry, owner: str, body: object, idempotency_key: st
 
 def _same_request(existing: Row, request_hash: str | None) -> Row:
     if existing["request_hash"] != request_hash:
-        raise Conflict("this Idempotency-Key was used with a different request body", kind="idempotency-conflict")
+        raise Conflict(
+            "this Idempotency-Key was used with a different request body", kind="idempotency-conflict"
+        )
     return existing
 
 
@@ -134,7 +151,8 @@ _INSERT_IGNORING_CONFLICT = (
 _COLUMNS = [column.name for column in jobs.columns]  # the Table is the one source of the column list
 _JSON_COLUMNS = [column.name for column in jobs.columns if isinstance(column.type, sa.JSON)]
 _PG_INSERT = "INSERT INTO jobs ({}) VALUES ({})".format(
-    ", ".join(_COLUMNS), ", ".join(f"%({name})s" for name in _COLUMNS))
+    ", ".join(_COLUMNS), ", ".join(f"%({name})s" for name in _COLUMNS)
+)
 _PG_INSERT_IGNORING_CONFLICT = _PG_INSERT + " ON CONFLICT (job_id) DO NOTHING RETURNING job_id"
 
 
@@ -163,8 +181,9 @@ _FIRST_FIRE: dict[tuple[Schedule, DstPolicy], tuple[datetime, datetime]] = {}
 _FIRST_FIRE_MAX = 4096
 
 
-def first_fire_remembered(schedule: Schedule, dst: DstPolicy, now: datetime,
-                          anchor: datetime) -> datetime | None:
+def first_fire_remembered(
+    schedule: Schedule, dst: DstPolicy, now: datetime, anchor: datetime
+) -> datetime | None:
     """first_fire, remembered for cron schedules while `now` stays before the answer.
 
     Exact, not approximate: if r is the first occurrence after `since`, none lies in
@@ -200,8 +219,9 @@ def get_job(registry: Registry, owner: str, job_id: str) -> Row:
     return row
 
 
-def list_jobs(registry: Registry, owner: str, *, state: str | None, name: str | None,
-              limit: int, cursor: str | None) -> Page:
+def list_jobs(
+    registry: Registry, owner: str, *, state: str | None, name: str | None, limit: int, cursor: str | None
+) -> Page:
     """The owner's jobs, newest first by (created_at, job_id), merged over every DSN."""
     if state is not None and state not in JOB_STATES:
         raise ValidationError.single("state", f"must be one of {', '.join(JOB_STATES)}")
@@ -245,8 +265,11 @@ def backlog_by_shard(registry: Registry, now: datetime) -> dict[int, int]:
     A backlog that stays above zero means the pollers and workers do not keep up.
     """
     counts = dict.fromkeys(range(registry.settings.shards), 0)
-    query = (sa.select(jobs.c.shard, sa.func.count())
-             .where(jobs.c.state == "scheduled", jobs.c.next_run_at <= now).group_by(jobs.c.shard))
+    query = (
+        sa.select(jobs.c.shard, sa.func.count())
+        .where(jobs.c.state == "scheduled", jobs.c.next_run_at <= now)
+        .group_by(jobs.c.shard)
+    )
     for engine in registry.engines:
         with engine.connect() as conn:
             for shard, count in conn.execute(query):
@@ -292,16 +315,25 @@ def patch_job(registry: Registry, owner: str, job_id: str, body: object, now: da
         moved = (schedule, dst, jitter_s) != (schedule_of(row), dst_of(row), row["jitter_s"])
         if moved and row["lease_token"] is None:
             values.update(_cursor_at(key, schedule, dst, jitter_s, now, row["created_at"], row["state"]))
-        patched = conn.execute(
-            jobs.update().where(jobs.c.job_id == key).values(values).returning(*jobs.c)
-        ).mappings().one()
+        patched = (
+            conn.execute(jobs.update().where(jobs.c.job_id == key).values(values).returning(*jobs.c))
+            .mappings()
+            .one()
+        )
     if "target" in changes:  # the key's limits become this job's (docs/api.md "Limits")
         record_limit_key(registry, owner, changes["target"], now)
     return patched
 
 
-def _cursor_at(job_id: uuid.UUID, schedule: Schedule, dst: DstPolicy, jitter_s: int,
-               now: datetime, anchor: datetime, state: str) -> dict[str, Any]:
+def _cursor_at(
+    job_id: uuid.UUID,
+    schedule: Schedule,
+    dst: DstPolicy,
+    jitter_s: int,
+    now: datetime,
+    anchor: datetime,
+    state: str,
+) -> dict[str, Any]:
     first = first_fire_remembered(schedule, dst, now, anchor)
     cursor = {"attempt": 0, "misfire_exempt": False, "skipped_after": None, "skipped_through": None}
     if first is None:
@@ -314,8 +346,16 @@ def cancel_job(registry: Registry, owner: str, job_id: str, now: datetime) -> Ro
     already running may finish. Repeating it answers the cancelled job again."""
     engine, key = locate(registry, job_id)
     with engine.begin() as conn:
-        row = _transition(conn, owner, key, LIVE_STATES, "cancelled", now, idempotent=("cancelled",),
-                          extra={"next_run_at": None})
+        row = _transition(
+            conn,
+            owner,
+            key,
+            LIVE_STATES,
+            "cancelled",
+            now,
+            idempotent=("cancelled",),
+            extra={"next_run_at": None},
+        )
         # `published` true takes them out of the outbox: there is nothing left to send.
         conn.execute(
             runs.update()
@@ -351,19 +391,31 @@ def _unclaim(conn: sa.Connection, job: Row, now: datetime) -> Row | None:
         return None
     taken = conn.execute(
         sa.delete(runs)
-        .where(runs.c.job_id == job["job_id"], runs.c.lease_token == token, runs.c.origin == "schedule",
-               runs.c.state == "claimed")
+        .where(
+            runs.c.job_id == job["job_id"],
+            runs.c.lease_token == token,
+            runs.c.origin == "schedule",
+            runs.c.state == "claimed",
+        )
         .returning(runs.c.run_id)
     ).first()
     if taken is None:
         return None
-    return conn.execute(
-        jobs.update()
-        .where(jobs.c.job_id == job["job_id"], jobs.c.lease_token == token)
-        .values(state=sa.case((jobs.c.state == "running", "scheduled"), else_=jobs.c.state),
-                lease_token=None, leased_until=None, updated_at=now)
-        .returning(*jobs.c)
-    ).mappings().one()
+    return (
+        conn.execute(
+            jobs.update()
+            .where(jobs.c.job_id == job["job_id"], jobs.c.lease_token == token)
+            .values(
+                state=sa.case((jobs.c.state == "running", "scheduled"), else_=jobs.c.state),
+                lease_token=None,
+                leased_until=None,
+                updated_at=now,
+            )
+            .returning(*jobs.c)
+        )
+        .mappings()
+        .one()
+    )
 
 
 def resume_job(registry: Registry, owner: str, job_id: str, now: datetime) -> Row:
@@ -389,18 +441,36 @@ def trigger_job(registry: Registry, owner: str, job_id: str, now: datetime) -> R
             raise NotFound("job")
         if row["state"] in FINAL_STATES:
             raise Conflict(f"the job is {row['state']}; it cannot be triggered")
-        return insert_run(conn, row, origin="trigger", scheduled_for=truncate_to_ms(now), now=now,
-                          lease_s=registry.settings.lease_s)
+        return insert_run(
+            conn,
+            row,
+            origin="trigger",
+            scheduled_for=truncate_to_ms(now),
+            now=now,
+            lease_s=registry.settings.lease_s,
+        )
 
 
-def insert_run(conn: sa.Connection, job: Row, *, origin: str, scheduled_for: datetime,
-               now: datetime, lease_s: float) -> dict[str, Any]:
+def insert_run(
+    conn: sa.Connection, job: Row, *, origin: str, scheduled_for: datetime, now: datetime, lease_s: float
+) -> dict[str, Any]:
     """Insert an off-schedule run (trigger, replay): claimed, due now, with its own lease,
     the job's current target and retry policy, attempt 1 (a fresh retry budget)."""
     run = run_row(
-        job_id=job["job_id"], shard=job["shard"], owner=job["owner"], origin=origin, scheduled_for=scheduled_for,
-        attempt=1, state="claimed", target=job["target"], retry=retry_of(job).to_json(), now=now,
-        lease_token=uuid.uuid4(), leased_until=now + timedelta(seconds=lease_s), due_at=now, published=False,
+        job_id=job["job_id"],
+        shard=job["shard"],
+        owner=job["owner"],
+        origin=origin,
+        scheduled_for=scheduled_for,
+        attempt=1,
+        state="claimed",
+        target=job["target"],
+        retry=retry_of(job).to_json(),
+        now=now,
+        lease_token=uuid.uuid4(),
+        leased_until=now + timedelta(seconds=lease_s),
+        due_at=now,
+        published=False,
     )
     conn.execute(runs.insert().values(run))
     return run
@@ -418,30 +488,41 @@ def locate(registry: Registry, job_id: str | uuid.UUID) -> tuple[sa.Engine, uuid
     return registry.engine_for_shard(shard_for(key, registry.settings.shards)), key
 
 
-
-def select_job(conn: sa.Connection, owner: str, job_id: uuid.UUID, *, lock: bool = False,
-               share: bool = False) -> Row | None:
+def select_job(
+    conn: sa.Connection, owner: str, job_id: uuid.UUID, *, lock: bool = False, share: bool = False
+) -> Row | None:
     query = sa.select(jobs).where(jobs.c.job_id == job_id, jobs.c.owner == owner)
     if lock and is_postgres(conn):
         query = query.with_for_update(read=share)
     return conn.execute(query).mappings().first()
 
 
-
-def _transition(conn: sa.Connection, owner: str, job_id: uuid.UUID, from_states: tuple[str, ...],
-                to_state: Any, now: datetime, *, idempotent: tuple[str, ...],
-                extra: dict[str, Any] | None = None) -> Row:
+def _transition(
+    conn: sa.Connection,
+    owner: str,
+    job_id: uuid.UUID,
+    from_states: tuple[str, ...],
+    to_state: Any,
+    now: datetime,
+    *,
+    idempotent: tuple[str, ...],
+    extra: dict[str, Any] | None = None,
+) -> Row:
     """Move a job from one of `from_states` to `to_state` in one conditional UPDATE.
 
     When no row moves: a job already in one of the `idempotent` states is answered
     as it is; a missing one is NotFound; any other state is a Conflict.
     """
-    row = conn.execute(
-        jobs.update()
-        .where(jobs.c.job_id == job_id, jobs.c.owner == owner, jobs.c.state.in_(from_states))
-        .values(state=to_state, updated_at=now, **(extra or {}))
-        .returning(*jobs.c)
-    ).mappings().first()
+    row = (
+        conn.execute(
+            jobs.update()
+            .where(jobs.c.job_id == job_id, jobs.c.owner == owner, jobs.c.state.in_(from_states))
+            .values(state=to_state, updated_at=now, **(extra or {}))
+            .returning(*jobs.c)
+        )
+        .mappings()
+        .first()
+    )
     if row is not None:
         return row
     current = select_job(conn, owner, job_id)

@@ -18,6 +18,7 @@ one as `previous_signing_secret` until `previous_secret_until`; meanwhile calls 
 signed with both (`signing_secrets`), so a receiver verifies them whichever of the
 two it holds, and can switch at any time in the window.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -55,8 +56,12 @@ class NewKey:
         return key_id_of(hash_key(self.api_key))
 
     def as_dict(self) -> dict:
-        return {"owner": self.owner, "key_id": self.key_id, "api_key": self.api_key,
-                "signing_secret": self.signing_secret}
+        return {
+            "owner": self.owner,
+            "key_id": self.key_id,
+            "api_key": self.api_key,
+            "signing_secret": self.signing_secret,
+        }
 
 
 @dataclass(frozen=True)
@@ -69,8 +74,12 @@ class KeyInfo:
     revoked_at: datetime | None
 
     def as_dict(self) -> dict:
-        return {"key_id": self.key_id, "owner": self.owner, "created_at": format_instant(self.created_at),
-                "revoked_at": None if self.revoked_at is None else format_instant(self.revoked_at)}
+        return {
+            "key_id": self.key_id,
+            "owner": self.owner,
+            "created_at": format_instant(self.created_at),
+            "revoked_at": None if self.revoked_at is None else format_instant(self.revoked_at),
+        }
 
 
 @dataclass(frozen=True)
@@ -80,8 +89,11 @@ class Rotation:
     previous_secret_until: datetime
 
     def as_dict(self) -> dict:
-        return {"owner": self.owner, "signing_secret": self.signing_secret,
-                "previous_secret_until": format_instant(self.previous_secret_until)}
+        return {
+            "owner": self.owner,
+            "signing_secret": self.signing_secret,
+            "previous_secret_until": format_instant(self.previous_secret_until),
+        }
 
 
 def hash_key(api_key: str) -> str:
@@ -133,8 +145,13 @@ class OwnerActivity:
     running: int  # runs started, their call in flight
 
     def as_dict(self) -> dict:
-        return {"owner": self.owner, "weight": self.weight, "due": self.due, "waiting": self.waiting,
-                "running": self.running}
+        return {
+            "owner": self.owner,
+            "weight": self.weight,
+            "due": self.due,
+            "waiting": self.waiting,
+            "running": self.running,
+        }
 
 
 def set_weight(registry: Registry, owner: str, weight: int) -> None:
@@ -162,20 +179,25 @@ def activity(registry: Registry) -> list[OwnerActivity]:
         query = sa.select(owners.c.owner, owners.c.weight)
         weight_of = {row.owner: row.weight for row in conn.execute(query)}
     counts: dict[str, list[int]] = {owner: [0, 0, 0] for owner in weight_of}
-    due = (sa.select(jobs.c.owner, sa.func.count())
-           .where(jobs.c.state == "scheduled", jobs.c.next_run_at <= now)
-           .group_by(jobs.c.owner))
-    active = (sa.select(runs.c.owner, runs.c.state, sa.func.count())
-              .where(runs.c.state.in_(("claimed", "running")))
-              .group_by(runs.c.owner, runs.c.state))
+    due = (
+        sa.select(jobs.c.owner, sa.func.count())
+        .where(jobs.c.state == "scheduled", jobs.c.next_run_at <= now)
+        .group_by(jobs.c.owner)
+    )
+    active = (
+        sa.select(runs.c.owner, runs.c.state, sa.func.count())
+        .where(runs.c.state.in_(("claimed", "running")))
+        .group_by(runs.c.owner, runs.c.state)
+    )
     for engine in registry.engines:
         with engine.connect() as conn:
             for owner, count in conn.execute(due):
                 counts.setdefault(owner, [0, 0, 0])[0] += count
             for owner, state, count in conn.execute(active):
                 counts.setdefault(owner, [0, 0, 0])[1 if state == "claimed" else 2] += count
-    return [OwnerActivity(owner, weight_of.get(owner, DEFAULT_WEIGHT), *counts[owner])
-            for owner in sorted(counts)]
+    return [
+        OwnerActivity(owner, weight_of.get(owner, DEFAULT_WEIGHT), *counts[owner]) for owner in sorted(counts)
+    ]
 
 
 def revoke_key(registry: Registry, key_id: str) -> KeyInfo:
@@ -188,15 +210,22 @@ def revoke_key(registry: Registry, key_id: str) -> KeyInfo:
     if len(key_id) != KEY_ID_CHARS or any(c not in "0123456789abcdef" for c in key_id):
         raise ValueError(f"a key id is {KEY_ID_CHARS} hex digits, as `punctual keys list` shows it")
     with registry.home.begin() as conn:
-        found = conn.execute(
-            sa.select(api_keys.c.key_hash).where(api_keys.c.key_hash.startswith(key_id)).limit(2)
-        ).scalars().all()
+        found = (
+            conn.execute(
+                sa.select(api_keys.c.key_hash).where(api_keys.c.key_hash.startswith(key_id)).limit(2)
+            )
+            .scalars()
+            .all()
+        )
         if not found:
             raise NotFound("key")
         if len(found) > 1:  # 48 bits make this rare, not impossible
             raise ValueError(f"{key_id} names more than one key; revoke by the whole hash is not offered")
-        conn.execute(api_keys.update().where(api_keys.c.key_hash == found[0], api_keys.c.revoked_at.is_(None))
-                     .values(revoked_at=utcnow()))
+        conn.execute(
+            api_keys.update()
+            .where(api_keys.c.key_hash == found[0], api_keys.c.revoked_at.is_(None))
+            .values(revoked_at=utcnow())
+        )
         row = conn.execute(sa.select(api_keys).where(api_keys.c.key_hash == found[0])).mappings().one()
     return _info(row)
 
@@ -211,9 +240,13 @@ def rotate_secret(registry: Registry, owner: str, window_s: float, now: datetime
     until = now + timedelta(seconds=window_s)
     with registry.home.begin() as conn:
         updated = conn.execute(
-            owners.update().where(owners.c.owner == owner)
-            .values(previous_signing_secret=owners.c.signing_secret, previous_secret_until=until,
-                    signing_secret=new)
+            owners.update()
+            .where(owners.c.owner == owner)
+            .values(
+                previous_signing_secret=owners.c.signing_secret,
+                previous_secret_until=until,
+                signing_secret=new,
+            )
             .returning(owners.c.owner)
         ).first()
     if updated is None:
@@ -228,8 +261,9 @@ def _info(row: Any) -> KeyInfo:
 class OwnerDirectory:
     """Cached key -> owner and owner -> signing secrets lookups for one registry."""
 
-    def __init__(self, registry: Registry, ttl_s: float = KEY_CACHE_TTL_S,
-                 secret_ttl_s: float = SECRET_CACHE_TTL_S):
+    def __init__(
+        self, registry: Registry, ttl_s: float = KEY_CACHE_TTL_S, secret_ttl_s: float = SECRET_CACHE_TTL_S
+    ):
         self.registry = registry
         self.ttl_s = ttl_s
         self.secret_ttl_s = secret_ttl_s
@@ -248,8 +282,9 @@ class OwnerDirectory:
             return cached[0]
         with self.registry.home.connect() as conn:
             row = conn.execute(
-                sa.select(api_keys.c.key_hash, api_keys.c.owner)
-                .where(api_keys.c.key_hash == digest, api_keys.c.revoked_at.is_(None))
+                sa.select(api_keys.c.key_hash, api_keys.c.owner).where(
+                    api_keys.c.key_hash == digest, api_keys.c.revoked_at.is_(None)
+                )
             ).first()
         owner = row.owner if row is not None and hmac.compare_digest(row.key_hash, digest) else None
         self._store(self._owners, digest, owner, self.ttl_s)
@@ -269,8 +304,11 @@ class OwnerDirectory:
         else:
             with self.registry.home.connect() as conn:
                 row = conn.execute(
-                    sa.select(owners.c.signing_secret, owners.c.previous_signing_secret,
-                              owners.c.previous_secret_until).where(owners.c.owner == owner)
+                    sa.select(
+                        owners.c.signing_secret,
+                        owners.c.previous_signing_secret,
+                        owners.c.previous_secret_until,
+                    ).where(owners.c.owner == owner)
                 ).first()
             stored = None if row is None else tuple(row)
             self._store(self._secrets, owner, stored, self.secret_ttl_s)

@@ -10,6 +10,7 @@ Listing across shards: each physical DSN answers its own `limit + 1` newest rows
 the cursor; merging those lists and cutting at `limit` is exact, because the global
 top `limit` is contained in the union of the per-DSN tops.
 """
+
 from __future__ import annotations
 
 import base64
@@ -81,17 +82,27 @@ def decode_cursor(kind: str, text: str | None) -> Cursor | None:
         raise ValidationError.single("cursor", "is not a cursor returned by this listing") from None
 
 
-def newest_first(query: sa.Select, created_col: sa.ColumnElement, id_col: sa.ColumnElement,
-                 cursor: Cursor | None, limit: int) -> sa.Select:
+def newest_first(
+    query: sa.Select,
+    created_col: sa.ColumnElement,
+    id_col: sa.ColumnElement,
+    cursor: Cursor | None,
+    limit: int,
+) -> sa.Select:
     """`query` restricted to rows below `cursor`, newest first, one row more than a page."""
     if cursor is not None:
-        query = query.where(sa.tuple_(created_col, id_col) < sa.tuple_(sa.literal(cursor.created_at, created_col.type), sa.literal(cursor.id, id_col.type)))
+        query = query.where(
+            sa.tuple_(created_col, id_col)
+            < sa.tuple_(sa.literal(cursor.created_at, created_col.type), sa.literal(cursor.id, id_col.type))
+        )
     return query.order_by(created_col.desc(), id_col.desc()).limit(limit + 1)
 
 
-def merge_newest(kind: str, pages: Iterable[Sequence[Any]], limit: int,
-                 created_key: str, id_key: str) -> Page:
+def merge_newest(
+    kind: str, pages: Iterable[Sequence[Any]], limit: int, created_key: str, id_key: str
+) -> Page:
     """Merge per-shard result lists (each newest first) into one page of `limit`."""
+
     def sort_key(row):
         return (row[created_key], row[id_key])
 

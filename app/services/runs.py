@@ -6,6 +6,7 @@ DSN. Replay follows docs/design.md ("API verbs"): the dead run becomes
 `replayed` and is fired again with a fresh retry budget and the same scheduled_for
 (so the same idempotency key). Lock order as in app.services.jobs: job row, then run row.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -28,10 +29,16 @@ def list_runs(registry: Registry, owner: str, job_id: str, *, limit: int, cursor
     engine, key = locate(registry, job_id)
     query = newest_first(
         sa.select(runs).where(runs.c.job_id == key, runs.c.owner == owner),
-        runs.c.created_at, runs.c.run_id, position, limit,
+        runs.c.created_at,
+        runs.c.run_id,
+        position,
+        limit,
     )
     with engine.connect() as conn:
-        if conn.execute(sa.select(jobs.c.job_id).where(jobs.c.job_id == key, jobs.c.owner == owner)).first() is None:
+        if (
+            conn.execute(sa.select(jobs.c.job_id).where(jobs.c.job_id == key, jobs.c.owner == owner)).first()
+            is None
+        ):
             raise NotFound("job")
         rows = list(conn.execute(query).mappings())
     return merge_newest("r", [rows], limit, "created_at", "run_id")
@@ -42,7 +49,10 @@ def list_dead_letters(registry: Registry, owner: str, *, limit: int, cursor: str
     position = decode_cursor("d", cursor)
     query = newest_first(
         sa.select(runs).where(runs.c.owner == owner, runs.c.state == "dead"),
-        runs.c.created_at, runs.c.run_id, position, limit,
+        runs.c.created_at,
+        runs.c.run_id,
+        position,
+        limit,
     )
     pages = []
     for index, engine in enumerate(registry.engines):
@@ -87,20 +97,38 @@ def replay_run(registry: Registry, owner: str, run_id: str, now: datetime) -> Ro
             raise Conflict(f"the run is {run['state']}; only a dead run can be replayed")
         if job["state"] == "cancelled":
             raise Conflict("the run's job is cancelled; no new run starts for it")
-        replayed = conn.execute(
-            runs.update().where(runs.c.run_id == key, runs.c.state == "dead")
-            .values(state="replayed", updated_at=now).returning(*runs.c)
-        ).mappings().one()
+        replayed = (
+            conn.execute(
+                runs.update()
+                .where(runs.c.run_id == key, runs.c.state == "dead")
+                .values(state="replayed", updated_at=now)
+                .returning(*runs.c)
+            )
+            .mappings()
+            .one()
+        )
         if job["schedule_kind"] == "once" and job["state"] == "dead" and run["origin"] == "schedule":
             conn.execute(
-                jobs.update().where(jobs.c.job_id == job_id, jobs.c.state == "dead").values(
-                    state="scheduled", next_run_at=now, nominal_at=run["scheduled_for"], attempt=0,
-                    misfire_exempt=True, updated_at=now,
+                jobs.update()
+                .where(jobs.c.job_id == job_id, jobs.c.state == "dead")
+                .values(
+                    state="scheduled",
+                    next_run_at=now,
+                    nominal_at=run["scheduled_for"],
+                    attempt=0,
+                    misfire_exempt=True,
+                    updated_at=now,
                 )
             )
         else:
-            insert_run(conn, job, origin="replay", scheduled_for=run["scheduled_for"], now=now,
-                       lease_s=registry.settings.lease_s)
+            insert_run(
+                conn,
+                job,
+                origin="replay",
+                scheduled_for=run["scheduled_for"],
+                now=now,
+                lease_s=registry.settings.lease_s,
+            )
     return replayed
 
 

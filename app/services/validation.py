@@ -12,6 +12,7 @@ Contract:
 The constants below are the API's limits; app/api/openapi.py builds the document
 from them so the contract and the check cannot drift apart.
 """
+
 from __future__ import annotations
 
 import math
@@ -188,7 +189,11 @@ def _webhook(value: dict, target: dict, errors: list[FieldError], allow_private:
     if timeout_s is None:
         timeout_s = DEFAULT_TIMEOUT_S
     elif not _number_in(timeout_s, *TIMEOUT_S):
-        errors.append(FieldError("target.timeout_s", f"must be a number of seconds from {TIMEOUT_S[0]} to {TIMEOUT_S[1]}"))
+        errors.append(
+            FieldError(
+                "target.timeout_s", f"must be a number of seconds from {TIMEOUT_S[0]} to {TIMEOUT_S[1]}"
+            )
+        )
     target["timeout_s"] = timeout_s
 
 
@@ -225,18 +230,30 @@ def _headers(value: object, errors: list[FieldError]) -> dict:
             errors.append(FieldError(field, "is not a valid header name"))
         elif is_reserved_header(name):
             errors.append(FieldError(field, "is set by Punctual and cannot be overridden"))
-        if not isinstance(header_value, str) or len(header_value) > HEADER_VALUE_MAX or any(
-            ord(c) < 0x20 and c != "\t" or ord(c) == 0x7F for c in header_value
+        if (
+            not isinstance(header_value, str)
+            or len(header_value) > HEADER_VALUE_MAX
+            or any(ord(c) < 0x20 and c != "\t" or ord(c) == 0x7F for c in header_value)
         ):
-            errors.append(FieldError(field, f"must be a string of at most {HEADER_VALUE_MAX} characters without control characters"))
+            errors.append(
+                FieldError(
+                    field,
+                    f"must be a string of at most {HEADER_VALUE_MAX} characters without control characters",
+                )
+            )
     return dict(value)
 
 
 def _queue(value: dict, target: dict, errors: list[FieldError], _allow_private: bool) -> None:
     topic = value.get("topic")
     if not isinstance(topic, str) or len(topic) > TOPIC_MAX or not _TOPIC.match(topic):
-        errors.append(FieldError("target.topic", "must be a routing key of dot-separated words"
-                                 f" (letters, digits, _ and -), at most {TOPIC_MAX} characters"))
+        errors.append(
+            FieldError(
+                "target.topic",
+                "must be a routing key of dot-separated words"
+                f" (letters, digits, _ and -), at most {TOPIC_MAX} characters",
+            )
+        )
     target["topic"] = topic
 
 
@@ -244,27 +261,49 @@ def _limits(value: object, errors: list[FieldError]) -> dict:
     if not isinstance(value, dict):
         errors.append(FieldError("target.limits", "must be an object with key, rate_per_s, max_concurrency"))
         return {}
-    errors.extend(FieldError(f"target.limits.{key}", "unknown field") for key in value if key not in LIMITS_FIELDS)
+    errors.extend(
+        FieldError(f"target.limits.{key}", "unknown field") for key in value if key not in LIMITS_FIELDS
+    )
     limits = {key: value[key] for key in LIMITS_FIELDS if value.get(key) is not None}
     key = limits.get("key")
     if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= LIMITS_KEY_MAX):
-        errors.append(FieldError("target.limits.key", f"must be a string of 1 to {LIMITS_KEY_MAX} characters"))
+        errors.append(
+            FieldError("target.limits.key", f"must be a string of 1 to {LIMITS_KEY_MAX} characters")
+        )
     if "rate_per_s" in limits and not _number_in(limits["rate_per_s"], *RATE_PER_S):
-        errors.append(FieldError("target.limits.rate_per_s", f"must be a number from {RATE_PER_S[0]} to {RATE_PER_S[1]}"))
+        errors.append(
+            FieldError(
+                "target.limits.rate_per_s", f"must be a number from {RATE_PER_S[0]} to {RATE_PER_S[1]}"
+            )
+        )
     concurrency = limits.get("max_concurrency")
-    if concurrency is not None and not (_is_integer(concurrency) and MAX_CONCURRENCY[0] <= concurrency <= MAX_CONCURRENCY[1]):
-        errors.append(FieldError("target.limits.max_concurrency", f"must be an integer from {MAX_CONCURRENCY[0]} to {MAX_CONCURRENCY[1]}"))
+    if concurrency is not None and not (
+        _is_integer(concurrency) and MAX_CONCURRENCY[0] <= concurrency <= MAX_CONCURRENCY[1]
+    ):
+        errors.append(
+            FieldError(
+                "target.limits.max_concurrency",
+                f"must be an integer from {MAX_CONCURRENCY[0]} to {MAX_CONCURRENCY[1]}",
+            )
+        )
     elif concurrency is not None:
         limits["max_concurrency"] = int(concurrency)
     return limits
 
 
 def _number_in(value: object, low: float, high: float) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and low <= value <= high
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, (int, float))
+        and math.isfinite(value)
+        and low <= value <= high
+    )
 
 
 def _is_integer(value: object) -> bool:
-    return not isinstance(value, bool) and (isinstance(value, int) or isinstance(value, float) and value.is_integer())
+    return not isinstance(value, bool) and (
+        isinstance(value, int) or isinstance(value, float) and value.is_integer()
+    )
 
 
 def schedule_in_range(schedule: Schedule, field: str = "schedule") -> Schedule:
@@ -273,9 +312,11 @@ def schedule_in_range(schedule: Schedule, field: str = "schedule") -> Schedule:
     Why: app.core.timefmt prints years with strftime, which does not zero-pad years below
     1000, so such an instant would come back as text that is not RFC 3339.
     """
-    errors = [FieldError(f"{field}.{key}", f"must be in the years {MIN_YEAR} to 9999")
-              for key in ("run_at", "start_at", "end_at")
-              if getattr(schedule, key) is not None and getattr(schedule, key).year < MIN_YEAR]
+    errors = [
+        FieldError(f"{field}.{key}", f"must be in the years {MIN_YEAR} to 9999")
+        for key in ("run_at", "start_at", "end_at")
+        if getattr(schedule, key) is not None and getattr(schedule, key).year < MIN_YEAR
+    ]
     if errors:
         raise ValidationError(errors)
     return schedule
@@ -293,7 +334,8 @@ def run_at_not_past(schedule: Schedule, now: datetime, grace_s: float, field: st
         if late_s > grace_s:
             raise ValidationError.single(
                 f"{field}.run_at",
-                f"is {late_s:.0f} s in the past; at most PUNCTUAL_MISFIRE_GRACE_S={grace_s:g} s is accepted")
+                f"is {late_s:.0f} s in the past; at most PUNCTUAL_MISFIRE_GRACE_S={grace_s:g} s is accepted",
+            )
     return schedule
 
 

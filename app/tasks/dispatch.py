@@ -13,6 +13,7 @@ what was started already. Its runs do not wait for a lease. Any other failure is
 a bug, and the message is acknowledged (a poison message must not loop); its runs
 come back through the lease and the janitor.
 """
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -40,8 +41,12 @@ def dispatch(shard: int, runs: list[dict]) -> dict:
         except Exception as exc:
             if not is_transient(exc):
                 raise
-            log.warning("dispatch of %d runs on shard %d gave its message back: %s", len(batch), shard,
-                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            log.warning(
+                "dispatch of %d runs on shard %d gave its message back: %s",
+                len(batch),
+                shard,
+                str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+            )
             raise Reject(exc, requeue=True) from exc
     return {"shard": shard, "started": report.started, "held": report.held, "stale": report.stale}
 
@@ -51,8 +56,9 @@ def send_dispatch(shard: int, entries: list[dict], eta: datetime | None = None) 
     the broker). With an `eta` (runs claimed ahead) the worker that receives it
     keeps it, unacknowledged, and runs it at that instant; if that worker dies the
     broker hands the message to another, which does the same."""
-    dispatch.apply_async(kwargs={"shard": shard, "runs": entries}, eta=eta,
-                         shadow=shown_name(shard, len(entries)))
+    dispatch.apply_async(
+        kwargs={"shard": shard, "runs": entries}, eta=eta, shadow=shown_name(shard, len(entries))
+    )
 
 
 def shown_name(shard: int, runs: int) -> str:

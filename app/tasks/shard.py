@@ -15,6 +15,7 @@ so, and a tick that started before the map did is refused by the database's fenc
 (SQLSTATE PT409) and ends quietly; the next tick after the switch claims on the
 shard's new database.
 """
+
 from __future__ import annotations
 
 import logging
@@ -44,8 +45,11 @@ def poll_shard(settings: Settings, engine, shard: int, send, weights: dict[str, 
     while True:
         # A claim that met a dropped connection is sent again (a new `now` each time);
         # past the poll budget the tick gives up and the next one claims.
-        result = retrying(lambda: claim_batch(engine, shard, utcnow(), settings, weights=weights),
-                          f"claim on shard {shard}", budget_s=max(1.0, settings.poll_budget_s))
+        result = retrying(
+            lambda: claim_batch(engine, shard, utcnow(), settings, weights=weights),
+            f"claim on shard {shard}",
+            budget_s=max(1.0, settings.poll_budget_s),
+        )
         relay.publish_claimed(engine, shard, result.runs, send)
         claimed += len(result.runs)
         batches += 1
@@ -105,5 +109,6 @@ def sweep(shard: int) -> dict:
     from app.tasks.dispatch import send_dispatch
 
     context = get_context()
-    return _unless_fenced(context.registry, shard,
-                          lambda engine: sweep_shard(context.settings, engine, shard, send_dispatch))
+    return _unless_fenced(
+        context.registry, shard, lambda engine: sweep_shard(context.settings, engine, shard, send_dispatch)
+    )

@@ -10,6 +10,7 @@ at first (0.1 s, doubling to 2 s: app.registry.transient's pauses), for as long 
 it takes: an outcome has nowhere else to go. The runs stay in flight meanwhile, so
 their leases keep being extended once the database answers again.
 """
+
 from __future__ import annotations
 
 import logging

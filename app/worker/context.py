@@ -5,6 +5,7 @@ limiter, the pooled HTTP session, the AMQP publisher for queue targets and the
 dispatcher with its call threads must never cross a fork: a prefork child starts
 with none (`reset_after_fork`) and builds its own on first use.
 """
+
 from __future__ import annotations
 
 import os
@@ -45,7 +46,9 @@ class WorkerContext:
     def webhooks(self):
         from app.worker.webhook import WebhookCaller
 
-        return WebhookCaller(allow_private=self.settings.allow_private_targets, pool_maxsize=self.settings.dispatch_threads)
+        return WebhookCaller(
+            allow_private=self.settings.allow_private_targets, pool_maxsize=self.settings.dispatch_threads
+        )
 
     @cached_property
     def queues(self):

@@ -35,6 +35,7 @@ Back-pressure: a semaphore of PUNCTUAL_DISPATCH_THREADS slots is taken before a 
 is started, so a busy process stops taking messages (prefetch 1) instead of
 queueing calls it cannot make.
 """
+
 from __future__ import annotations
 
 import functools
@@ -168,8 +169,12 @@ class Dispatcher:
                 break
             # Woken once this process's calls gave back enough slots for a batch, or
             # after POLL_S for slots freed by other processes (app.worker.slot_wait).
-            caps = {spec.key: spec.max_concurrency
-                    for _, specs in waiting for spec in specs if spec.max_concurrency}
+            caps = {
+                spec.key: spec.max_concurrency
+                for _, specs in waiting
+                for spec in specs
+                if spec.max_concurrency
+            }
             batch = batch_size(len(waiting), min(caps.values()))
             released = self._waits.wait(released, min(POLL_S, left), enough=batch)
             free = retrying(functools.partial(self._free_slots, caps), "free slots")
@@ -199,8 +204,12 @@ class Dispatcher:
             cap = _cap_of(specs)
             key = cap.key if cap else ""
             pace = got_slot[key] / waited_s if waited_s > 0 else 0.0
-            put_off.append((run, expected_slot_at(now, positions[key], pace, waited_s,
-                                                  cap.max_concurrency if cap else 1)))
+            put_off.append(
+                (
+                    run,
+                    expected_slot_at(now, positions[key], pace, waited_s, cap.max_concurrency if cap else 1),
+                )
+            )
             positions[key] += 1
         try:
             metrics.RUNS.labels("held").inc(lease.hold(self.registry, put_off, now))
@@ -209,14 +218,18 @@ class Dispatcher:
         metrics.count_by_owner("held", (run.owner for run, _ in put_off))
         return len(put_off)
 
-    def _admit_and_start(self, entries: list[tuple[DispatchRun, list]],
-                         now) -> tuple[list[_Call], list, int, int]:
+    def _admit_and_start(
+        self, entries: list[tuple[DispatchRun, list]], now
+    ) -> tuple[list[_Call], list, int, int]:
         """One limiter round trip and one fenced start for `entries`: (calls started,
         (run, specs) still waiting for a slot, runs put off by a rate, stale runs)."""
         settings = self.settings
-        admissions = retrying(lambda: self.limiter.acquire_many(
-            [(specs, str(run.run_id), _reserver(run)) for run, specs in entries], now, settings.lease_s
-        ), f"admission of {len(entries)} runs")
+        admissions = retrying(
+            lambda: self.limiter.acquire_many(
+                [(specs, str(run.run_id), _reserver(run)) for run, specs in entries], now, settings.lease_s
+            ),
+            f"admission of {len(entries)} runs",
+        )
         admitted, waiting, held = [], [], []
         for (run, specs), admission in zip(entries, admissions, strict=True):
             if admission.admitted:
@@ -241,7 +254,9 @@ class Dispatcher:
         for call in calls:
             self._inflight.add(call.run.run_id, call)
             self._calls.put(call)
-        unstarted = [(call.specs, str(call.run.run_id)) for call in admitted if call.run.run_id not in started_ids]
+        unstarted = [
+            (call.specs, str(call.run.run_id)) for call in admitted if call.run.run_id not in started_ids
+        ]
         if unstarted:  # a duplicated message, or a lease lost before the start: nothing is called
             self._releaser.put_many(unstarted)
             metrics.STALE_COMPLETIONS.inc(len(unstarted))
@@ -268,8 +283,13 @@ class Dispatcher:
             return
         # Every line logged while this run is called (here, in the webhook caller, the
         # limiter, the libraries) names it (app.logs).
-        with log_context(job_id=str(run.job_id), run_id=str(run.run_id), shard=run.shard, attempt=run.attempt,
-                         owner=run.owner):
+        with log_context(
+            job_id=str(run.job_id),
+            run_id=str(run.run_id),
+            shard=run.shard,
+            attempt=run.attempt,
+            owner=run.owner,
+        ):
             try:
                 outcome = self._attempt(call)
             except NotSent:  # the process stalled between the check and the request (slot: finally)
@@ -319,14 +339,28 @@ class Dispatcher:
         if not signing_secrets:
             return CallOutcome(error=f"owner {run.owner!r} has no signing secret", retryable_error=False)
         if run.target.get("type") == "queue":
-            return self._queues().publish(QueueCall(str(run.job_id), run.scheduled_for, run.attempt,
-                                                    run.target["topic"], run.payload, signing_secrets))
+            return self._queues().publish(
+                QueueCall(
+                    str(run.job_id),
+                    run.scheduled_for,
+                    run.attempt,
+                    run.target["topic"],
+                    run.payload,
+                    signing_secrets,
+                )
+            )
         return self.webhooks.call(
-            WebhookCall(str(run.job_id), run.scheduled_for, run.attempt, run.target, run.payload,
-                        signing_secrets,
-                        # No round trip here: only whether the lease known at the check
-                        # still runs, as the request is about to go out.
-                        may_send=lambda: not call.lost and time.monotonic() < call.lease_until)
+            WebhookCall(
+                str(run.job_id),
+                run.scheduled_for,
+                run.attempt,
+                run.target,
+                run.payload,
+                signing_secrets,
+                # No round trip here: only whether the lease known at the check
+                # still runs, as the request is about to go out.
+                may_send=lambda: not call.lost and time.monotonic() < call.lease_until,
+            )
         )
 
     def _flush(self, items: list[Finished]) -> None:

@@ -6,6 +6,7 @@ extends their leases (leased_until = now + PUNCTUAL_LEASE_S, fenced by the token
 batched) and their concurrency slots. A run leaves the set once its completion is
 written, so the lease is kept until then.
 """
+
 from __future__ import annotations
 
 import logging

@@ -18,6 +18,7 @@ used by one thread at a time, and a connection that fails is thrown away (the po
 opens a new one for the next publish). A connection the broker closed while it
 sat idle in the pool (a broker restart) is noticed before publishing, and replaced.
 """
+
 from __future__ import annotations
 
 import select

@@ -22,6 +22,7 @@ Only a run still waiting after `wait_s` is held back to the registry, once, with
 next_run_at when a slot is expected (`expected_slot_at`). A wait costs no registry
 write; a retry costs the limiter one script call for all the runs waiting.
 """
+
 from __future__ import annotations
 
 import logging
@@ -56,8 +57,9 @@ def batch_size(waiting: int, smallest_cap: int) -> int:
     return max(1, min(waiting, BATCH_RUNS, smallest_cap // 4))
 
 
-def expected_slot_at(now: datetime, position: int, started_per_s: float, waited_s: float,
-                     max_concurrency: int) -> datetime:
+def expected_slot_at(
+    now: datetime, position: int, started_per_s: float, waited_s: float, max_concurrency: int
+) -> datetime:
     """When a run still waiting for a slot should come back (pure).
 
     `position`: how many runs of this process wait ahead of it on the same cap;

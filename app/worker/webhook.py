@@ -3,16 +3,18 @@
 A worker process holds one `WebhookCaller`: one urllib3 PoolManager shared by all
 of its dispatch threads. urllib3 directly, not requests: on the burst the call is
 the worker's hot path, and requests' session machinery (hooks, cookie jars,
-environment merging) cost about three times urllib3's own per-call CPU here. The caller never retries (retries live in the
-registry, docs/design.md invariant 3), never follows a redirect (a 3xx comes back as a
-status, which the retry policy treats as fatal), and never raises for anything the
-target does: every answer, timeout or connection failure is a CallOutcome.
+environment merging) cost about three times urllib3's own per-call CPU here. The
+caller never retries (retries live in the registry, docs/design.md invariant 3),
+never follows a redirect (a 3xx comes back as a status, which the retry policy treats
+as fatal), and never raises for anything the target does: every answer, timeout or
+connection failure is a CallOutcome.
 
 Private targets are refused where it cannot be dodged: on the socket. Unless
 private targets are allowed, every new connection checks the address it actually
 connected to (`getpeername()`), before a single byte of HTTP or TLS is sent, so a
 host whose DNS answer changed since the API checked it (DNS rebinding) is refused.
 """
+
 from __future__ import annotations
 
 import re
@@ -112,7 +114,9 @@ class WebhookCaller:
         # are simply not kept afterwards). urllib3 keeps no cookies and reads no
         # proxy from the environment, so the peer check sees the real target and
         # nothing one target sets reaches another owner's call.
-        self._pool = urllib3.PoolManager(num_pools=_HOST_POOLS, maxsize=pool_maxsize, block=False, retries=False)
+        self._pool = urllib3.PoolManager(
+            num_pools=_HOST_POOLS, maxsize=pool_maxsize, block=False, retries=False
+        )
         if not allow_private:
             self._pool.pool_classes_by_scheme = {
                 "http": _PublicHTTPConnectionPool,

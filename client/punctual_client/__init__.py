@@ -25,6 +25,7 @@ During a signing-secret rotation (`punctual keys rotate`) calls carry a signatur
 under each secret, so either verifies; pass both, `verify_signature([new, old], ...)`,
 while a receiver switches over.
 """
+
 from punctual_client.client import DEFAULT_TIMEOUT_S, Client
 from punctual_client.errors import (
     APIError,

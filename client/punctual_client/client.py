@@ -12,6 +12,7 @@ The transport is an injectable `requests.Session` (pass one with your own adapte
 retries or proxies; the SDK itself never retries). Errors raise punctual_client.errors:
 APIError subclasses for answers, TransportError when no answer came.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,13 @@ def _encode(value: Any) -> Any:
 class Client:
     """A client for one API key. Thread-safe as far as the given session is."""
 
-    def __init__(self, base_url: str, api_key: str, session: requests.Session | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S):
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        session: requests.Session | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ):
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self._own_session = session is None
@@ -69,21 +75,42 @@ class Client:
 
     # --- jobs ----------------------------------------------------------------------
 
-    def create_job(self, name: str, target: dict[str, Any], schedule: dict[str, Any], payload: Any = None, *, retry: dict[str, Any] | None = None,
-                   misfire: str | None = None, dst: dict[str, Any] | None = None, jitter_s: int | None = None,
-                   idempotency_key: str | None = None) -> Job:
+    def create_job(
+        self,
+        name: str,
+        target: dict[str, Any],
+        schedule: dict[str, Any],
+        payload: Any = None,
+        *,
+        retry: dict[str, Any] | None = None,
+        misfire: str | None = None,
+        dst: dict[str, Any] | None = None,
+        jitter_s: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> Job:
         """Create a job. With `idempotency_key`, a repeat with the same body returns the same job."""
-        body = {"name": name, "target": target, "schedule": schedule, "payload": payload, "retry": retry,
-                "misfire": misfire, "dst": dst, "jitter_s": jitter_s}
-        return self.create_job_from({k: v for k, v in body.items() if v is not None}, idempotency_key=idempotency_key)
+        body = {
+            "name": name,
+            "target": target,
+            "schedule": schedule,
+            "payload": payload,
+            "retry": retry,
+            "misfire": misfire,
+            "dst": dst,
+            "jitter_s": jitter_s,
+        }
+        return self.create_job_from(
+            {k: v for k, v in body.items() if v is not None}, idempotency_key=idempotency_key
+        )
 
     def create_job_from(self, body: dict[str, Any], *, idempotency_key: str | None = None) -> Job:
         """Create a job from a whole API body (as in docs/api.md)."""
         headers = {} if idempotency_key is None else {"Idempotency-Key": idempotency_key}
         return Job.from_json(self._request("POST", "/jobs", json_body=body, headers=headers))
 
-    def create_jobs(self, jobs: Iterable[dict[str, Any]], *,
-                    batch_size: int = MAX_BATCH) -> list[BatchResult]:
+    def create_jobs(
+        self, jobs: Iterable[dict[str, Any]], *, batch_size: int = MAX_BATCH
+    ) -> list[BatchResult]:
         """Create many jobs through POST /jobs/batch, `batch_size` (at most 1,000) per request.
 
         Each job is a whole API body, plus an optional `idempotency_key` (as the
@@ -112,15 +139,27 @@ class Client:
     def get_job(self, job_id: str) -> Job:
         return Job.from_json(self._request("GET", f"/jobs/{quote(job_id, safe='')}"))
 
-    def list_jobs(self, *, state: str | None = None, name: str | None = None, limit: int | None = None,
-                  cursor: str | None = None) -> Page[Job]:
+    def list_jobs(
+        self,
+        *,
+        state: str | None = None,
+        name: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Page[Job]:
         """One page of jobs, newest first."""
-        data = self._request("GET", "/jobs", params={"state": state, "name": name, "limit": limit, "cursor": cursor})
+        data = self._request(
+            "GET", "/jobs", params={"state": state, "name": name, "limit": limit, "cursor": cursor}
+        )
         return Page([Job.from_json(item) for item in data["items"]], data["next_cursor"])
 
-    def iter_jobs(self, *, state: str | None = None, name: str | None = None, page_size: int = 100) -> Iterator[Job]:
+    def iter_jobs(
+        self, *, state: str | None = None, name: str | None = None, page_size: int = 100
+    ) -> Iterator[Job]:
         """Every job, newest first, following cursors page by page."""
-        return self._follow(lambda cursor: self.list_jobs(state=state, name=name, limit=page_size, cursor=cursor))
+        return self._follow(
+            lambda cursor: self.list_jobs(state=state, name=name, limit=page_size, cursor=cursor)
+        )
 
     def update_job(self, job_id: str, **fields: Any) -> Job:
         """PATCH: each named field is replaced whole.
@@ -145,7 +184,9 @@ class Client:
     # --- runs ----------------------------------------------------------------------
 
     def list_runs(self, job_id: str, *, limit: int | None = None, cursor: str | None = None) -> Page[Run]:
-        data = self._request("GET", f"/jobs/{quote(job_id, safe='')}/runs", params={"limit": limit, "cursor": cursor})
+        data = self._request(
+            "GET", f"/jobs/{quote(job_id, safe='')}/runs", params={"limit": limit, "cursor": cursor}
+        )
         return Page([Run.from_json(item) for item in data["items"]], data["next_cursor"])
 
     def iter_runs(self, job_id: str, *, page_size: int = 100) -> Iterator[Run]:
@@ -164,13 +205,31 @@ class Client:
 
     # --- schedules and operations ----------------------------------------------------
 
-    def preview_schedule(self, cron: str | None = None, *, interval_s: int | None = None, timezone: str | None = None,
-                         count: int | None = None, after: datetime | str | None = None, gap: str | None = None,
-                         overlap: str | None = None, start_at: datetime | str | None = None,
-                         end_at: datetime | str | None = None) -> list[PreviewItem]:
+    def preview_schedule(
+        self,
+        cron: str | None = None,
+        *,
+        interval_s: int | None = None,
+        timezone: str | None = None,
+        count: int | None = None,
+        after: datetime | str | None = None,
+        gap: str | None = None,
+        overlap: str | None = None,
+        start_at: datetime | str | None = None,
+        end_at: datetime | str | None = None,
+    ) -> list[PreviewItem]:
         """The next fire instants of an expression, each flagged when DST moved or doubled it."""
-        params = {"cron": cron, "interval_s": interval_s, "timezone": timezone, "count": count, "after": after,
-                  "gap": gap, "overlap": overlap, "start_at": start_at, "end_at": end_at}
+        params = {
+            "cron": cron,
+            "interval_s": interval_s,
+            "timezone": timezone,
+            "count": count,
+            "after": after,
+            "gap": gap,
+            "overlap": overlap,
+            "start_at": start_at,
+            "end_at": end_at,
+        }
         data = self._request("GET", "/schedules/preview", params=params)
         return [PreviewItem.from_json(item) for item in data["items"]]
 
@@ -190,8 +249,16 @@ class Client:
             if cursor is None:
                 return
 
-    def _request(self, method: str, path: str, *, json_body: Any = None, params: dict[str, Any] | None = None,
-                 headers: dict[str, str] | None = None, ok_statuses: tuple[int, ...] = ()) -> Any:
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        ok_statuses: tuple[int, ...] = (),
+    ) -> Any:
         send_headers = dict(self._auth)
         send_headers.update(headers or {})
         data = None
@@ -200,8 +267,14 @@ class Client:
             send_headers["Content-Type"] = "application/json"
         query = {k: _encode(v) for k, v in (params or {}).items() if v is not None}
         try:
-            response = self.session.request(method, self.base_url + path, params=query, data=data,
-                                            headers=send_headers, timeout=self.timeout_s)
+            response = self.session.request(
+                method,
+                self.base_url + path,
+                params=query,
+                data=data,
+                headers=send_headers,
+                timeout=self.timeout_s,
+            )
         except requests.RequestException as exc:
             raise TransportError(f"{method} {path}: {exc}") from exc
         try:

@@ -1,25 +1,36 @@
 """The SDK's exceptions: one tree, mapped from the API's problem+json answers.
 
-    PunctualError
-    +-- TransportError            the request never got an HTTP answer (connection, timeout)
-    +-- APIError                  the API answered an error; .status, .title, .detail, .errors, .type
-        +-- BadRequestError       400 malformed JSON
-        +-- AuthenticationError   401 no or bad API key
-        +-- NotFoundError         404 no such job or run (another owner's counts as none)
-        +-- ConflictError         409 the job's state forbids it, or an Idempotency-Key conflict
-        +-- PayloadTooLargeError  413 body over 64 KiB
-        +-- UnsupportedMediaTypeError  415 body not JSON
-        +-- ValidationError       422 invalid fields; .errors lists every one
-        +-- ServerError           5xx
+PunctualError
++-- TransportError            the request never got an HTTP answer (connection, timeout)
++-- APIError                  the API answered an error; .status, .title, .detail, .errors, .type
+    +-- BadRequestError       400 malformed JSON
+    +-- AuthenticationError   401 no or bad API key
+    +-- NotFoundError         404 no such job or run (another owner's counts as none)
+    +-- ConflictError         409 the job's state forbids it, or an Idempotency-Key conflict
+    +-- PayloadTooLargeError  413 body over 64 KiB
+    +-- UnsupportedMediaTypeError  415 body not JSON
+    +-- ValidationError       422 invalid fields; .errors lists every one
+    +-- ServerError           5xx
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 __all__ = [
-    "PunctualError", "TransportError", "APIError", "FieldProblem", "BadRequestError", "AuthenticationError",
-    "NotFoundError", "ConflictError", "PayloadTooLargeError", "UnsupportedMediaTypeError", "ValidationError",
-    "ServerError", "error_for",
+    "PunctualError",
+    "TransportError",
+    "APIError",
+    "FieldProblem",
+    "BadRequestError",
+    "AuthenticationError",
+    "NotFoundError",
+    "ConflictError",
+    "PayloadTooLargeError",
+    "UnsupportedMediaTypeError",
+    "ValidationError",
+    "ServerError",
+    "error_for",
 ]
 
 
@@ -42,8 +53,14 @@ class TransportError(PunctualError):
 class APIError(PunctualError):
     """The API answered with an error status and a problem+json body."""
 
-    def __init__(self, status: int, title: str, detail: str, errors: list[FieldProblem] | None = None,
-                 type: str = "about:blank"):
+    def __init__(
+        self,
+        status: int,
+        title: str,
+        detail: str,
+        errors: list[FieldProblem] | None = None,
+        type: str = "about:blank",
+    ):
         self.status = status
         self.title = title
         self.detail = detail
@@ -102,7 +119,8 @@ def error_for(status: int, body: object) -> APIError:
     problem = body if isinstance(body, dict) else {}
     errors = [
         FieldProblem(str(e.get("field", "")), str(e.get("message", "")))
-        for e in problem.get("errors") or () if isinstance(e, dict)
+        for e in problem.get("errors") or ()
+        if isinstance(e, dict)
     ]
     cls = _BY_STATUS.get(status, ServerError if status >= 500 else APIError)
     return cls(

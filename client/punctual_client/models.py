@@ -3,6 +3,7 @@
 Instants are aware UTC datetimes. Every model keeps the JSON it came from in `raw`,
 so a field added to the API later is never lost to an older SDK.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -50,10 +51,21 @@ class Job:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Job:
         return cls(
-            id=data["id"], name=data["name"], state=data["state"], next_run_at=parse_time(data.get("next_run_at")),
-            target=data["target"], payload=data.get("payload"), schedule=data["schedule"], retry=data["retry"],
-            misfire=data["misfire"], dst=data["dst"], jitter_s=data["jitter_s"], attempt=data["attempt"],
-            created_at=_instant(data["created_at"]), updated_at=_instant(data["updated_at"]), raw=data,
+            id=data["id"],
+            name=data["name"],
+            state=data["state"],
+            next_run_at=parse_time(data.get("next_run_at")),
+            target=data["target"],
+            payload=data.get("payload"),
+            schedule=data["schedule"],
+            retry=data["retry"],
+            misfire=data["misfire"],
+            dst=data["dst"],
+            jitter_s=data["jitter_s"],
+            attempt=data["attempt"],
+            created_at=_instant(data["created_at"]),
+            updated_at=_instant(data["updated_at"]),
+            raw=data,
         )
 
 
@@ -74,10 +86,17 @@ class Run:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Run:
         return cls(
-            id=data["id"], job_id=data["job_id"], scheduled_for=_instant(data["scheduled_for"]),
-            attempt=data["attempt"], state=data["state"], started_at=parse_time(data.get("started_at")),
-            finished_at=parse_time(data.get("finished_at")), lateness_ms=data.get("lateness_ms"),
-            status_code=data.get("status_code"), error=data.get("error"), raw=data,
+            id=data["id"],
+            job_id=data["job_id"],
+            scheduled_for=_instant(data["scheduled_for"]),
+            attempt=data["attempt"],
+            state=data["state"],
+            started_at=parse_time(data.get("started_at")),
+            finished_at=parse_time(data.get("finished_at")),
+            lateness_ms=data.get("lateness_ms"),
+            status_code=data.get("status_code"),
+            error=data.get("error"),
+            raw=data,
         )
 
 

@@ -7,6 +7,7 @@ bytes of the string `punctual keys create` printed. During a rotation window
 Workers sign with `signature_header`; receivers check with `verify_signature`.
 Standard library only: this module is part of the client distribution.
 """
+
 from __future__ import annotations
 
 import hashlib

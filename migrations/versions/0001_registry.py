@@ -3,6 +3,7 @@
 Revision ID: 0001
 Revises:
 """
+
 import sqlalchemy as sa
 from alembic import op
 
@@ -73,8 +74,12 @@ def upgrade() -> None:
     )
     scheduled = sa.text("state = 'scheduled'")
     leased = sa.text("lease_token IS NOT NULL")
-    op.create_index("ix_jobs_due", "jobs", ["shard", "next_run_at"], postgresql_where=scheduled, sqlite_where=scheduled)
-    op.create_index("ix_jobs_leased", "jobs", ["shard", "leased_until"], postgresql_where=leased, sqlite_where=leased)
+    op.create_index(
+        "ix_jobs_due", "jobs", ["shard", "next_run_at"], postgresql_where=scheduled, sqlite_where=scheduled
+    )
+    op.create_index(
+        "ix_jobs_leased", "jobs", ["shard", "leased_until"], postgresql_where=leased, sqlite_where=leased
+    )
     op.create_index("ix_jobs_owner_created", "jobs", ["owner", "created_at", "job_id"])
     op.create_index("ix_jobs_owner_name", "jobs", ["owner", "name", "created_at", "job_id"])
 
@@ -112,6 +117,16 @@ def upgrade() -> None:
     in_flight = sa.text("state IN ('claimed', 'running')")
     dead = sa.text("state = 'dead'")
     op.create_index("ix_runs_job_created", "runs", ["job_id", "created_at", "run_id"])
-    op.create_index("ix_runs_outbox", "runs", ["shard", "due_at"], postgresql_where=unpublished, sqlite_where=unpublished)
-    op.create_index("ix_runs_leased", "runs", ["shard", "leased_until"], postgresql_where=in_flight, sqlite_where=in_flight)
-    op.create_index("ix_runs_dead", "runs", ["owner", "created_at", "run_id"], postgresql_where=dead, sqlite_where=dead)
+    op.create_index(
+        "ix_runs_outbox", "runs", ["shard", "due_at"], postgresql_where=unpublished, sqlite_where=unpublished
+    )
+    op.create_index(
+        "ix_runs_leased",
+        "runs",
+        ["shard", "leased_until"],
+        postgresql_where=in_flight,
+        sqlite_where=in_flight,
+    )
+    op.create_index(
+        "ix_runs_dead", "runs", ["owner", "created_at", "run_id"], postgresql_where=dead, sqlite_where=dead
+    )

@@ -8,6 +8,7 @@ without a call they cannot verify. api_keys.revoked_at ends a key
 Revision ID: 0003
 Revises: 0002
 """
+
 import sqlalchemy as sa
 from alembic import op
 

@@ -15,6 +15,7 @@ one probe of an empty table per statement. The mover's own writes set
 Revision ID: 0004
 Revises: 0003
 """
+
 import sqlalchemy as sa
 from alembic import op
 
@@ -80,8 +81,9 @@ def upgrade() -> None:
     )
     op.create_index("ix_shard_changes_shard", "shard_changes", ["shard", "table_name"])
     finished = sa.text("finished_at IS NOT NULL")
-    op.create_index("ix_runs_finished", "runs", ["shard", "finished_at"], postgresql_where=finished,
-                    sqlite_where=finished)
+    op.create_index(
+        "ix_runs_finished", "runs", ["shard", "finished_at"], postgresql_where=finished, sqlite_where=finished
+    )
     if op.get_bind().dialect.name == "postgresql":
         for statement in fence_triggers():
             op.execute(statement)

@@ -11,6 +11,7 @@ there must be none.
 
 Waits are bounded by generous ceilings; none of them is an assertion about speed.
 """
+
 from __future__ import annotations
 
 import os
@@ -49,7 +50,9 @@ def wait_port_free(port: int, timeout_s: float = 30.0) -> None:
                 return
             except OSError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"port {port} stays busy: `punctual dev` as the README runs it needs it") from None
+                    raise RuntimeError(
+                        f"port {port} stays busy: `punctual dev` as the README runs it needs it"
+                    ) from None
         time.sleep(0.5)
 
 
@@ -63,7 +66,9 @@ def leftovers(workdir: Path) -> list[str]:
         try:
             if os.readlink(entry / "cwd") != target:
                 continue
-            found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip())
+            found.append(
+                (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            )
         except OSError:  # gone meanwhile, or a zombie
             continue
     return found
@@ -77,7 +82,9 @@ class Banner:
 
 
 class DevProcess:
-    def __init__(self, popen: subprocess.Popen, workdir: Path, log_path: Path, offset: int, start_timeout_s: float):
+    def __init__(
+        self, popen: subprocess.Popen, workdir: Path, log_path: Path, offset: int, start_timeout_s: float
+    ):
         self.start_timeout_s = start_timeout_s
         self.popen = popen
         self.workdir = workdir
@@ -85,14 +92,27 @@ class DevProcess:
         self._offset = offset  # where this start's output begins in the log
 
     @classmethod
-    def start(cls, command: str, workdir: Path, port: int = 8000, path_first: Path = VENV_BIN,
-              start_timeout_s: float = START_TIMEOUT_S) -> DevProcess:
+    def start(
+        cls,
+        command: str,
+        workdir: Path,
+        port: int = 8000,
+        path_first: Path = VENV_BIN,
+        start_timeout_s: float = START_TIMEOUT_S,
+    ) -> DevProcess:
         wait_port_free(port)
         log_path = workdir / "dev.log"
         offset = log_path.stat().st_size if log_path.exists() else 0
         log = open(log_path, "ab")
-        popen = subprocess.Popen(["bash", "-c", command], cwd=workdir, env=clean_env(path_first), stdin=subprocess.DEVNULL,
-                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        popen = subprocess.Popen(
+            ["bash", "-c", command],
+            cwd=workdir,
+            env=clean_env(path_first),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         log.close()
         dev = cls(popen, workdir, log_path, offset, start_timeout_s)
         dev._wait_for_banner()
@@ -100,7 +120,7 @@ class DevProcess:
 
     @property
     def output(self) -> str:
-        return self.log_path.read_bytes()[self._offset:].decode(errors="replace")
+        return self.log_path.read_bytes()[self._offset :].decode(errors="replace")
 
     def banner(self) -> Banner:
         text = self.output
@@ -148,7 +168,9 @@ class DevProcess:
             return self.popen.wait(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise RuntimeError(f"punctual dev did not stop within {STOP_TIMEOUT_S:g}s:\n{self.output[-4000:]}") from None
+            raise RuntimeError(
+                f"punctual dev did not stop within {STOP_TIMEOUT_S:g}s:\n{self.output[-4000:]}"
+            ) from None
 
     def kill(self) -> None:
         """Teardown of last resort: SIGKILL the shell's group and anything left in the workdir."""

@@ -5,6 +5,7 @@ opening fence; `blocks()` returns each marked block's text by name, exactly as
 written. Tests run these texts as they are, so the README cannot drift from what
 works.
 """
+
 from __future__ import annotations
 
 import re
@@ -12,7 +13,9 @@ from pathlib import Path
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
-_BLOCK = re.compile(r"^<!-- tested: (?P<name>[\w.-]+) -->\n```[^\n]*\n(?P<text>.*?)^```$", re.MULTILINE | re.DOTALL)
+_BLOCK = re.compile(
+    r"^<!-- tested: (?P<name>[\w.-]+) -->\n```[^\n]*\n(?P<text>.*?)^```$", re.MULTILINE | re.DOTALL
+)
 
 
 def blocks(text: str | None = None) -> dict[str, str]:

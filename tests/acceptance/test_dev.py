@@ -7,6 +7,7 @@ it is. The one timed assertion is the issue's: a run starts within 5 s of its du
 time, measured in the run history (started_at - scheduled_for), not by the
 test's clock.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,9 @@ def workdir(tmp_path):
 
 def _paste(example: str, workdir) -> str:
     """Run an example from the banner in a shell, as it is."""
-    result = subprocess.run(["bash", "-c", example], cwd=workdir, env=clean_env(), capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        ["bash", "-c", example], cwd=workdir, env=clean_env(), capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, (example, result.stdout, result.stderr)
     return result.stdout
 
@@ -58,7 +60,9 @@ def test_a_job_fires_on_time_survives_ctrl_c_and_a_restart(workdir):
             run = wait_until(lambda: _succeeded(punctual, job.id), 60, "a succeeded run")
             assert run.started_at - run.scheduled_for <= timedelta(seconds=DUE_WITHIN_S), run.raw
             assert run.lateness_ms <= DUE_WITHIN_S * 1000
-            calls = requests.get(f"{first.url}/dev/echo", params={"job_id": job.id}, timeout=10).json()["items"]
+            calls = requests.get(f"{first.url}/dev/echo", params={"job_id": job.id}, timeout=10).json()[
+                "items"
+            ]
             assert [call["idempotency_key"] for call in calls] == [f"{job.id}:{run.raw['scheduled_for']}"]
             assert calls[0]["signature"] == "valid" and calls[0]["body"] == {"hello": "world"}
             # The curl example's first command creates a recurring job; cancel it to keep the echo quiet.

@@ -5,6 +5,7 @@ dir, a free port), stopped with SIGINT once the stack is up. The supervisor's ow
 lines (the banner included) come as process `dev`; its children's as theirs, the
 API's access log among them (the supervisor polls /healthz while it starts).
 """
+
 from __future__ import annotations
 
 import json
@@ -27,9 +28,14 @@ def test_dev_prints_one_json_object_per_line(tmp_path):
     env = {**clean_env(), "PUNCTUAL_LOG_FORMAT": "json"}
     log_path = tmp_path / "dev.log"
     with open(log_path, "wb") as log:
-        dev = subprocess.Popen(["punctual", "dev", "--port", str(port), "--data-dir", str(tmp_path / "data")],
-                               cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True)
+        dev = subprocess.Popen(
+            ["punctual", "dev", "--port", str(port), "--data-dir", str(tmp_path / "data")],
+            cwd=tmp_path,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         while "Punctual dev is up" not in log_path.read_text(errors="replace"):
@@ -53,5 +59,6 @@ def test_dev_prints_one_json_object_per_line(tmp_path):
     assert {"dev", "api"} <= processes, processes
     [banner] = [entry for entry in entries if "Punctual dev is up" in entry["message"]]
     assert banner["process"] == "dev" and f"http://127.0.0.1:{port}" in banner["message"]
-    assert any(entry.get("logger") == "punctual.access" and entry.get("path") == "/healthz"
-               for entry in entries)
+    assert any(
+        entry.get("logger") == "punctual.access" and entry.get("path") == "/healthz" for entry in entries
+    )

@@ -17,6 +17,7 @@ docker-compose.yml to the CLI instead.
 The one timed assertion is the issue's: the README's example job starts within
 5 s of its due time, read from the run history (started_at - scheduled_for).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -40,8 +41,16 @@ from tests.acceptance.readme import README, blocks, run_block
 pytestmark = pytest.mark.acceptance
 
 REPO = README.parent
-INSTALL_SET = ("setup.cfg", "setup.py", "pyproject.toml", "README.md", "celeryconfig.py", "app", "migrations",
-               "client")
+INSTALL_SET = (
+    "setup.cfg",
+    "setup.py",
+    "pyproject.toml",
+    "README.md",
+    "celeryconfig.py",
+    "app",
+    "migrations",
+    "client",
+)
 DUE_WITHIN_S = 5.0
 TESTED = {"run", "env", "first_job.py", "first-job", "cli", "curl", "receiver.py"}
 
@@ -98,15 +107,23 @@ def _shell(clone: Path, *names: str) -> subprocess.CompletedProcess:
     """Run the named blocks as one bash script in the clone, as a reader's second shell would."""
     script = "\n".join(["set -euo pipefail"] + [blocks()[name] for name in names])
     env = clean_env(path_first=clone.parent / "venv" / "bin")
-    result = subprocess.run(["bash", "-c", script], cwd=clone, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        ["bash", "-c", script], cwd=clone, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, f"{names}: exit {result.returncode}\n{result.stdout}\n{result.stderr}"
     return result
 
 
 def test_the_install_was_a_real_editable_install_of_the_clone(dev, clone):
     python = clone.parent / "venv" / "bin" / "python"
-    where = subprocess.run([str(python), "-c", "import app; print(app.__file__)"], capture_output=True, text=True,
-                           env=clean_env(), cwd=clone.parent, check=True).stdout.strip()  # not the repo's cwd
+    where = subprocess.run(
+        [str(python), "-c", "import app; print(app.__file__)"],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        cwd=clone.parent,
+        check=True,
+    ).stdout.strip()  # not the repo's cwd
     assert Path(where).is_relative_to(clone)
     assert (clone / ".punctual" / "registry.sqlite3").exists()
 
@@ -115,14 +132,16 @@ def test_the_first_job_fires_within_5s_of_its_due_time(dev, clone):
     (clone / "first_job.py").write_text(blocks()["first_job.py"] + "\n")
     result = _shell(clone, "env", "first-job")
     job_id = re.search(r"^job (\S+) due at", result.stdout, re.MULTILINE).group(1)
-    assert re.search(r"^run succeeded started \d+ ms after its due time", result.stdout, re.MULTILINE), result.stdout
+    assert re.search(r"^run succeeded started \d+ ms after its due time", result.stdout, re.MULTILINE), (
+        result.stdout
+    )
     banner = dev.banner()
     with Client(banner.url, banner.api_key) as punctual:
         [run] = punctual.list_runs(job_id).items
     assert run.state == "succeeded" and run.attempt == 1
     assert run.started_at - run.scheduled_for <= timedelta(seconds=DUE_WITHIN_S), run.raw
     print(f"README example: started {run.lateness_ms} ms after its due time")  # shown with -s
-    echo = json.loads(result.stdout[result.stdout.index('{"items"'):])["items"]
+    echo = json.loads(result.stdout[result.stdout.index('{"items"') :])["items"]
     [call] = [c for c in echo if c["job_id"] == job_id]
     assert call["idempotency_key"] == f"{job_id}:{run.raw['scheduled_for']}" and call["signature"] == "valid"
 
@@ -134,8 +153,11 @@ def test_the_cli_examples_run_and_the_triggered_run_succeeds(dev, clone):
     with Client(banner.url, banner.api_key) as punctual:
         [job] = punctual.list_jobs(name="every-10s").items
         assert job.state == "cancelled"
-        wait_until(lambda: any(r.state == "succeeded" for r in punctual.list_runs(job.id).items), 30,
-                   "the triggered run succeeding")
+        wait_until(
+            lambda: any(r.state == "succeeded" for r in punctual.list_runs(job.id).items),
+            30,
+            "the triggered run succeeding",
+        )
 
 
 def test_the_curl_example_creates_a_job_once(dev, clone):

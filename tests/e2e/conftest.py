@@ -5,6 +5,7 @@ A module gets fresh databases and a fresh vhost (tests/conftest.py); `stack_env`
 is the PUNCTUAL_* environment its processes run with (a module may override it),
 and `stack` a worker and a beat shared by the module's tests.
 """
+
 from __future__ import annotations
 
 import time
@@ -103,11 +104,17 @@ class Api:
         return list(reversed(self.request("GET", f"/jobs/{job_id}/runs?limit=500", expect=200)["items"]))
 
     def wait_job(self, job_id: str, predicate, timeout_s: float = 30.0) -> dict:
-        return _wait(lambda: self.job(job_id), predicate, timeout_s, lambda j: f"job {job_id} stayed {j['state']}")
+        return _wait(
+            lambda: self.job(job_id), predicate, timeout_s, lambda j: f"job {job_id} stayed {j['state']}"
+        )
 
     def wait_runs(self, job_id: str, predicate, timeout_s: float = 30.0) -> list[dict]:
-        return _wait(lambda: self.runs(job_id), predicate, timeout_s,
-                     lambda h: f"runs of {job_id}: {[(r['attempt'], r['state']) for r in h]}")
+        return _wait(
+            lambda: self.runs(job_id),
+            predicate,
+            timeout_s,
+            lambda h: f"runs of {job_id}: {[(r['attempt'], r['state']) for r in h]}",
+        )
 
 
 def _wait(fetch, predicate, timeout_s: float, describe):

@@ -4,6 +4,7 @@ Each runs in its own session (process group), so `kill()` takes a prefork worker
 children with it, as a SIGKILL of a container would. Output goes to a log file
 under the test's tmp dir; `tail()` shows it when a test fails.
 """
+
 from __future__ import annotations
 
 import os
@@ -67,12 +68,32 @@ class Proc:
             return ""
 
 
-def start_worker(env: dict[str, str], log_dir: Path, name: str = "worker", concurrency: int = 2,
-                 queues: list[str] | None = None) -> Proc:
+def start_worker(
+    env: dict[str, str],
+    log_dir: Path,
+    name: str = "worker",
+    concurrency: int = 2,
+    queues: list[str] | None = None,
+) -> Proc:
     shards = int(env.get("PUNCTUAL_SHARDS", "16"))
     queues = queues or [f"shard-{s:02d}" for s in range(shards)]
-    argv = [CELERY, "-A", "app", "worker", "-Q", ",".join(queues), "-c", str(concurrency),
-            "-n", f"{name}@%h", "--loglevel", "WARNING", "--without-gossip", "--without-mingle", "--without-heartbeat"]
+    argv = [
+        CELERY,
+        "-A",
+        "app",
+        "worker",
+        "-Q",
+        ",".join(queues),
+        "-c",
+        str(concurrency),
+        "-n",
+        f"{name}@%h",
+        "--loglevel",
+        "WARNING",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+    ]
     return Proc(name, argv, env, log_dir)
 
 

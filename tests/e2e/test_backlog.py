@@ -5,6 +5,7 @@ last ones start some 5 s after their instant, well past the 3 s lease of this
 module. Their messages wait in the broker and in the worker meanwhile; none may be
 taken back by the janitor (which would spend an attempt and claim them again). Some
 of the jobs are also behind a cap of 2 of their own, waiting for slots."""
+
 from __future__ import annotations
 
 import threading
@@ -48,8 +49,11 @@ def test_a_backlog_longer_than_the_lease_expires_no_lease(stack_env, settings, l
         janitor.start()
         due = format_instant(utcnow() + timedelta(seconds=2))
         plain = {"type": "webhook", "url": sink.url("/backlog")}
-        capped = {"type": "webhook", "url": sink.url("/capped"),
-                  "limits": {"key": "capped", "max_concurrency": 2}}
+        capped = {
+            "type": "webhook",
+            "url": sink.url("/capped"),
+            "limits": {"key": "capped", "max_concurrency": 2},
+        }
         created = [api.create(target=plain, schedule={"run_at": due}) for _ in range(32)]
         created += [api.create(target=capped, schedule={"run_at": due}) for _ in range(8)]
         for job in created:

@@ -7,6 +7,7 @@ beat alive for 2.5 minutes: a publish waiting for its confirm, then a connection
 close waiting for the broker's close-ok. STOP_WITHIN_S is a bound on a deadlock,
 not a speed target: a healthy beat stops in well under a second.
 """
+
 from __future__ import annotations
 
 import random

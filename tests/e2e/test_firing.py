@@ -1,6 +1,7 @@
 """End to end with one worker and one beat: on time, headers, retries, dead letters,
 replay, limits, pause/resume/cancel/trigger, and a poller crash between commit and
 publish. Times are generous ceilings, never exact."""
+
 from __future__ import annotations
 
 import time
@@ -48,8 +49,11 @@ def hook(sink, path: str, **target) -> dict:
 
 def test_a_one_off_reaches_the_sink_within_2s_of_its_time(stack, api, sink):
     due = (utcnow() + timedelta(seconds=2)).replace(microsecond=0) + timedelta(seconds=1)
-    job = api.create(target=hook(sink, "/once", headers={"X-Team": "billing"}), payload={"n": 1},
-                     schedule={"run_at": format_instant(due)})
+    job = api.create(
+        target=hook(sink, "/once", headers={"X-Team": "billing"}),
+        payload={"n": 1},
+        schedule={"run_at": format_instant(due)},
+    )
     [call] = sink.wait_for(1, "/once", timeout_s=10)
     assert call.at - due.timestamp() < 2.0
     key = f"{job['id']}:{format_instant(due)}"
@@ -110,8 +114,11 @@ def test_a_6_field_cron_every_2s_fires_on_even_seconds_without_drift(stack, api,
 
 def test_500_500_200_is_three_calls_with_one_key_and_backoff(stack, api, sink):
     sink.script("/flaky", [Answer(500), Answer(500), Answer(200)])
-    job = api.create(target=hook(sink, "/flaky"), schedule={"run_at": format_instant(utcnow())},
-                     retry={"max_attempts": 5, "backoff_s": 1, "max_backoff_s": 10})
+    job = api.create(
+        target=hook(sink, "/flaky"),
+        schedule={"run_at": format_instant(utcnow())},
+        retry={"max_attempts": 5, "backoff_s": 1, "max_backoff_s": 10},
+    )
     calls = sink.wait_for(3, "/flaky", timeout_s=20)
     assert {c.header("Idempotency-Key") for c in calls} == {f"{job['id']}:{job['next_run_at']}"}
     assert [c.header("Punctual-Attempt") for c in calls] == ["1", "2", "3"]
@@ -119,13 +126,19 @@ def test_500_500_200_is_three_calls_with_one_key_and_backoff(stack, api, sink):
     assert calls[1].at - calls[0].at >= 0.5 and calls[2].at - calls[1].at >= 1.0
     history = api.wait_runs(job["id"], lambda h: len(h) == 3 and h[-1]["state"] == "succeeded")
     assert [(r["attempt"], r["state"], r["status_code"]) for r in history] == [
-        (1, "failed", 500), (2, "failed", 500), (3, "succeeded", 200)]
+        (1, "failed", 500),
+        (2, "failed", 500),
+        (3, "succeeded", 200),
+    ]
 
 
 def test_always_500_goes_dead_and_a_replay_calls_once_more_with_the_same_key(stack, api, sink):
     sink.script("/down", [Answer(500)])
-    job = api.create(target=hook(sink, "/down"), schedule={"run_at": format_instant(utcnow())},
-                     retry={"max_attempts": 2, "backoff_s": 0.5, "max_backoff_s": 1})
+    job = api.create(
+        target=hook(sink, "/down"),
+        schedule={"run_at": format_instant(utcnow())},
+        retry={"max_attempts": 2, "backoff_s": 0.5, "max_backoff_s": 1},
+    )
     api.wait_job(job["id"], lambda j: j["state"] == "dead")
     history = api.runs(job["id"])
     assert [(r["attempt"], r["state"]) for r in history] == [(1, "failed"), (2, "dead")]
@@ -134,7 +147,9 @@ def test_always_500_goes_dead_and_a_replay_calls_once_more_with_the_same_key(sta
     sink.script("/down", [Answer(200)])
     api.request("POST", f"/runs/{history[-1]['id']}/replay", expect=202)
     calls = sink.wait_for(3, "/down", timeout_s=15)
-    assert len({c.header("Idempotency-Key") for c in calls}) == 1 and calls[-1].header("Punctual-Attempt") == "1"
+    assert (
+        len({c.header("Idempotency-Key") for c in calls}) == 1 and calls[-1].header("Punctual-Attempt") == "1"
+    )
     api.wait_job(job["id"], lambda j: j["state"] == "completed")
     time.sleep(1)
     assert len(sink.calls("/down")) == 3
@@ -150,8 +165,11 @@ def test_a_400_is_dead_at_once(stack, api, sink):
 
 def test_retry_after_is_honoured(stack, api, sink):
     sink.script("/busy", [Answer(503, headers={"Retry-After": "2"}), Answer(200)])
-    job = api.create(target=hook(sink, "/busy"), schedule={"run_at": format_instant(utcnow())},
-                     retry={"max_attempts": 3, "backoff_s": 300, "max_backoff_s": 600})
+    job = api.create(
+        target=hook(sink, "/busy"),
+        schedule={"run_at": format_instant(utcnow())},
+        retry={"max_attempts": 3, "backoff_s": 300, "max_backoff_s": 600},
+    )
     first, second = sink.wait_for(2, "/busy", timeout_s=15)
     assert 2.0 <= second.at - first.at < 15.0  # Retry-After: 2, not the 150-300 s backoff
     api.wait_job(job["id"], lambda j: j["state"] == "completed")
@@ -175,13 +193,23 @@ def test_a_crash_between_claim_commit_and_publish_loses_nothing(stack, api, sink
     registry = registry_for(settings)
     shard = shard_for(job["id"], settings.shards)
     engine = registry.engine_for_shard(shard)
-    [run] = [r for r in claim_batch(engine, shard, due + timedelta(seconds=1), settings).runs if str(r.job_id) == job["id"]]
+    [run] = [
+        r
+        for r in claim_batch(engine, shard, due + timedelta(seconds=1), settings).runs
+        if str(r.job_id) == job["id"]
+    ]
     now = utcnow()
     with engine.begin() as conn:  # as if claimed now: the sweep's grace, the lease and the instant are now
-        conn.execute(sa.update(runs).where(runs.c.run_id == run.run_id)
-                     .values(due_at=now + timedelta(seconds=relay_grace_s(settings))))
-        conn.execute(sa.update(jobs).where(jobs.c.job_id == run.job_id)
-                     .values(leased_until=now + timedelta(seconds=settings.lease_s), next_run_at=now))
+        conn.execute(
+            sa.update(runs)
+            .where(runs.c.run_id == run.run_id)
+            .values(due_at=now + timedelta(seconds=relay_grace_s(settings)))
+        )
+        conn.execute(
+            sa.update(jobs)
+            .where(jobs.c.job_id == run.job_id)
+            .values(leased_until=now + timedelta(seconds=settings.lease_s), next_run_at=now)
+        )
     [call] = sink.wait_for(1, "/orphan", timeout_s=15)
     assert call.header("Idempotency-Key") == f"{job['id']}:{format_instant(due)}"
     [done] = api.wait_runs(job["id"], lambda h: h and h[-1]["state"] == "succeeded")
@@ -248,6 +276,11 @@ def test_workers_expose_prometheus_metrics(stack, stack_env, api, sink):
         if 'punctual_runs_total{outcome="succeeded"}' in joined or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    for name in ("punctual_claims_total", "punctual_runs_total", "punctual_start_lateness_seconds_count",
-                 "punctual_runs_started_total", "punctual_claim_batch_size_count"):
+    for name in (
+        "punctual_claims_total",
+        "punctual_runs_total",
+        "punctual_start_lateness_seconds_count",
+        "punctual_runs_started_total",
+        "punctual_claim_batch_size_count",
+    ):
         assert name in joined, name

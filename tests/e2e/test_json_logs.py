@@ -6,6 +6,7 @@ each process wrote, stdout and stderr together, must parse as one JSON object, t
 worker's lines about the call must name the job, the run, the shard and the
 attempt, and beat must have said what it schedules.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,19 +42,48 @@ def test_beat_and_a_worker_log_one_json_object_per_line_naming_the_run(stack_env
     env = {**stack_env, "PUNCTUAL_LOG_FORMAT": "json"}
     shards = ",".join(f"shard-{s:02d}" for s in range(settings.shards))
     # DEBUG: the worker's per-call line is a debug line; every library's lines come along.
-    worker = Proc("worker", [CELERY, "-A", "app", "-q", "worker", "-Q", shards, "-c", "2", "-n", "json@%h",
-                             "--loglevel", "DEBUG", "--without-gossip", "--without-mingle",
-                             "--without-heartbeat"], env, tmp_path)
+    worker = Proc(
+        "worker",
+        [
+            CELERY,
+            "-A",
+            "app",
+            "-q",
+            "worker",
+            "-Q",
+            shards,
+            "-c",
+            "2",
+            "-n",
+            "json@%h",
+            "--loglevel",
+            "DEBUG",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ],
+        env,
+        tmp_path,
+    )
     beat = Proc("beat", [CELERY, "-A", "app", "-q", "beat", "--loglevel", "INFO"], env, tmp_path)
     sink = Sink()
     try:
         wait_ready(worker, 2.0)
         wait_ready(beat, 1.0)
         key = create_key(registry_for(settings), "json-logs")
-        response = create_app(settings).test_client().post(
-            "/jobs", json={"name": "json", "target": {"type": "webhook", "url": sink.url("/json")},
-                           "schedule": {"run_at": format_instant(utcnow())}},
-            headers={"Authorization": f"Bearer {key.api_key}"})
+        response = (
+            create_app(settings)
+            .test_client()
+            .post(
+                "/jobs",
+                json={
+                    "name": "json",
+                    "target": {"type": "webhook", "url": sink.url("/json")},
+                    "schedule": {"run_at": format_instant(utcnow())},
+                },
+                headers={"Authorization": f"Bearer {key.api_key}"},
+            )
+        )
         assert response.status_code == 201, response.get_json()
         job_id = response.get_json()["id"]
         sink.wait_for(1, "/json", timeout_s=60)
@@ -70,20 +100,30 @@ def test_beat_and_a_worker_log_one_json_object_per_line_naming_the_run(stack_env
         assert entry["run_id"] and entry["attempt"] == 1 and isinstance(entry["shard"], int), entry
     beat_lines = _entries(beat)
     assert {entry["process"] for entry in beat_lines} == {"beat"}
-    assert any(entry["message"].startswith("beat alive: sending punctual.poll every 0.25 s")
-               and entry["level"] == "INFO" for entry in beat_lines), beat_lines
+    assert any(
+        entry["message"].startswith("beat alive: sending punctual.poll every 0.25 s")
+        and entry["level"] == "INFO"
+        for entry in beat_lines
+    ), beat_lines
 
 
 def test_migrate_logs_one_json_object_per_line(stack_env):
     env = {**stack_env, "PUNCTUAL_LOG_FORMAT": "json"}
     import os
 
-    result = subprocess.run([str(Path(sys.executable).parent / "punctual"), "migrate"], cwd=REPO,
-                            env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "punctual"), "migrate"],
+        cwd=REPO,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     lines = (result.stdout + result.stderr).splitlines()
     entries = [json.loads(line) for line in lines if line.strip()]
     assert len(entries) == 2  # one per physical shard
-    assert all(entry["process"] == "migrate" and entry["message"].endswith(": up to date")
-               for entry in entries)
+    assert all(
+        entry["process"] == "migrate" and entry["message"].endswith(": up to date") for entry in entries
+    )
     assert all("@" in entry["database"] for entry in entries)

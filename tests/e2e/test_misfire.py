@@ -9,6 +9,7 @@ enough that the new beat's first poll comes well before S+18, even on a busy box
 - run_all: S, S+6, S+12 run, in order, then S+18 and S+24;
 - skip: none of the three runs, all three are recorded skipped; S+18 and S+24 run.
 """
+
 from __future__ import annotations
 
 import time
@@ -37,9 +38,14 @@ def test_misfire_policies_after_the_beat_was_down(stack_env, api, sink, logs):
         jobs = {}
         for policy in ("run_once", "run_all", "skip"):
             jobs[policy] = api.create(
-                target={"type": "webhook", "url": sink.url(f"/{policy}")}, misfire=policy,
-                schedule={"interval_s": 6, "start_at": format_instant(start),
-                          "end_at": format_instant(start + timedelta(seconds=24))})
+                target={"type": "webhook", "url": sink.url(f"/{policy}")},
+                misfire=policy,
+                schedule={
+                    "interval_s": 6,
+                    "start_at": format_instant(start),
+                    "end_at": format_instant(start + timedelta(seconds=24)),
+                },
+            )
         time.sleep(max(0.0, (start + timedelta(seconds=13.5) - utcnow()).total_seconds()))
         beat = start_beat(stack_env, logs)
         for job in jobs.values():
@@ -53,16 +59,30 @@ def test_misfire_policies_after_the_beat_was_down(stack_env, api, sink, logs):
 
         at = [start + timedelta(seconds=6 * k) for k in range(5)]
         assert fired("run_once") == [at[2], at[3], at[4]]
-        assert sorted(history("run_once")) == [(at[0], "skipped"), (at[1], "skipped"), (at[2], "succeeded"),
-                                               (at[3], "succeeded"), (at[4], "succeeded")]
+        assert sorted(history("run_once")) == [
+            (at[0], "skipped"),
+            (at[1], "skipped"),
+            (at[2], "succeeded"),
+            (at[3], "succeeded"),
+            (at[4], "succeeded"),
+        ]
         assert fired("run_all") == at  # every missed occurrence, oldest first
         assert [s for _, s in history("run_all")] == ["succeeded"] * 5
         assert fired("skip") == [at[3], at[4]]
-        assert sorted(history("skip")) == [(at[0], "skipped"), (at[1], "skipped"), (at[2], "skipped"),
-                                           (at[3], "succeeded"), (at[4], "succeeded")]
+        assert sorted(history("skip")) == [
+            (at[0], "skipped"),
+            (at[1], "skipped"),
+            (at[2], "skipped"),
+            (at[3], "succeeded"),
+            (at[4], "succeeded"),
+        ]
         # S+18 and S+24 were claimed within the grace: they ran (a little late) under every policy.
         for policy in jobs:
-            late = [r["lateness_ms"] for r in api.runs(jobs[policy]["id"]) if parse_instant(r["scheduled_for"]) >= at[3]]
+            late = [
+                r["lateness_ms"]
+                for r in api.runs(jobs[policy]["id"])
+                if parse_instant(r["scheduled_for"]) >= at[3]
+            ]
             assert late and all(0 <= ms < 3000 for ms in late)  # claimed within the grace; started soon after
     finally:
         if beat is not None:

@@ -1,5 +1,6 @@
 """Invariant 4 end to end: two beats and two workers polling the same shards fire
 2,000 due jobs exactly once each."""
+
 from __future__ import annotations
 
 import collections
@@ -22,8 +23,10 @@ JOBS = 2000
 def test_two_pollers_and_two_beats_fire_each_job_once(stack_env, settings, logs, sink, api):
     registry = registry_for(settings)
     due = utcnow() + timedelta(seconds=3)
-    rows = [job_row(settings.shards, owner="e2e", run_at=due, target=webhook_target(sink.url("/once-each")))
-            for _ in range(JOBS)]
+    rows = [
+        job_row(settings.shards, owner="e2e", run_at=due, target=webhook_target(sink.url("/once-each")))
+        for _ in range(JOBS)
+    ]
     insert_jobs(registry, rows)
     procs = [start_worker(stack_env, logs, name=f"w{i}") for i in range(2)]
     procs += [start_beat(stack_env, logs, name=f"beat{i}") for i in range(2)]
@@ -37,7 +40,9 @@ def test_two_pollers_and_two_beats_fire_each_job_once(stack_env, settings, logs,
         detail = []
         if doubled:  # say which runs the doubled key had, to tell a lease expiry from a double claim
             job_id = uuid.UUID(doubled[0].split(":", 1)[0])
-            detail = [(r["attempt"], r["state"], r["error"], r["started_at"]) for r in runs_of(registry, job_id)]
+            detail = [
+                (r["attempt"], r["state"], r["error"], r["started_at"]) for r in runs_of(registry, job_id)
+            ]
         assert len(keys) == JOBS and not doubled, (len(doubled), detail)
         assert {k.split(":", 1)[0] for k in keys} == {str(r["job_id"]) for r in rows}
     finally:

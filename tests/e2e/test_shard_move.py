@@ -2,6 +2,7 @@
 and `punctual shards move`: an interval job every second keeps firing, one-offs
 due during the move fire once each, and the API finds the jobs where they went.
 Times are generous ceilings, never exact."""
+
 from __future__ import annotations
 
 import itertools
@@ -51,8 +52,9 @@ def on_shard(api, shard: int, prefix: str, **body) -> dict:
     for n in range(10_000):
         key = f"{prefix}-{n}"
         if shard_for(job_id_for("e2e", key), E2E_SHARDS) == shard:
-            response = api.client.post("/jobs", json={"name": prefix, **body},
-                                       headers={**api.headers, "Idempotency-Key": key})
+            response = api.client.post(
+                "/jobs", json={"name": prefix, **body}, headers={**api.headers, "Idempotency-Key": key}
+            )
             assert response.status_code == 201, response.get_json()
             return response.get_json()
     raise AssertionError("no key lands on the shard")
@@ -67,20 +69,38 @@ def on_shard(api, shard: int, prefix: str, **body) -> dict:
 def test_a_shard_moves_while_its_jobs_fire(stack, api, sink, settings, stack_env):
     registry = registry_for(settings)
     assert registry.reload_map().shard_index[SHARD] != 2
-    insert_jobs(registry, [job_row(E2E_SHARDS, shard=SHARD, run_at=utcnow() + timedelta(days=30))
-                           for _ in range(BULK)])
-    ticking = on_shard(api, SHARD, "every-second", target={"type": "webhook", "url": sink.url("/tick")},
-                       schedule={"interval_s": 1})
+    insert_jobs(
+        registry,
+        [job_row(E2E_SHARDS, shard=SHARD, run_at=utcnow() + timedelta(days=30)) for _ in range(BULK)],
+    )
+    ticking = on_shard(
+        api,
+        SHARD,
+        "every-second",
+        target={"type": "webhook", "url": sink.url("/tick")},
+        schedule={"interval_s": 1},
+    )
     sink.wait_for(3, "/tick", timeout_s=20)
     start = utcnow()
     one_offs = [
-        on_shard(api, SHARD, f"once-{i}", target={"type": "webhook", "url": sink.url(f"/once-{i}")},
-                 schedule={"run_at": format_instant(start + timedelta(seconds=0.5 + i / 2))})
+        on_shard(
+            api,
+            SHARD,
+            f"once-{i}",
+            target={"type": "webhook", "url": sink.url(f"/once-{i}")},
+            schedule={"run_at": format_instant(start + timedelta(seconds=0.5 + i / 2))},
+        )
         for i in range(12)
     ]
     env = {"PATH": os.environ.get("PATH", ""), **stack_env}
-    moved = subprocess.run([sys.executable, "-m", "app.cli", "shards", "move", str(SHARD), "--to", "2"],
-                           env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    moved = subprocess.run(
+        [sys.executable, "-m", "app.cli", "shards", "move", str(SHARD), "--to", "2"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert moved.returncode == 0, moved.stderr
     moved_at = time.time()
     routing = registry.reload_map()
@@ -105,12 +125,24 @@ def test_a_shard_moves_while_its_jobs_fire(stack, api, sink, settings, stack_env
 
     # The rows live on the new database only, and the API finds them there.
     with registry.engines[2].connect() as conn:
-        assert conn.execute(sa.select(sa.func.count()).select_from(jobs).where(jobs.c.shard == SHARD)).scalar() \
+        assert (
+            conn.execute(sa.select(sa.func.count()).select_from(jobs).where(jobs.c.shard == SHARD)).scalar()
             >= BULK + len(one_offs) + 1
+        )
     for index in (0, 1):
         with registry.engines[index].connect() as conn:
-            assert conn.execute(sa.select(sa.func.count()).select_from(jobs).where(jobs.c.shard == SHARD)).scalar() == 0
-            assert conn.execute(sa.select(sa.func.count()).select_from(runs).where(runs.c.shard == SHARD)).scalar() == 0
+            assert (
+                conn.execute(
+                    sa.select(sa.func.count()).select_from(jobs).where(jobs.c.shard == SHARD)
+                ).scalar()
+                == 0
+            )
+            assert (
+                conn.execute(
+                    sa.select(sa.func.count()).select_from(runs).where(runs.c.shard == SHARD)
+                ).scalar()
+                == 0
+            )
     assert api.job(ticking["id"])["state"] in ("scheduled", "running")
     history = api.runs(ticking["id"])
     assert len(history) >= len(during) - 1 and not [r for r in history if r["state"] == "dead"]

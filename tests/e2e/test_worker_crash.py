@@ -2,6 +2,7 @@
 the lease the run is started again, by another worker, with the same key; the
 killed worker's late completion (its stale token) changes nothing. And a worker
 SIGKILLed while it holds a run claimed ahead: the broker hands the message on."""
+
 from __future__ import annotations
 
 import time
@@ -31,8 +32,10 @@ def test_a_killed_workers_run_is_started_again_after_the_lease(stack_env, settin
     second = None
     try:
         wait_ready(first, 1.0)
-        job = api.create(target={"type": "webhook", "url": sink.url("/slow")},
-                         schedule={"run_at": format_instant(utcnow())})
+        job = api.create(
+            target={"type": "webhook", "url": sink.url("/slow")},
+            schedule={"run_at": format_instant(utcnow())},
+        )
         [hung] = sink.wait_for(1, "/slow", timeout_s=10)
         killed_at = utcnow()
         first.kill()
@@ -64,7 +67,9 @@ def test_a_killed_workers_run_is_started_again_after_the_lease(stack_env, settin
                 proc.stop()
 
 
-def test_a_worker_killed_while_it_holds_a_run_claimed_ahead_loses_nothing(stack_env, settings, logs, sink, api):
+def test_a_worker_killed_while_it_holds_a_run_claimed_ahead_loses_nothing(
+    stack_env, settings, logs, sink, api
+):
     """The message of a run claimed ahead waits, unacknowledged, in the worker until
     its instant; killed then, the worker gives it back to the broker, and the next
     worker calls at the instant, on the first attempt (no lease had to expire)."""
@@ -74,13 +79,18 @@ def test_a_worker_killed_while_it_holds_a_run_claimed_ahead_loses_nothing(stack_
     try:
         wait_ready(holder, 1.0)
         due = (utcnow() + timedelta(seconds=9)).replace(microsecond=0)
-        job = api.create(target={"type": "webhook", "url": sink.url("/held")}, schedule={"run_at": format_instant(due)})
+        job = api.create(
+            target={"type": "webhook", "url": sink.url("/held")}, schedule={"run_at": format_instant(due)}
+        )
         registry = registry_for(settings)
         queue = f"shard-{shard_for(job['id'], settings.shards):02d}"
         # Claimed ahead (within a poll interval), published, and taken off the queue by
         # the holder, which keeps it unacknowledged until the instant.
-        while not (runs_of(registry, uuid.UUID(job["id"])) and runs_of(registry, uuid.UUID(job["id"]))[0]["published"]
-                   and _ready_messages(stack_env["PUNCTUAL_BROKER_URL"], queue) == 0):
+        while not (
+            runs_of(registry, uuid.UUID(job["id"]))
+            and runs_of(registry, uuid.UUID(job["id"]))[0]["published"]
+            and _ready_messages(stack_env["PUNCTUAL_BROKER_URL"], queue) == 0
+        ):
             assert utcnow() < due - timedelta(seconds=4), "not claimed ahead and held"
             time.sleep(0.1)
         holder.kill()

@@ -5,6 +5,7 @@ A module gets fresh databases and a vhost (tests/conftest.py); each test gets a
 fresh Redis prefix and its own owner, and empties the databases afterwards, so a
 test's recurring jobs do not fire into the next one.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -19,8 +20,12 @@ def make_stack(pg_dsns, amqp_url, redis_prefix, pg_admin, truncate, tmp_path):
     made: list[FaultStack] = []
 
     def make(env: dict[str, str] | None = None, **options) -> FaultStack:
-        stack = FaultStack(fault_env(pg_dsns, amqp_url, REDIS_URL, redis_prefix, **(env or {})), tmp_path,
-                           pg_admin, **options)
+        stack = FaultStack(
+            fault_env(pg_dsns, amqp_url, REDIS_URL, redis_prefix, **(env or {})),
+            tmp_path,
+            pg_admin,
+            **options,
+        )
         made.append(stack)
         return stack.__enter__()
 

@@ -17,6 +17,7 @@ Punctual-Attempt.
 3. the run waits until every one-off was called and is `completed` (bounded by
    `load.timeout_s` after the fault's end), then judges.
 """
+
 from __future__ import annotations
 
 import os
@@ -71,8 +72,13 @@ class Outcome:
 
     def row(self) -> dict:
         rel = lambda at: None if at is None else round(at - self.t0, 1)  # noqa: E731
-        return {"fault": self.fault, "fault_from_s": rel(self.fault_start), "fault_to_s": rel(self.fault_end),
-                **self.verdict.row(), **self.figures}
+        return {
+            "fault": self.fault,
+            "fault_from_s": rel(self.fault_start),
+            "fault_to_s": rel(self.fault_end),
+            **self.verdict.row(),
+            **self.figures,
+        }
 
     @property
     def settled_after_fault_s(self) -> float:
@@ -87,8 +93,16 @@ def _epoch(at: datetime) -> float:
 
 
 class FaultStack:
-    def __init__(self, env: dict[str, str], log_dir: Path, pg_admin, workers: int = 2, concurrency: int = 2,
-                 with_api: bool = False, partitioned: bool = False):
+    def __init__(
+        self,
+        env: dict[str, str],
+        log_dir: Path,
+        pg_admin,
+        workers: int = 2,
+        concurrency: int = 2,
+        with_api: bool = False,
+        partitioned: bool = False,
+    ):
         """`partitioned`: worker 0 runs in its own network namespace (tests/faults/netns.py)."""
         from app.registry.engines import registry_for
         from app.settings import Settings
@@ -169,9 +183,24 @@ class FaultStack:
         host = self.partition.host_ip
         env = {k: v.replace("127.0.0.1", host) if k in _SERVICE_URLS else v for k, v in self.env.items()}
         queues = ",".join(f"shard-{s:02d}" for s in range(self.settings.shards))
-        argv = [*self.partition.exec_prefix, CELERY, "-A", "app", "worker", "-Q", queues,
-                "-c", str(self.concurrency), "-n", f"{name}@%h", "--loglevel", "WARNING", "--without-gossip",
-                "--without-mingle", "--without-heartbeat"]
+        argv = [
+            *self.partition.exec_prefix,
+            CELERY,
+            "-A",
+            "app",
+            "worker",
+            "-Q",
+            queues,
+            "-c",
+            str(self.concurrency),
+            "-n",
+            f"{name}@%h",
+            "--loglevel",
+            "WARNING",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ]
         return Proc(name, argv, env, self.log_dir)
 
     def restart_worker(self, index: int) -> None:
@@ -191,16 +220,30 @@ class FaultStack:
 
         port = free_port()
         self.api_url = f"http://127.0.0.1:{port}"
-        argv = [sys.executable, "-m", "app.cli", "api", "--host", "127.0.0.1", "--port", str(port),
-                "--workers", "1"]
+        argv = [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "api",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ]
         return Proc(f"api-{port}", argv, self.env, self.log_dir)
 
     def _wait_api(self, timeout_s: float = 30.0) -> None:
         import requests
 
         from tests.faults.injectors import wait_until
-        wait_until(lambda: requests.get(self.api_url + "/healthz", timeout=2).status_code == 200, timeout_s,
-                   "the API")
+
+        wait_until(
+            lambda: requests.get(self.api_url + "/healthz", timeout=2).status_code == 200,
+            timeout_s,
+            "the API",
+        )
 
     def restart_api(self) -> None:
         self.retired.append(self.api)
@@ -209,6 +252,7 @@ class FaultStack:
 
     def shard_of(self, job_id: str) -> int:
         from app.registry.sharding import shard_for
+
         return shard_for(uuid.UUID(job_id), self.settings.shards)
 
     def logs(self, lines: int = 15) -> str:
@@ -229,15 +273,17 @@ class FaultStack:
         if not load.via_api:
             for i in range(load.one_offs):
                 at = t0 + timedelta(seconds=load.spread_s * i / max(1, load.one_offs))
-                row = job_row(shards, owner=self.owner, target=once, run_at=at, payload={"n": i},
-                              name=f"once-{i}")
+                row = job_row(
+                    shards, owner=self.owner, target=once, run_at=at, payload={"n": i}, name=f"once-{i}"
+                )
                 rows.append(row)
                 due[str(row["job_id"])] = _epoch(at)
         every = webhook_target(self.url("/every"))
         recurring = []
         for i in range(load.recurring):
-            row = job_row(shards, owner=self.owner, target=every, interval_s=load.every_s, first=t0,
-                          name=f"every-{i}")
+            row = job_row(
+                shards, owner=self.owner, target=every, interval_s=load.every_s, first=t0, name=f"every-{i}"
+            )
             rows.append(row)
             recurring.append(str(row["job_id"]))
         insert_jobs(self.registry, rows)
@@ -249,16 +295,25 @@ class FaultStack:
         import requests
 
         from app.core.timefmt import format_instant
+
         session = requests.Session()
         headers = {"Authorization": f"Bearer {self.api_key}"}
         for i in range(load.one_offs):
             at = t0 + timedelta(seconds=load.spread_s * i / max(1, load.one_offs))
-            body = {"name": f"once-{i}", "target": {"type": "webhook", "url": self.url("/once")},
-                    "payload": {"n": i}, "schedule": {"run_at": format_instant(at)}}
+            body = {
+                "name": f"once-{i}",
+                "target": {"type": "webhook", "url": self.url("/once")},
+                "payload": {"n": i},
+                "schedule": {"run_at": format_instant(at)},
+            }
             while True:
                 try:
-                    answer = session.post(self.api_url + "/jobs", json=body, timeout=5,
-                                          headers={**headers, "Idempotency-Key": f"{self.owner}-{i}"})
+                    answer = session.post(
+                        self.api_url + "/jobs",
+                        json=body,
+                        timeout=5,
+                        headers={**headers, "Idempotency-Key": f"{self.owner}-{i}"},
+                    )
                     if answer.status_code in (200, 201):
                         due[answer.json()["id"]] = _epoch(at)
                         break
@@ -323,8 +378,11 @@ class FaultStack:
         for engine in self.registry.engines:
             try:
                 with engine.connect() as conn:
-                    total += conn.execute(sa.select(sa.func.count()).select_from(jobs).where(
-                        jobs.c.job_id.in_(ids), jobs.c.state != "completed")).scalar_one()
+                    total += conn.execute(
+                        sa.select(sa.func.count())
+                        .select_from(jobs)
+                        .where(jobs.c.job_id.in_(ids), jobs.c.state != "completed")
+                    ).scalar_one()
             except sa.exc.OperationalError:
                 return -1
         return total
@@ -336,14 +394,34 @@ class FaultStack:
         rows, completed = [], []
         for engine in self.registry.engines:
             with engine.connect() as conn:
-                query = sa.select(runs.c.job_id, runs.c.scheduled_for, runs.c.attempt, runs.c.state,
-                                  runs.c.error, runs.c.finished_at).where(runs.c.owner == self.owner)
+                query = sa.select(
+                    runs.c.job_id,
+                    runs.c.scheduled_for,
+                    runs.c.attempt,
+                    runs.c.state,
+                    runs.c.error,
+                    runs.c.finished_at,
+                ).where(runs.c.owner == self.owner)
                 for r in conn.execute(query):
                     finished = r.finished_at.timestamp() if r.finished_at else None
-                    rows.append(RunRow(str(r.job_id), format_instant(r.scheduled_for), r.attempt, r.state,
-                                       r.error, finished))
-                completed += [str(j) for j in conn.execute(sa.select(jobs.c.job_id).where(
-                    jobs.c.owner == self.owner, jobs.c.state == "completed")).scalars()]
+                    rows.append(
+                        RunRow(
+                            str(r.job_id),
+                            format_instant(r.scheduled_for),
+                            r.attempt,
+                            r.state,
+                            r.error,
+                            finished,
+                        )
+                    )
+                completed += [
+                    str(j)
+                    for j in conn.execute(
+                        sa.select(jobs.c.job_id).where(
+                            jobs.c.owner == self.owner, jobs.c.state == "completed"
+                        )
+                    ).scalars()
+                ]
         return rows, completed
 
     def jobs_of_owner(self) -> int:
@@ -352,8 +430,11 @@ class FaultStack:
         total = 0
         for engine in self.registry.engines:
             with engine.connect() as conn:
-                total += conn.execute(sa.select(sa.func.count()).select_from(jobs).where(
-                    jobs.c.owner == self.owner, jobs.c.schedule_kind == "once")).scalar_one()
+                total += conn.execute(
+                    sa.select(sa.func.count())
+                    .select_from(jobs)
+                    .where(jobs.c.owner == self.owner, jobs.c.schedule_kind == "once")
+                ).scalar_one()
         return total
 
 
@@ -379,4 +460,3 @@ def fault_env(pg_dsns, amqp_url: str, redis_url: str, prefix: str, **overrides: 
     }
     env.update(overrides)
     return env
-

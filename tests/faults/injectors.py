@@ -7,6 +7,7 @@ are short and always healed (`heal` runs in a `finally`). Connection kills are a
 at this stack's own connections only: Postgres backends of its databases, Redis
 clients whose local port belongs to one of its processes.
 """
+
 from __future__ import annotations
 
 import os
@@ -53,31 +54,54 @@ class Fault:
 
 # -- Punctual's processes ---------------------------------------------------------------
 
+
 def kill_worker(at_s: float = 1.0, down_s: float = 5.0, index: int = 0) -> Fault:
     """kill -9 of a worker's process group (parent and prefork children), restarted later."""
-    return Fault(f"worker {index} killed (kill -9), restarted {down_s:g}s later", at_s, down_s,
-                 inject=lambda stack: stack.workers[index].kill(),
-                 heal=lambda stack: stack.restart_worker(index))
+    return Fault(
+        f"worker {index} killed (kill -9), restarted {down_s:g}s later",
+        at_s,
+        down_s,
+        inject=lambda stack: stack.workers[index].kill(),
+        heal=lambda stack: stack.restart_worker(index),
+    )
 
 
 def kill_beat(at_s: float = 1.0, down_s: float = 8.0) -> Fault:
-    return Fault(f"beat killed (kill -9), restarted {down_s:g}s later", at_s, down_s,
-                 inject=lambda stack: stack.beat.kill(), heal=lambda stack: stack.restart_beat())
+    return Fault(
+        f"beat killed (kill -9), restarted {down_s:g}s later",
+        at_s,
+        down_s,
+        inject=lambda stack: stack.beat.kill(),
+        heal=lambda stack: stack.restart_beat(),
+    )
 
 
 def kill_api(at_s: float = 1.0, down_s: float = 2.0) -> Fault:
-    return Fault(f"API killed (kill -9), restarted {down_s:g}s later", at_s, down_s,
-                 inject=lambda stack: stack.api.kill(), heal=lambda stack: stack.restart_api())
+    return Fault(
+        f"API killed (kill -9), restarted {down_s:g}s later",
+        at_s,
+        down_s,
+        inject=lambda stack: stack.api.kill(),
+        heal=lambda stack: stack.restart_api(),
+    )
 
 
 def stop_worker(at_s: float = 1.0, stopped_s: float = 30.0, index: int = 0) -> Fault:
     """SIGSTOP of one worker's process group (the other keeps running), SIGCONT later."""
+
     def send(sig):
         def act(stack):
             os.killpg(stack.workers[index].pid, sig)
+
         return act
-    return Fault(f"worker {index} stopped (SIGSTOP) for {stopped_s:g}s", at_s, stopped_s,
-                 inject=send(signal.SIGSTOP), heal=send(signal.SIGCONT))
+
+    return Fault(
+        f"worker {index} stopped (SIGSTOP) for {stopped_s:g}s",
+        at_s,
+        stopped_s,
+        inject=send(signal.SIGSTOP),
+        heal=send(signal.SIGCONT),
+    )
 
 
 def second_beat(at_s: float = -3.0, hold_s: float = 10.0) -> Fault:
@@ -86,18 +110,30 @@ def second_beat(at_s: float = -3.0, hold_s: float = 10.0) -> Fault:
 
 # -- PostgreSQL ---------------------------------------------------------------------------
 
+
 def terminate_backends(stack) -> int:
     """pg_terminate_backend of every connection to this stack's databases."""
     names = [sa.engine.make_url(dsn).database for dsn in stack.settings.database_urls]
     with stack.pg_admin.connect() as conn:
-        return len(conn.execute(sa.text(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = ANY(:names) AND pid <> pg_backend_pid()"), {"names": names}).all())
+        return len(
+            conn.execute(
+                sa.text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = ANY(:names) AND pid <> pg_backend_pid()"
+                ),
+                {"names": names},
+            ).all()
+        )
 
 
 def cut_postgres_connections(at_s: float = 1.5, again_after_s: float = 3.0) -> Fault:
-    return Fault("Postgres connections cut (pg_terminate_backend), twice", at_s, 0.0,
-                 inject=terminate_backends, again_after_s=again_after_s)
+    return Fault(
+        "Postgres connections cut (pg_terminate_backend), twice",
+        at_s,
+        0.0,
+        inject=terminate_backends,
+        again_after_s=again_after_s,
+    )
 
 
 def refuse_connections(at_s: float = 1.5, down_s: float = 15.0) -> Fault:
@@ -105,6 +141,7 @@ def refuse_connections(at_s: float = 1.5, down_s: float = 15.0) -> Fault:
     retried (ALLOW_CONNECTIONS false, and every connection cut): dispatch tasks give
     their messages back, and the runs start once the databases answer again. Other
     users of the machine's Postgres see nothing."""
+
     def names(stack) -> list[str]:
         return [sa.engine.make_url(dsn).database for dsn in stack.settings.database_urls]
 
@@ -118,8 +155,10 @@ def refuse_connections(at_s: float = 1.5, down_s: float = 15.0) -> Fault:
         with stack.pg_admin.connect() as conn:
             for name in names(stack):
                 conn.exec_driver_sql(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
-    return Fault(f"this stack's databases refuse connections for {down_s:g}s", at_s, down_s,
-                 inject=inject, heal=heal)
+
+    return Fault(
+        f"this stack's databases refuse connections for {down_s:g}s", at_s, down_s, inject=inject, heal=heal
+    )
 
 
 def postgres_cluster() -> str:
@@ -133,12 +172,18 @@ def _pg_ready() -> bool:
 
 def restart_postgres(at_s: float = 1.5) -> Fault:
     """`pg_ctlcluster ... main restart` (the machine's service command), then wait for it."""
+
     def inject(stack):
-        subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", postgres_cluster(), "main", "restart"],
-                       check=True, capture_output=True, timeout=120)
+        subprocess.run(
+            ["pg_ctlcluster", "--skip-systemctl-redirect", postgres_cluster(), "main", "restart"],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
 
     def heal(stack):
         wait_until(_pg_ready, 60, "PostgreSQL")
+
     return Fault("Postgres restarted (pg_ctlcluster restart)", at_s, 0.0, inject=inject, heal=heal)
 
 
@@ -152,17 +197,21 @@ def hold_row_locks(at_s: float = -1.0, hold_s: float = 8.0, rows: int = 20) -> F
         conn = engine.connect()
         trans = conn.begin()
         ids = [j for j in stack.one_off_ids if stack.shard_of(j) % len(stack.registry.engines) == 0][:rows]
-        conn.execute(sa.text("SELECT job_id FROM jobs WHERE job_id = ANY(:ids) ORDER BY job_id FOR UPDATE"),
-                     {"ids": ids}).all()
+        conn.execute(
+            sa.text("SELECT job_id FROM jobs WHERE job_id = ANY(:ids) ORDER BY job_id FOR UPDATE"),
+            {"ids": ids},
+        ).all()
         held.update(conn=conn, trans=trans)
 
     def heal(stack):
         held["trans"].rollback()
         held["conn"].close()
+
     return Fault(f"row locks on {rows} jobs held for {hold_s:g}s", at_s, hold_s, inject=inject, heal=heal)
 
 
 # -- RabbitMQ -----------------------------------------------------------------------------
+
 
 def _rabbit_up() -> bool:
     return _quiet(["rabbitmqctl", "-q", "await_startup", "--timeout", "5"], 10)
@@ -175,15 +224,23 @@ def stop_rabbitmq(at_s: float = 2.0, down_s: float = 8.0) -> Fault:
     def heal(stack):
         subprocess.run(["rabbitmqctl", "-q", "start_app"], check=True, capture_output=True, timeout=120)
         wait_until(_rabbit_up, 60, "RabbitMQ")
-    return Fault(f"RabbitMQ stopped for {down_s:g}s (stop_app / start_app)", at_s, down_s,
-                 inject=inject, heal=heal)
+
+    return Fault(
+        f"RabbitMQ stopped for {down_s:g}s (stop_app / start_app)", at_s, down_s, inject=inject, heal=heal
+    )
 
 
 # -- Redis --------------------------------------------------------------------------------
 
+
 def _redis(*args: str) -> str:
-    return subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", "6379", *args], capture_output=True,
-                          text=True, check=True, timeout=10).stdout
+    return subprocess.run(
+        ["redis-cli", "-h", "127.0.0.1", "-p", "6379", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=10,
+    ).stdout
 
 
 def _descendants(roots: list[int]) -> set[int]:
@@ -194,7 +251,7 @@ def _descendants(roots: list[int]) -> set[int]:
                 stat = open(f"/proc/{entry}/stat").read()
             except OSError:
                 continue
-            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
             children.setdefault(ppid, []).append(int(entry))
     found, todo = set(), list(roots)
     while todo:
@@ -222,21 +279,36 @@ def kill_redis_clients(stack) -> int:
 
 
 def kill_redis_connections(at_s: float = 1.5, again_after_s: float = 2.0) -> Fault:
-    return Fault("Redis connections killed (CLIENT KILL), twice", at_s, 0.0, inject=kill_redis_clients,
-                 again_after_s=again_after_s)
+    return Fault(
+        "Redis connections killed (CLIENT KILL), twice",
+        at_s,
+        0.0,
+        inject=kill_redis_clients,
+        again_after_s=again_after_s,
+    )
 
 
 def pause_redis(at_s: float = 1.5, pause_s: float = 4.0) -> Fault:
     """CLIENT PAUSE (every client of the box waits, for a few seconds only)."""
-    return Fault(f"Redis paused (CLIENT PAUSE) for {pause_s:g}s", at_s, pause_s,
-                 inject=lambda stack: _redis("CLIENT", "PAUSE", str(int(pause_s * 1000)), "ALL"),
-                 heal=lambda stack: _redis("CLIENT", "UNPAUSE"))
+    return Fault(
+        f"Redis paused (CLIENT PAUSE) for {pause_s:g}s",
+        at_s,
+        pause_s,
+        inject=lambda stack: _redis("CLIENT", "PAUSE", str(int(pause_s * 1000)), "ALL"),
+        heal=lambda stack: _redis("CLIENT", "UNPAUSE"),
+    )
 
 
 # -- the network ----------------------------------------------------------------------------
 
+
 def partition_worker(at_s: float = 1.5, cut_s: float = 30.0) -> Fault:
     """Worker 0 (in its own network namespace) cut off from Postgres, RabbitMQ, Redis
     and the target: the link drops every packet, nothing is reset."""
-    return Fault(f"worker 0 cut off from the network for {cut_s:g}s", at_s, cut_s,
-                 inject=lambda stack: stack.partition.cut(), heal=lambda stack: stack.partition.mend())
+    return Fault(
+        f"worker 0 cut off from the network for {cut_s:g}s",
+        at_s,
+        cut_s,
+        inject=lambda stack: stack.partition.cut(),
+        heal=lambda stack: stack.partition.mend(),
+    )

@@ -11,6 +11,7 @@ nothing is reset, as in a real partition) and `mend()` sets it up again.
 `Partition.available()` says why it cannot be made here (no `ip netns`, no socat,
 not allowed), so the test skips with that reason.
 """
+
 from __future__ import annotations
 
 import random
@@ -25,7 +26,7 @@ def _ip(*args: str) -> None:
 
 class Partition:
     def __init__(self, ports: list[int]):
-        self.tag = f"{random.randrange(16 ** 6):06x}"
+        self.tag = f"{random.randrange(16**6):06x}"
         self.netns = f"pt-{self.tag}"
         self.host_if, self.ns_if = f"pth{self.tag}", f"ptn{self.tag}"
         block = random.randrange(1, 16000) * 4  # a /30 inside 198.18.0.0/15
@@ -41,7 +42,7 @@ class Partition:
         for tool in ("ip", "socat"):
             if shutil.which(tool) is None:
                 return f"`{tool}` is not installed"
-        probe = f"pt-probe{random.randrange(10 ** 6)}"
+        probe = f"pt-probe{random.randrange(10**6)}"
         made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
         if made.returncode != 0:
             return f"`ip netns add` failed: {made.stderr.strip()}"

@@ -1,5 +1,6 @@
 """kill -9 of each kind of Punctual process (worker, beat, API), and a worker stopped
 (SIGSTOP) and resumed, while a burst drains."""
+
 from __future__ import annotations
 
 import pytest

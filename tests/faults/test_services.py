@@ -6,6 +6,7 @@ expired lease, and what was never called is called soon after the fault ends.
 The restarts and the pause touch the machine's shared services: each is brief, and
 healed (and waited for) whatever happens.
 """
+
 from __future__ import annotations
 
 import pytest

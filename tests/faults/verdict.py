@@ -17,6 +17,7 @@ registry holds, and says what the guarantee is about:
 
 bench.faults prints these figures; tests/faults asserts on them.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -122,8 +123,9 @@ def judge(
     verdict.calls = sum(len(v) for v in by_key.values())
     verdict.lease_expired = sum(1 for r in run_rows if (r.error or "").startswith(LEASE_EXPIRED))
     verdict.skipped_missed = sum(1 for r in run_rows if r.state == "skipped" and "missed" in (r.error or ""))
-    verdict.skipped_superseded = sum(1 for r in run_rows
-                                     if r.state == "skipped" and "superseded" in (r.error or ""))
+    verdict.skipped_superseded = sum(
+        1 for r in run_rows if r.state == "skipped" and "superseded" in (r.error or "")
+    )
 
     for key, seen in by_key.items():
         job_id, scheduled_for = split_key(key)
@@ -138,7 +140,8 @@ def judge(
             if after.attempt == before.attempt or not expired:
                 state = "no run row" if previous is None else f"{previous.state} ({previous.error})"
                 verdict.unexplained.append(
-                    f"{key}: attempt {after.attempt} after attempt {before.attempt}, which was {state}")
+                    f"{key}: attempt {after.attempt} after attempt {before.attempt}, which was {state}"
+                )
 
     first_call: dict[str, float] = {}
     for key, seen in by_key.items():

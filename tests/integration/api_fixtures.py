@@ -5,6 +5,7 @@ only the helpers (job_body, job_row, insert_run, ...).
 The settings are per module (one engine pool per module, not per test); each test
 gets its own owners, so tests never see each other's jobs without truncating.
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,7 +25,11 @@ WEBHOOK = {"type": "webhook", "url": "http://127.0.0.1:9/hook"}
 
 
 def job_body(**overrides) -> dict:
-    body = {"name": "nightly-billing", "target": dict(WEBHOOK), "schedule": {"cron": "0 0 * * *", "timezone": "Europe/Berlin"}}
+    body = {
+        "name": "nightly-billing",
+        "target": dict(WEBHOOK),
+        "schedule": {"cron": "0 0 * * *", "timezone": "Europe/Berlin"},
+    }
     body.update(overrides)
     return body
 
@@ -32,11 +37,13 @@ def job_body(**overrides) -> dict:
 @pytest.fixture(scope="module")
 def api_settings(pg_dsns) -> Settings:
     """Two physical shards, 16 logical ones, private targets allowed (tests call 127.0.0.1)."""
-    return Settings.from_env({
-        "PUNCTUAL_DATABASE_URLS": ",".join(pg_dsns),
-        "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1",
-        "PUNCTUAL_DB_POOL_SIZE": "5",
-    })
+    return Settings.from_env(
+        {
+            "PUNCTUAL_DATABASE_URLS": ",".join(pg_dsns),
+            "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1",
+            "PUNCTUAL_DB_POOL_SIZE": "5",
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +147,12 @@ def run_rows(settings: Settings, job_id) -> list[dict]:
 
     engine, key = engine_of(settings, job_id)
     with engine.connect() as conn:
-        return [dict(r) for r in conn.execute(sa.select(runs).where(runs.c.job_id == key).order_by(runs.c.created_at)).mappings()]
+        return [
+            dict(r)
+            for r in conn.execute(
+                sa.select(runs).where(runs.c.job_id == key).order_by(runs.c.created_at)
+            ).mappings()
+        ]
 
 
 def insert_run(settings: Settings, job: dict, **values) -> dict:
@@ -153,12 +165,27 @@ def insert_run(settings: Settings, job: dict, **values) -> dict:
     engine, key = engine_of(settings, job["id"])
     now = utcnow()
     row = {
-        "run_id": uuid.uuid4(), "job_id": key, "shard": job_row(settings, key)["shard"], "owner": job_row(settings, key)["owner"],
-        "origin": "schedule", "scheduled_for": parse_instant(job["next_run_at"]) if job.get("next_run_at") else now,
-        "attempt": 3, "state": "dead", "lease_token": None, "leased_until": None, "due_at": now, "published": True,
-        "target": job["target"], "retry": job["retry"], "started_at": now - timedelta(seconds=2),
-        "finished_at": now - timedelta(seconds=1), "lateness_ms": 12, "status_code": 500, "error": "HTTP 500",
-        "created_at": now, "updated_at": now,
+        "run_id": uuid.uuid4(),
+        "job_id": key,
+        "shard": job_row(settings, key)["shard"],
+        "owner": job_row(settings, key)["owner"],
+        "origin": "schedule",
+        "scheduled_for": parse_instant(job["next_run_at"]) if job.get("next_run_at") else now,
+        "attempt": 3,
+        "state": "dead",
+        "lease_token": None,
+        "leased_until": None,
+        "due_at": now,
+        "published": True,
+        "target": job["target"],
+        "retry": job["retry"],
+        "started_at": now - timedelta(seconds=2),
+        "finished_at": now - timedelta(seconds=1),
+        "lateness_ms": 12,
+        "status_code": 500,
+        "error": "HTTP 500",
+        "created_at": now,
+        "updated_at": now,
     }
     row.update(values)
     with engine.begin() as conn:

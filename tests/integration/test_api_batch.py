@@ -1,4 +1,5 @@
 """POST /jobs/batch against the real app on two Postgres shards (and the embedded SQLite)."""
+
 from __future__ import annotations
 
 import threading
@@ -33,16 +34,20 @@ def owner_rows(settings, owner) -> list[dict]:
 
 
 def test_each_job_gets_its_own_answer_in_request_order(alice, api_settings):
-    replayed = alice.post("/jobs", json=job_body(name="earlier"),
-                          headers={"Idempotency-Key": "k-earlier"}).get_json()
-    response = batch(alice, [
-        job_body(name="plain"),
-        {"name": "", "target": {"type": "webhook"}, "schedule": {"cron": "61 * * * *"}, "bogus": 1},
-        {**job_body(name="keyed"), "idempotency_key": "k-new"},
-        {**job_body(name="earlier"), "idempotency_key": "k-earlier"},
-        {**job_body(name="other body"), "idempotency_key": "k-earlier"},
-        "not an object",
-    ])
+    replayed = alice.post(
+        "/jobs", json=job_body(name="earlier"), headers={"Idempotency-Key": "k-earlier"}
+    ).get_json()
+    response = batch(
+        alice,
+        [
+            job_body(name="plain"),
+            {"name": "", "target": {"type": "webhook"}, "schedule": {"cron": "61 * * * *"}, "bogus": 1},
+            {**job_body(name="keyed"), "idempotency_key": "k-new"},
+            {**job_body(name="earlier"), "idempotency_key": "k-earlier"},
+            {**job_body(name="other body"), "idempotency_key": "k-earlier"},
+            "not an object",
+        ],
+    )
     assert response.status_code == 200 and response.mimetype == "application/json"
     items = response.get_json()["items"]
     assert [item["status"] for item in items] == [201, 422, 201, 200, 409, 422]
@@ -59,19 +64,26 @@ def test_each_job_gets_its_own_answer_in_request_order(alice, api_settings):
 
 
 def test_a_batch_job_is_the_row_a_single_create_writes(alice, api_settings):
-    body = job_body(name="same", payload={"n": 1}, retry={"max_attempts": 2}, jitter_s=7,
-                    target={**WEBHOOK, "headers": {"X-A": "1"}, "limits": {"key": "k", "max_concurrency": 3}})
+    body = job_body(
+        name="same",
+        payload={"n": 1},
+        retry={"max_attempts": 2},
+        jitter_s=7,
+        target={**WEBHOOK, "headers": {"X-A": "1"}, "limits": {"key": "k", "max_concurrency": 3}},
+    )
     single = alice.post("/jobs", json=body, headers={"Idempotency-Key": "one"}).get_json()
     [item] = batch(alice, [{**body, "idempotency_key": "two"}]).get_json()["items"]
     assert item["status"] == 201
     varying = {"id", "next_run_at", "created_at", "updated_at"}
-    assert {k: v for k, v in item["job"].items() if k not in varying} == \
-        {k: v for k, v in single.items() if k not in varying}
+    assert {k: v for k, v in item["job"].items() if k not in varying} == {
+        k: v for k, v in single.items() if k not in varying
+    }
     assert alice.get(f"/jobs/{item['job']['id']}").get_json() == item["job"]
     ignore = {"job_id", "shard", "next_run_at", "idempotency_key", "created_at", "updated_at"}
     one, two = job_row(api_settings, single["id"]), job_row(api_settings, item["job"]["id"])
-    assert {k: v for k, v in one.items() if k not in ignore} == \
-        {k: v for k, v in two.items() if k not in ignore}
+    assert {k: v for k, v in one.items() if k not in ignore} == {
+        k: v for k, v in two.items() if k not in ignore
+    }
     assert two["idempotency_key"] == "two"
 
 
@@ -131,8 +143,9 @@ def test_a_named_limits_key_takes_the_last_jobs_limits(alice, api_settings):
 
     batch(alice, [job_body(target=target(1)), job_body(target=target(2)), job_body(target=target(3))])
     with registry_for(api_settings).home.connect() as conn:
-        query = sa.select(limit_keys.c.max_concurrency).where(limit_keys.c.owner == alice.owner,
-                                                               limit_keys.c.name == "shared")
+        query = sa.select(limit_keys.c.max_concurrency).where(
+            limit_keys.c.owner == alice.owner, limit_keys.c.name == "shared"
+        )
         cap = conn.execute(query).scalar_one()
     assert cap == 3
 
@@ -150,8 +163,12 @@ def test_concurrent_identical_batches_make_each_job_once(live_server, alice, api
 
     def send():
         barrier.wait()
-        response = requests.post(f"{live_server}/jobs/batch", json=body, timeout=60,
-                                 headers={"Authorization": f"Bearer {alice.api_key}"})
+        response = requests.post(
+            f"{live_server}/jobs/batch",
+            json=body,
+            timeout=60,
+            headers={"Authorization": f"Bearer {alice.api_key}"},
+        )
         answers.append([item["status"] for item in response.json()["items"]])
 
     threads = [threading.Thread(target=send) for _ in range(6)]
@@ -166,15 +183,20 @@ def test_concurrent_identical_batches_make_each_job_once(live_server, alice, api
 
 
 def test_a_dsn_that_fails_answers_its_own_jobs_503_and_the_others_are_created(pg_dsns):
-    settings = Settings.from_env({
-        "PUNCTUAL_DATABASE_URLS": f"{pg_dsns[0]},{MISSING_DATABASE}{uuid.uuid4().hex[:6]}",
-        "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1",
-        "PUNCTUAL_DB_POOL_SIZE": "2",
-    })
+    settings = Settings.from_env(
+        {
+            "PUNCTUAL_DATABASE_URLS": f"{pg_dsns[0]},{MISSING_DATABASE}{uuid.uuid4().hex[:6]}",
+            "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1",
+            "PUNCTUAL_DB_POOL_SIZE": "2",
+        }
+    )
     key = create_key(registry_for(settings), f"split-{uuid.uuid4().hex[:6]}")
     client = create_app(settings).test_client()
-    response = client.post("/jobs/batch", json={"jobs": [job_body(name=f"s{i}") for i in range(40)]},
-                           headers={"Authorization": f"Bearer {key.api_key}"})
+    response = client.post(
+        "/jobs/batch",
+        json={"jobs": [job_body(name=f"s{i}") for i in range(40)]},
+        headers={"Authorization": f"Bearer {key.api_key}"},
+    )
     items = response.get_json()["items"]
     assert response.status_code == 200
     assert {item["status"] for item in items} == {201, 503}
@@ -190,8 +212,13 @@ def test_a_dsn_that_fails_answers_its_own_jobs_503_and_the_others_are_created(pg
 
 
 def test_the_embedded_sqlite_registry_takes_batches_too(tmp_path):
-    settings = Settings.from_env({"PUNCTUAL_DATABASE_URLS": f"sqlite:///{tmp_path}/registry.sqlite3",
-                                  "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1", "PUNCTUAL_DEV_MODE": "1"})
+    settings = Settings.from_env(
+        {
+            "PUNCTUAL_DATABASE_URLS": f"sqlite:///{tmp_path}/registry.sqlite3",
+            "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1",
+            "PUNCTUAL_DEV_MODE": "1",
+        }
+    )
     migrate_all(settings.database_urls, shards=settings.shards)
     key = create_key(registry_for(settings), "dev")
     client = create_app(settings).test_client()

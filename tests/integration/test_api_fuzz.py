@@ -7,6 +7,7 @@ body matches the document's schema and content type. Host resolution is stubbed
 
 PUNCTUAL_FUZZ_EXAMPLES=300 PUNCTUAL_FUZZ_RANDOM=1 explores further than CI's fixed seed.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -57,8 +58,11 @@ def no_dns():
 # The document is built from code, not fetched: the test sees exactly what /openapi.json
 # serves (test_api_ops checks that the two are the same document).
 schema = schemathesis.openapi.from_dict(document())
-schema.config.generation.update(modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE],
-                                max_examples=FUZZ_EXAMPLES, deterministic=not os.environ.get("PUNCTUAL_FUZZ_RANDOM"))
+schema.config.generation.update(
+    modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE],
+    max_examples=FUZZ_EXAMPLES,
+    deterministic=not os.environ.get("PUNCTUAL_FUZZ_RANDOM"),
+)
 
 
 @schema.parametrize()
@@ -69,5 +73,10 @@ def test_no_5xx_and_every_answer_is_documented(case, live_server, fuzz_auth, no_
     case.call_and_validate(
         base_url=live_server,
         headers=headers,
-        checks=[not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance],
+        checks=[
+            not_a_server_error,
+            status_code_conformance,
+            content_type_conformance,
+            response_schema_conformance,
+        ],
     )

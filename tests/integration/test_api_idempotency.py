@@ -1,4 +1,5 @@
 """Idempotent create under real concurrency: 20 identical requests, exactly one job."""
+
 from __future__ import annotations
 
 import threading
@@ -24,8 +25,12 @@ def test_20_concurrent_identical_creates_make_exactly_one_job(live_server, alice
     def create():
         session = requests.Session()
         barrier.wait()
-        response = session.post(f"{live_server}/jobs", json=job_body(name="once"),
-                                headers={"Authorization": f"Bearer {alice.api_key}", "Idempotency-Key": key}, timeout=30)
+        response = session.post(
+            f"{live_server}/jobs",
+            json=job_body(name="once"),
+            headers={"Authorization": f"Bearer {alice.api_key}", "Idempotency-Key": key},
+            timeout=30,
+        )
         with lock:
             answers.append((response.status_code, response.json().get("id")))
 
@@ -40,7 +45,9 @@ def test_20_concurrent_identical_creates_make_exactly_one_job(live_server, alice
     total = 0
     for engine in registry_for(api_settings).engines:
         with engine.connect() as conn:
-            total += conn.execute(sa.select(sa.func.count()).select_from(jobs).where(jobs.c.owner == alice.owner)).scalar_one()
+            total += conn.execute(
+                sa.select(sa.func.count()).select_from(jobs).where(jobs.c.owner == alice.owner)
+            ).scalar_one()
     assert total == 1
 
 
@@ -51,8 +58,12 @@ def test_20_concurrent_creates_with_different_bodies_make_one_job_and_19_conflic
 
     def create(i: int):
         barrier.wait()
-        response = requests.post(f"{live_server}/jobs", json=job_body(name=f"racer-{i}"),
-                                 headers={"Authorization": f"Bearer {alice.api_key}", "Idempotency-Key": key}, timeout=30)
+        response = requests.post(
+            f"{live_server}/jobs",
+            json=job_body(name=f"racer-{i}"),
+            headers={"Authorization": f"Bearer {alice.api_key}", "Idempotency-Key": key},
+            timeout=30,
+        )
         statuses.append(response.status_code)
 
     threads = [threading.Thread(target=create, args=(i,)) for i in range(20)]

@@ -1,4 +1,5 @@
 """Owner isolation: another owner's job or run is a 404 on every endpoint, never a 403."""
+
 from __future__ import annotations
 
 import pytest
@@ -45,5 +46,7 @@ def test_listings_show_only_the_owners_own(alice, bob, api_settings):
 def test_the_same_idempotency_key_never_reaches_another_owners_job(alice, bob):
     key = {"Idempotency-Key": "same"}
     mine = alice.post("/jobs", json=job_body(), headers=key)
-    theirs = bob.post("/jobs", json={"name": "x"}, headers=key)  # invalid body: no existing job of bob's to answer
+    theirs = bob.post(
+        "/jobs", json={"name": "x"}, headers=key
+    )  # invalid body: no existing job of bob's to answer
     assert mine.status_code == 201 and theirs.status_code == 422

@@ -1,5 +1,6 @@
 """/jobs against real Postgres (two physical shards): create, get, patch, cancel,
 pause, resume, trigger, with every status docs/api.md gives them."""
+
 from __future__ import annotations
 
 import uuid
@@ -12,6 +13,7 @@ from app.core.timefmt import format_instant, parse_instant, utcnow
 from tests.integration.api_fixtures import job_body, job_row, run_rows, set_job
 
 pytestmark = pytest.mark.integration
+
 
 def iso(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -26,14 +28,30 @@ def test_create_answers_201_the_job_and_its_location(alice):
     assert response.status_code == 201
     job = response.get_json()
     assert response.headers["Location"] == f"/jobs/{job['id']}"
-    assert set(job) == {"id", "name", "state", "next_run_at", "target", "payload", "schedule", "retry", "misfire",
-                        "dst", "jitter_s", "attempt", "created_at", "updated_at"}
+    assert set(job) == {
+        "id",
+        "name",
+        "state",
+        "next_run_at",
+        "target",
+        "payload",
+        "schedule",
+        "retry",
+        "misfire",
+        "dst",
+        "jitter_s",
+        "attempt",
+        "created_at",
+        "updated_at",
+    }
     assert job["state"] == "scheduled" and job["attempt"] == 0 and job["payload"] == {"any": ["json", 1]}
     assert job["schedule"] == {"cron": "0 0 * * *", "timezone": "Europe/Berlin"}
     assert job["retry"] == {"max_attempts": 5, "backoff_s": 10, "max_backoff_s": 3600}
     assert job["dst"] == {"gap": "shift", "overlap": "once"} and job["misfire"] == "run_once"
     next_run = parse_instant(job["next_run_at"])
-    assert next_run > before and next_run.astimezone(__import__("zoneinfo").ZoneInfo("Europe/Berlin")).hour == 0
+    assert (
+        next_run > before and next_run.astimezone(__import__("zoneinfo").ZoneInfo("Europe/Berlin")).hour == 0
+    )
     assert job["created_at"].endswith("Z") and job["next_run_at"].endswith("Z")
     assert alice.get(f"/jobs/{job['id']}").get_json() == job  # what create said is what the registry holds
 
@@ -54,7 +72,9 @@ def test_a_one_off_in_the_past_within_the_misfire_grace_is_due_at_once(alice):
 
 
 def test_a_recurring_schedule_with_no_occurrence_left_is_422(alice):
-    response = alice.post("/jobs", json=job_body(schedule={"interval_s": 60, "end_at": "2020-01-01T00:00:00Z"}))
+    response = alice.post(
+        "/jobs", json=job_body(schedule={"interval_s": 60, "end_at": "2020-01-01T00:00:00Z"})
+    )
     assert response.status_code == 422
     assert [e["field"] for e in response.get_json()["errors"]] == ["schedule"]
 
@@ -65,15 +85,30 @@ def test_a_queue_job(alice):
 
 
 def test_create_lists_every_invalid_field(alice):
-    response = alice.post("/jobs", json={"name": "x" * 201, "target": {"type": "webhook", "url": "file:///etc/passwd"},
-                                         "schedule": {"cron": "* * *", "timezone": "Mars/Olympus"},
-                                         "retry": {"max_attempts": 101}, "jitter_s": -1, "extra": 1})
+    response = alice.post(
+        "/jobs",
+        json={
+            "name": "x" * 201,
+            "target": {"type": "webhook", "url": "file:///etc/passwd"},
+            "schedule": {"cron": "* * *", "timezone": "Mars/Olympus"},
+            "retry": {"max_attempts": 101},
+            "jitter_s": -1,
+            "extra": 1,
+        },
+    )
     assert response.status_code == 422
     problem = response.get_json()
     assert response.mimetype == "application/problem+json"
     assert problem["status"] == 422 and problem["title"] and problem["detail"] and problem["type"]
-    assert {e["field"] for e in problem["errors"]} == {"name", "target.url", "schedule.cron", "schedule.timezone",
-                                                       "retry.max_attempts", "jitter_s", "extra"}
+    assert {e["field"] for e in problem["errors"]} == {
+        "name",
+        "target.url",
+        "schedule.cron",
+        "schedule.timezone",
+        "retry.max_attempts",
+        "jitter_s",
+        "extra",
+    }
 
 
 def test_naive_times_are_refused(alice):
@@ -86,8 +121,15 @@ def test_private_targets_are_422_unless_the_server_allows_them(api_settings, ali
     strict = create_app(api_settings.__class__(**{**api_settings.__dict__, "allow_private_targets": False}))
     client = strict.test_client()
     headers = {"Authorization": f"Bearer {alice.api_key}"}
-    for url in ("http://127.0.0.1:9/hook", "http://10.0.0.7/", "http://169.254.169.254/latest", "http://[::ffff:127.0.0.1]/"):
-        response = client.post("/jobs", json=job_body(target={"type": "webhook", "url": url}), headers=headers)
+    for url in (
+        "http://127.0.0.1:9/hook",
+        "http://10.0.0.7/",
+        "http://169.254.169.254/latest",
+        "http://[::ffff:127.0.0.1]/",
+    ):
+        response = client.post(
+            "/jobs", json=job_body(target={"type": "webhook", "url": url}), headers=headers
+        )
         assert response.status_code == 422, url
         assert response.get_json()["errors"][0]["field"] == "target.url"
     assert alice.post("/jobs", json=job_body()).status_code == 201  # the permissive server takes 127.0.0.1
@@ -102,7 +144,10 @@ def test_same_key_same_body_answers_200_with_the_same_job(alice):
     again = alice.post("/jobs", json=job_body(), headers=key)
     assert (first.status_code, again.status_code) == (201, 200)
     assert again.get_json() == first.get_json()
-    assert again.headers["Idempotent-Replayed"] == "true" and again.headers["Location"] == first.headers["Location"]
+    assert (
+        again.headers["Idempotent-Replayed"] == "true"
+        and again.headers["Location"] == first.headers["Location"]
+    )
 
 
 def test_same_key_equal_json_counts_as_the_same_body(alice):
@@ -131,7 +176,9 @@ def test_a_repeat_whose_body_no_longer_validates_still_answers_the_job(api_setti
     key = {"Idempotency-Key": f"k-{uuid.uuid4()}"}
     first = alice.post("/jobs", json=job_body(), headers=key).get_json()
     strict = create_app(api_settings.__class__(**{**api_settings.__dict__, "allow_private_targets": False}))
-    again = strict.test_client().post("/jobs", json=job_body(), headers={**key, "Authorization": f"Bearer {alice.api_key}"})
+    again = strict.test_client().post(
+        "/jobs", json=job_body(), headers={**key, "Authorization": f"Bearer {alice.api_key}"}
+    )
     assert again.status_code == 200 and again.get_json()["id"] == first["id"]
 
 
@@ -139,7 +186,9 @@ def test_a_repeat_whose_body_no_longer_validates_still_answers_the_job(api_setti
 def test_an_empty_or_overlong_key_is_422(alice, key):
     response = alice.post("/jobs", json=job_body(), headers={"Idempotency-Key": key})
     assert response.status_code == 422
-    assert response.get_json()["errors"] == [{"field": "Idempotency-Key", "message": "must be 1 to 255 characters"}]
+    assert response.get_json()["errors"] == [
+        {"field": "Idempotency-Key", "message": "must be 1 to 255 characters"}
+    ]
 
 
 def test_a_255_character_key_is_fine(alice):
@@ -174,7 +223,9 @@ def test_patch_replaces_fields_and_recomputes_next_run_at(alice, api_settings):
 
 
 def test_patch_schedule_is_replaced_whole_and_omitted_subfields_take_defaults(alice):
-    job = alice.create(schedule={"cron": "0 9 * * *", "timezone": "Asia/Tokyo", "end_at": "2099-01-01T00:00:00Z"})
+    job = alice.create(
+        schedule={"cron": "0 9 * * *", "timezone": "Asia/Tokyo", "end_at": "2099-01-01T00:00:00Z"}
+    )
     patched = alice.patch(f"/jobs/{job['id']}", json={"schedule": {"cron": "0 10 * * *"}}).get_json()
     assert patched["schedule"] == {"cron": "0 10 * * *", "timezone": "UTC"}
     assert parse_instant(patched["next_run_at"]).hour == 10
@@ -183,14 +234,22 @@ def test_patch_schedule_is_replaced_whole_and_omitted_subfields_take_defaults(al
 def test_patch_of_other_fields_keeps_the_cursor(alice, api_settings):
     job = alice.create(schedule={"interval_s": 3600})
     set_job(api_settings, job["id"], attempt=2, misfire_exempt=True)  # a retry in progress
-    patched = alice.patch(f"/jobs/{job['id']}", json={"payload": {"v": 2}, "retry": {"max_attempts": 9}}).get_json()
+    patched = alice.patch(
+        f"/jobs/{job['id']}", json={"payload": {"v": 2}, "retry": {"max_attempts": 9}}
+    ).get_json()
     assert patched["next_run_at"] == job["next_run_at"] and patched["attempt"] == 2
     assert patched["retry"] == {"max_attempts": 9, "backoff_s": 10, "max_backoff_s": 3600}
 
 
 def test_patch_while_running_leaves_the_cursor_to_the_completion(alice, api_settings):
     job = alice.create(schedule={"interval_s": 3600})
-    set_job(api_settings, job["id"], state="running", lease_token=uuid.uuid4(), leased_until=utcnow() + timedelta(seconds=60))
+    set_job(
+        api_settings,
+        job["id"],
+        state="running",
+        lease_token=uuid.uuid4(),
+        leased_until=utcnow() + timedelta(seconds=60),
+    )
     patched = alice.patch(f"/jobs/{job['id']}", json={"schedule": {"interval_s": 60}}).get_json()
     assert patched["state"] == "running" and patched["next_run_at"] == job["next_run_at"]
     assert patched["schedule"] == {"interval_s": 60}
@@ -198,7 +257,9 @@ def test_patch_while_running_leaves_the_cursor_to_the_completion(alice, api_sett
 
 def test_patch_to_a_schedule_with_nothing_left_completes_the_job(alice):
     job = alice.create(schedule={"interval_s": 60})
-    patched = alice.patch(f"/jobs/{job['id']}", json={"schedule": {"interval_s": 60, "end_at": "2021-01-01T00:00:00Z"}})
+    patched = alice.patch(
+        f"/jobs/{job['id']}", json={"schedule": {"interval_s": 60, "end_at": "2021-01-01T00:00:00Z"}}
+    )
     assert patched.status_code == 200
     assert patched.get_json()["state"] == "completed" and patched.get_json()["next_run_at"] is None
 
@@ -242,7 +303,9 @@ def test_cancel_answers_the_cancelled_job_and_repeating_it_is_fine(alice, api_se
     assert cancelled["state"] == "cancelled" and cancelled["next_run_at"] is None
     assert alice.delete(f"/jobs/{job['id']}").status_code == 200
     runs = run_rows(api_settings, job["id"])
-    assert [(str(r["run_id"]), r["state"], r["error"]) for r in runs] == [(trigger["id"], "failed", "job cancelled")]
+    assert [(str(r["run_id"]), r["state"], r["error"]) for r in runs] == [
+        (trigger["id"], "failed", "job cancelled")
+    ]
 
 
 def test_cancel_leaves_a_running_run_alone(alice, api_settings):
@@ -282,7 +345,13 @@ def test_pause_and_resume(alice):
 def test_pause_while_running_keeps_the_lease_and_resume_returns_to_running(alice, api_settings):
     job = alice.create()
     token = uuid.uuid4()
-    set_job(api_settings, job["id"], state="running", lease_token=token, leased_until=utcnow() + timedelta(seconds=60))
+    set_job(
+        api_settings,
+        job["id"],
+        state="running",
+        lease_token=token,
+        leased_until=utcnow() + timedelta(seconds=60),
+    )
     assert alice.post(f"/jobs/{job['id']}/pause").get_json()["state"] == "paused"
     assert job_row(api_settings, job["id"])["lease_token"] == token
     assert alice.post(f"/jobs/{job['id']}/resume").get_json()["state"] == "running"
@@ -305,11 +374,24 @@ def test_trigger_answers_202_with_a_claimed_run_for_the_relay(alice, api_setting
     response = alice.post(f"/jobs/{job['id']}/trigger")
     assert response.status_code == 202
     run = response.get_json()
-    assert set(run) == {"id", "job_id", "scheduled_for", "attempt", "state", "started_at", "finished_at",
-                        "lateness_ms", "status_code", "error"}
+    assert set(run) == {
+        "id",
+        "job_id",
+        "scheduled_for",
+        "attempt",
+        "state",
+        "started_at",
+        "finished_at",
+        "lateness_ms",
+        "status_code",
+        "error",
+    }
     assert (run["job_id"], run["attempt"], run["state"]) == (job["id"], 1, "claimed")
     scheduled_for = parse_instant(run["scheduled_for"])
-    assert scheduled_for.microsecond % 1000 == 0 and before - timedelta(milliseconds=1) <= scheduled_for <= utcnow()
+    assert (
+        scheduled_for.microsecond % 1000 == 0
+        and before - timedelta(milliseconds=1) <= scheduled_for <= utcnow()
+    )
     [row] = run_rows(api_settings, job["id"])
     assert row["origin"] == "trigger" and row["published"] is False and row["due_at"] <= utcnow()
     assert row["lease_token"] is not None and row["leased_until"] > utcnow()
@@ -366,24 +448,41 @@ def test_the_embedded_sqlite_registry_creates_idempotently_too(tmp_path):
         other = client.post("/jobs", json=job_body(name="else"), headers=headers)
         assert (first.status_code, again.status_code, other.status_code) == (201, 200, 409)
         assert again.get_json() == first.get_json()
-        assert client.post("/jobs", json=job_body(), headers={"Authorization": headers["Authorization"]}).status_code == 201
+        assert (
+            client.post(
+                "/jobs", json=job_body(), headers={"Authorization": headers["Authorization"]}
+            ).status_code
+            == 201
+        )
     finally:
         registry.dispose()
 
 
-def test_a_named_limits_key_takes_the_limits_of_the_job_last_created_or_updated_with_it(alice, bob, api_settings):
+def test_a_named_limits_key_takes_the_limits_of_the_job_last_created_or_updated_with_it(
+    alice, bob, api_settings
+):
     from app.limits.keys import LimitKeyDirectory
     from app.registry.engines import registry_for
 
     def limits_of(owner):
-        return LimitKeyDirectory(registry_for(api_settings), ttl_s=0).lookup_many([(owner, "billing-api")]).get((owner, "billing-api"))
+        return (
+            LimitKeyDirectory(registry_for(api_settings), ttl_s=0)
+            .lookup_many([(owner, "billing-api")])
+            .get((owner, "billing-api"))
+        )
 
-    target = {"type": "webhook", "url": "http://127.0.0.1:9/hook", "limits": {"key": "billing-api", "rate_per_s": 50}}
+    target = {
+        "type": "webhook",
+        "url": "http://127.0.0.1:9/hook",
+        "limits": {"key": "billing-api", "rate_per_s": 50},
+    }
     first = alice.create(target=target)
     assert limits_of(alice.owner) == (50.0, None)
     alice.create(target={**target, "limits": {"key": "billing-api", "max_concurrency": 3}})
     assert limits_of(alice.owner) == (None, 3)
-    alice.patch(f"/jobs/{first['id']}", json={"target": {**target, "limits": {"key": "billing-api", "rate_per_s": 7}}})
+    alice.patch(
+        f"/jobs/{first['id']}", json={"target": {**target, "limits": {"key": "billing-api", "rate_per_s": 7}}}
+    )
     assert limits_of(alice.owner) == (7.0, None)
     assert limits_of(bob.owner) is None  # scoped to the owner
     alice.patch(f"/jobs/{first['id']}", json={"name": "renamed"})  # no target: the key keeps its limits

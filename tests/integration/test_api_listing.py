@@ -1,4 +1,5 @@
 """GET /jobs: newest first across every shard, cursors, filters, stable under inserts."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -61,7 +62,9 @@ def test_pagination_is_stable_under_concurrent_inserts(alice):
     inserter.start()
     try:
         while True:
-            page = alice.get("/jobs", query_string={"name": "stable", "limit": 4, **({"cursor": cursor} if cursor else {})}).get_json()
+            page = alice.get(
+                "/jobs", query_string={"name": "stable", "limit": 4, **({"cursor": cursor} if cursor else {})}
+            ).get_json()
             seen += [j["id"] for j in page["items"]]
             cursor = page["next_cursor"]
             if cursor is None:
@@ -89,10 +92,17 @@ def test_owners_see_only_their_jobs(alice, bob):
     assert walk(bob) == []
 
 
-@pytest.mark.parametrize("query, field", [
-    ({"state": "sleeping"}, "state"), ({"limit": "0"}, "limit"), ({"limit": "501"}, "limit"),
-    ({"limit": "x"}, "limit"), ({"cursor": "not-a-cursor"}, "cursor"), ({"name": "a\x00b"}, "name"),
-])
+@pytest.mark.parametrize(
+    "query, field",
+    [
+        ({"state": "sleeping"}, "state"),
+        ({"limit": "0"}, "limit"),
+        ({"limit": "501"}, "limit"),
+        ({"limit": "x"}, "limit"),
+        ({"cursor": "not-a-cursor"}, "cursor"),
+        ({"name": "a\x00b"}, "name"),
+    ],
+)
 def test_bad_parameters_are_422_naming_the_parameter(alice, query, field):
     response = alice.get("/jobs", query_string=query)
     assert response.status_code == 422

@@ -1,4 +1,5 @@
 """/healthz, /metrics, /openapi.json: no API key, every shard, every route in the document."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,8 +18,10 @@ pytestmark = pytest.mark.integration
 def test_healthz_lists_every_logical_shard(api_app, api_settings):
     response = api_app.test_client().get("/healthz")
     assert response.status_code == 200
-    assert response.get_json() == {"shards": [{"shard": s, "ok": True} for s in range(api_settings.shards)],
-                                   "broker": {"ok": True}}  # the embedded broker; RabbitMQ: test_api_outages
+    assert response.get_json() == {
+        "shards": [{"shard": s, "ok": True} for s in range(api_settings.shards)],
+        "broker": {"ok": True},
+    }  # the embedded broker; RabbitMQ: test_api_outages
 
 
 def test_healthz_is_503_naming_the_shards_of_a_dead_dsn(api_settings):
@@ -38,10 +41,20 @@ def test_metrics_are_prometheus_text_with_registry_gauges(alice, api_settings):
     response = alice.client.get("/metrics")
     assert response.status_code == 200 and response.mimetype == "text/plain"
     text = response.get_data(as_text=True)
-    for name in ("punctual_jobs{state=\"scheduled\"}", "punctual_dead_letter_runs", "punctual_claims_total",
-                 "punctual_runs_total", "punctual_start_lateness_seconds", "punctual_dead_letters_total"):
+    for name in (
+        'punctual_jobs{state="scheduled"}',
+        "punctual_dead_letter_runs",
+        "punctual_claims_total",
+        "punctual_runs_total",
+        "punctual_start_lateness_seconds",
+        "punctual_dead_letters_total",
+    ):
         assert name in text or name.split("{")[0] in text, name
-    scheduled = float(next(line for line in text.splitlines() if line.startswith('punctual_jobs{state="scheduled"}')).split()[-1])
+    scheduled = float(
+        next(
+            line for line in text.splitlines() if line.startswith('punctual_jobs{state="scheduled"}')
+        ).split()[-1]
+    )
     assert scheduled >= 1
 
 
@@ -101,10 +114,18 @@ def test_every_documented_error_status_has_a_problem_schema():
 
 # The names docs/api.md ("Metrics") promises, on the API's /metrics and a worker's port.
 DOCUMENTED_METRICS = (
-    "punctual_runs_started_total", "punctual_runs_total", "punctual_start_lateness_seconds",
-    "punctual_claim_batch_size", "punctual_claims_total", "punctual_leases_expired_total",
-    "punctual_dispatch_messages_total", "punctual_stale_completions_total", "punctual_dead_letters_total",
-    "punctual_jobs", "punctual_dead_letter_runs", "punctual_backlog_jobs",
+    "punctual_runs_started_total",
+    "punctual_runs_total",
+    "punctual_start_lateness_seconds",
+    "punctual_claim_batch_size",
+    "punctual_claims_total",
+    "punctual_leases_expired_total",
+    "punctual_dispatch_messages_total",
+    "punctual_stale_completions_total",
+    "punctual_dead_letters_total",
+    "punctual_jobs",
+    "punctual_dead_letter_runs",
+    "punctual_backlog_jobs",
 )
 
 
@@ -121,7 +142,10 @@ def test_the_backlog_counts_due_jobs_per_shard(api_settings, alice):
     job = alice.create(schedule={"run_at": format_instant(utcnow())})
     shard = job_row(api_settings, job["id"])["shard"]
     text = app.test_client().get("/metrics").get_data(as_text=True)
-    backlog = {line.split('"')[1]: float(line.split()[-1]) for line in text.splitlines()
-               if line.startswith("punctual_backlog_jobs{")}
+    backlog = {
+        line.split('"')[1]: float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("punctual_backlog_jobs{")
+    }
     assert sorted(backlog, key=int) == [str(s) for s in range(api_settings.shards)]
     assert backlog[str(shard)] >= 1

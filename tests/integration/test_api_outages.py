@@ -6,6 +6,7 @@ which is what a failed primary looks like to the API, without stopping the share
 server. Real RabbitMQ for /healthz, and a port where nothing listens for a broker
 that is down.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -31,13 +32,15 @@ def _dead_port() -> int:
 
 @pytest.fixture(scope="module")
 def settings(pg_dsns, amqp_url) -> Settings:
-    return Settings.from_env({
-        "PUNCTUAL_DATABASE_URLS": ",".join(pg_dsns),
-        "PUNCTUAL_BROKER_URL": amqp_url,
-        "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1",
-        "PUNCTUAL_DB_POOL_SIZE": "2",
-        "PUNCTUAL_MISFIRE_GRACE_S": "60",
-    })
+    return Settings.from_env(
+        {
+            "PUNCTUAL_DATABASE_URLS": ",".join(pg_dsns),
+            "PUNCTUAL_BROKER_URL": amqp_url,
+            "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1",
+            "PUNCTUAL_DB_POOL_SIZE": "2",
+            "PUNCTUAL_MISFIRE_GRACE_S": "60",
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +55,8 @@ def databases_down(pg_admin, pg_dsns):
         for name in names:
             conn.exec_driver_sql(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
             conn.exec_driver_sql(
-                f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'")
+                f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
+            )
     try:
         yield
     finally:
@@ -84,10 +88,12 @@ def test_healthz_reports_the_broker(app):
 
 
 def test_healthz_is_503_when_the_broker_is_down(settings):
-    down = Settings.from_env({
-        "PUNCTUAL_DATABASE_URLS": ",".join(settings.database_urls),
-        "PUNCTUAL_BROKER_URL": f"amqp://guest:guest@127.0.0.1:{_dead_port()}//",
-    })
+    down = Settings.from_env(
+        {
+            "PUNCTUAL_DATABASE_URLS": ",".join(settings.database_urls),
+            "PUNCTUAL_BROKER_URL": f"amqp://guest:guest@127.0.0.1:{_dead_port()}//",
+        }
+    )
     response = create_app(down).test_client().get("/healthz")
     assert response.status_code == 503
     body = response.get_json()

@@ -1,4 +1,5 @@
 """Every error is application/problem+json: 400, 401, 404, 405, 409, 413, 415, 422."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,15 @@ def assert_problem(response, status):
     return body
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer pk_nope"}, {"Authorization": "Basic dXNlcjpwdw=="},
-                                     {"Authorization": "Bearer "}])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer pk_nope"},
+        {"Authorization": "Basic dXNlcjpwdw=="},
+        {"Authorization": "Bearer "},
+    ],
+)
 def test_no_or_bad_key_is_401(api_app, headers):
     response = api_app.test_client().get("/jobs", headers=headers)
     assert_problem(response, 401)
@@ -65,8 +73,12 @@ def test_a_body_over_64_kib_is_413(alice):
 
 def test_patch_checks_the_body_too(alice):
     job = alice.create()
-    assert_problem(alice.patch(f"/jobs/{job['id']}", data=b"name=x", headers={"Content-Type": "text/plain"}), 415)
-    assert_problem(alice.patch(f"/jobs/{job['id']}", data=b"{", headers={"Content-Type": "application/json"}), 400)
+    assert_problem(
+        alice.patch(f"/jobs/{job['id']}", data=b"name=x", headers={"Content-Type": "text/plain"}), 415
+    )
+    assert_problem(
+        alice.patch(f"/jobs/{job['id']}", data=b"{", headers={"Content-Type": "application/json"}), 400
+    )
     assert_problem(alice.patch(f"/jobs/{job['id']}", json=[1]), 422)
 
 

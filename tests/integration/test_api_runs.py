@@ -1,4 +1,5 @@
 """Run history, dead letters and replay against real Postgres (two physical shards)."""
+
 from __future__ import annotations
 
 import uuid
@@ -15,10 +16,24 @@ pytestmark = pytest.mark.integration
 def test_history_is_newest_first_with_every_field(alice, api_settings):
     job = alice.create()
     now = utcnow()
-    first = insert_run(api_settings, job, state="failed", attempt=1, created_at=now - timedelta(seconds=20),
-                       status_code=503, error="HTTP 503")
-    second = insert_run(api_settings, job, state="succeeded", attempt=2, created_at=now - timedelta(seconds=10),
-                        status_code=200, error=None)
+    first = insert_run(
+        api_settings,
+        job,
+        state="failed",
+        attempt=1,
+        created_at=now - timedelta(seconds=20),
+        status_code=503,
+        error="HTTP 503",
+    )
+    second = insert_run(
+        api_settings,
+        job,
+        state="succeeded",
+        attempt=2,
+        created_at=now - timedelta(seconds=10),
+        status_code=200,
+        error=None,
+    )
     response = alice.get(f"/jobs/{job['id']}/runs")
     assert response.status_code == 200
     page = response.get_json()
@@ -26,20 +41,35 @@ def test_history_is_newest_first_with_every_field(alice, api_settings):
     assert page["next_cursor"] is None
     run = page["items"][0]
     assert run == {
-        "id": str(second["run_id"]), "job_id": job["id"], "scheduled_for": format_instant(second["scheduled_for"]),
-        "attempt": 2, "state": "succeeded", "started_at": format_instant(second["started_at"]),
-        "finished_at": format_instant(second["finished_at"]), "lateness_ms": 12, "status_code": 200, "error": None,
+        "id": str(second["run_id"]),
+        "job_id": job["id"],
+        "scheduled_for": format_instant(second["scheduled_for"]),
+        "attempt": 2,
+        "state": "succeeded",
+        "started_at": format_instant(second["started_at"]),
+        "finished_at": format_instant(second["finished_at"]),
+        "lateness_ms": 12,
+        "status_code": 200,
+        "error": None,
     }
 
 
 def test_history_pages_with_a_cursor(alice, api_settings):
     job = alice.create()
     now = utcnow()
-    ids = [str(insert_run(api_settings, job, state="succeeded", created_at=now + timedelta(milliseconds=i))["run_id"])
-           for i in range(5)]
+    ids = [
+        str(
+            insert_run(api_settings, job, state="succeeded", created_at=now + timedelta(milliseconds=i))[
+                "run_id"
+            ]
+        )
+        for i in range(5)
+    ]
     seen, cursor = [], None
     while True:
-        page = alice.get(f"/jobs/{job['id']}/runs", query_string={"limit": 2, **({"cursor": cursor} if cursor else {})}).get_json()
+        page = alice.get(
+            f"/jobs/{job['id']}/runs", query_string={"limit": 2, **({"cursor": cursor} if cursor else {})}
+        ).get_json()
         seen += [r["id"] for r in page["items"]]
         cursor = page["next_cursor"]
         if cursor is None:
@@ -47,7 +77,9 @@ def test_history_pages_with_a_cursor(alice, api_settings):
     assert seen == ids[::-1]
 
 
-@pytest.mark.parametrize("query, field", [({"limit": 0}, "limit"), ({"limit": 501}, "limit"), ({"cursor": "nope"}, "cursor")])
+@pytest.mark.parametrize(
+    "query, field", [({"limit": 0}, "limit"), ({"limit": 501}, "limit"), ({"cursor": "nope"}, "cursor")]
+)
 def test_history_bad_parameters_are_422(alice, query, field):
     job = alice.create()
     response = alice.get(f"/jobs/{job['id']}/runs", query_string=query)
@@ -60,7 +92,10 @@ def test_history_of_an_unknown_job_is_404(alice):
 
 def test_dead_letters_list_the_owners_dead_runs_across_shards(alice, bob, api_settings):
     jobs = [alice.create(name=f"dl-{i}") for i in range(6)]
-    dead = [insert_run(api_settings, j, created_at=utcnow() + timedelta(milliseconds=i)) for i, j in enumerate(jobs)]
+    dead = [
+        insert_run(api_settings, j, created_at=utcnow() + timedelta(milliseconds=i))
+        for i, j in enumerate(jobs)
+    ]
     insert_run(api_settings, jobs[0], state="failed")  # not dead: not listed
     bob_job = bob.create()
     insert_run(api_settings, bob_job)
@@ -104,7 +139,9 @@ def test_replay_of_a_dead_one_off_puts_the_job_back_to_scheduled(alice, api_sett
     assert (row["state"], row["attempt"], row["misfire_exempt"]) == ("scheduled", 0, True)
     assert row["nominal_at"] == parse_instant("2030-01-01T00:00:00Z")
     assert before <= row["next_run_at"] <= utcnow()
-    assert [r["state"] for r in run_rows(api_settings, job["id"])] == ["replayed"]  # the poller claims it as usual
+    assert [r["state"] for r in run_rows(api_settings, job["id"])] == [
+        "replayed"
+    ]  # the poller claims it as usual
 
 
 @pytest.mark.parametrize("state", ["failed", "succeeded", "replayed", "claimed"])

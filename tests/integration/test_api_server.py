@@ -7,6 +7,7 @@ is one shared path, which the second instance takes from the first), and each
 socket answers for its own instance. With PUNCTUAL_LOG_FORMAT=json every line the
 API writes is one JSON object, requests included (the access log).
 """
+
 from __future__ import annotations
 
 import json
@@ -37,13 +38,21 @@ def _free_port() -> int:
 def env(pg_dsns, tmp_path_factory) -> dict[str, str]:
     home = tmp_path_factory.mktemp("home")
     clean = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR" and not k.startswith("PUNCTUAL_")}
-    return {**clean, "HOME": str(home), "PUNCTUAL_DATABASE_URLS": ",".join(pg_dsns),
-            "PUNCTUAL_DB_POOL_SIZE": "2"}
+    return {
+        **clean,
+        "HOME": str(home),
+        "PUNCTUAL_DATABASE_URLS": ",".join(pg_dsns),
+        "PUNCTUAL_DB_POOL_SIZE": "2",
+    }
 
 
 def _start_api(env: dict, log_dir: Path, name: str, port: int, **extra: str) -> Proc:
-    proc = Proc(name, [str(BIN / "punctual"), "api", "--port", str(port), "--workers", "1", "--threads", "2"],
-                {**env, **extra}, log_dir)
+    proc = Proc(
+        name,
+        [str(BIN / "punctual"), "api", "--port", str(port), "--workers", "1", "--threads", "2"],
+        {**env, **extra},
+        log_dir,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if not proc.alive():
@@ -58,8 +67,12 @@ def _start_api(env: dict, log_dir: Path, name: str, port: int, **extra: str) -> 
 
 
 def _listeners(socket_path: Path) -> str:
-    result = subprocess.run([str(BIN / "gunicornc"), "-s", str(socket_path), "-c", "show listeners", "-j"],
-                            capture_output=True, text=True, timeout=20)
+    result = subprocess.run(
+        [str(BIN / "gunicornc"), "-s", str(socket_path), "-c", "show listeners", "-j"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout
 

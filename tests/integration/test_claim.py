@@ -1,4 +1,5 @@
 """The claim on real Postgres: batches, fencing tokens, SKIP LOCKED, misfires, the index."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -118,7 +119,9 @@ def test_two_pollers_on_one_shard_claim_each_job_once(registry, pg_settings):
 def test_claim_query_is_an_index_range_scan(registry):
     """Invariant 5: what is due comes from ix_jobs_due, never a table scan."""
     engine = registry.engine_for_shard(0)
-    insert_jobs(registry, [job_row(16, run_at=utcnow() + timedelta(days=i % 30), shard=0) for i in range(3000)])
+    insert_jobs(
+        registry, [job_row(16, run_at=utcnow() + timedelta(days=i % 30), shard=0) for i in range(3000)]
+    )
     with engine.begin() as conn:
         conn.exec_driver_sql("ANALYZE jobs")
         conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
@@ -143,7 +146,9 @@ def _late_job(registry, policy: str, missed: int, shard: int) -> tuple[dict, obj
     occurrences now-missed-1 .. now are due, the first `missed` more than 1 s late."""
     now = utcnow().replace(microsecond=0)
     first = now - timedelta(seconds=missed + 1)
-    row = job_row(16, interval_s=1, start_at=first, first=first, misfire=policy, shard=shard, created_at=first)
+    row = job_row(
+        16, interval_s=1, start_at=first, first=first, misfire=policy, shard=shard, created_at=first
+    )
     insert_jobs(registry, [row])
     return row, now
 
@@ -196,7 +201,9 @@ def test_less_than_the_grace_late_runs_late_under_every_policy(registry, grace_1
     rows = []
     for policy in ("run_once", "run_all", "skip"):
         first = now - timedelta(seconds=0.5)
-        row = job_row(16, interval_s=60, start_at=first, first=first, misfire=policy, shard=13, created_at=first)
+        row = job_row(
+            16, interval_s=60, start_at=first, first=first, misfire=policy, shard=13, created_at=first
+        )
         rows.append(row)
     insert_jobs(registry, rows)
     result = claim_batch(registry.engine_for_shard(13), 13, now, grace_1s)
@@ -207,7 +214,9 @@ def test_less_than_the_grace_late_runs_late_under_every_policy(registry, grace_1
 def test_run_all_over_the_cap_records_a_skipped_range(registry, grace_1s):
     now = utcnow().replace(microsecond=0)
     start = now - timedelta(seconds=1500)
-    row = job_row(16, interval_s=1, start_at=start, first=start, misfire="run_all", shard=14, created_at=start)
+    row = job_row(
+        16, interval_s=1, start_at=start, first=start, misfire="run_all", shard=14, created_at=start
+    )
     insert_jobs(registry, [row])
     [run] = claim_batch(registry.engine_for_shard(14), 14, now, grace_1s).runs
     assert run.scheduled_for == start

@@ -1,5 +1,6 @@
 """`punctual jobs ...` and `punctual preview` against the real app on a real HTTP server;
 `punctual api` under gunicorn with graceful shutdown."""
+
 from __future__ import annotations
 
 import json
@@ -35,9 +36,24 @@ def punctual(live_server, alice):
 
 
 def create(punctual, *extra) -> dict:
-    result = punctual("jobs", "create", "--name", "cli-job", "--cron", "0 0 * * *", "--timezone", "Europe/Berlin",
-                      "--target-url", "http://127.0.0.1:9/hook", "--header", "X-Team: billing", "--payload", '{"a": 1}',
-                      "--json", *extra)
+    result = punctual(
+        "jobs",
+        "create",
+        "--name",
+        "cli-job",
+        "--cron",
+        "0 0 * * *",
+        "--timezone",
+        "Europe/Berlin",
+        "--target-url",
+        "http://127.0.0.1:9/hook",
+        "--header",
+        "X-Team: billing",
+        "--payload",
+        '{"a": 1}',
+        "--json",
+        *extra,
+    )
     return json.loads(result.stdout)
 
 
@@ -49,8 +65,13 @@ def test_create_prints_the_job_as_json(punctual):
 
 
 def test_create_from_a_body_and_a_queue_target(punctual):
-    body = json.dumps({"name": "from-body", "target": {"type": "queue", "topic": "reports.daily"},
-                       "schedule": {"interval_s": 60}})
+    body = json.dumps(
+        {
+            "name": "from-body",
+            "target": {"type": "queue", "topic": "reports.daily"},
+            "schedule": {"interval_s": 60},
+        }
+    )
     job = json.loads(punctual("jobs", "create", "--body", body, "--json").stdout)
     assert job["target"] == {"type": "queue", "topic": "reports.daily"}
 
@@ -65,7 +86,9 @@ def test_tables_by_default(punctual):
     table = punctual("jobs", "get", job["id"]).stdout
     header, row = table.splitlines()
     assert header.split()[:4] == ["ID", "NAME", "STATE", "NEXT"]
-    assert job["id"] in row and "cron 0 0 * * * Europe/Berlin" in row and "POST http://127.0.0.1:9/hook" in row
+    assert (
+        job["id"] in row and "cron 0 0 * * * Europe/Berlin" in row and "POST http://127.0.0.1:9/hook" in row
+    )
     listing = punctual("jobs", "list").stdout
     assert job["id"] in listing
 
@@ -96,9 +119,28 @@ def test_update_changes_only_what_is_given(punctual):
     assert renamed["name"] == "renamed" and renamed["schedule"] == job["schedule"]
     assert renamed["target"] == job["target"] and renamed["retry"] == job["retry"]
 
-    changed = json.loads(punctual("jobs", "update", job["id"], "--max-attempts", "7", "--overlap", "twice",
-                                  "--timezone", "UTC", "--method", "PUT", "--payload", '{"b": 2}',
-                                  "--misfire", "skip", "--jitter-s", "9", "--json").stdout)
+    changed = json.loads(
+        punctual(
+            "jobs",
+            "update",
+            job["id"],
+            "--max-attempts",
+            "7",
+            "--overlap",
+            "twice",
+            "--timezone",
+            "UTC",
+            "--method",
+            "PUT",
+            "--payload",
+            '{"b": 2}',
+            "--misfire",
+            "skip",
+            "--jitter-s",
+            "9",
+            "--json",
+        ).stdout
+    )
     assert changed["retry"] == {**job["retry"], "max_attempts": 7}  # backoff_s kept at 20
     assert changed["retry"]["backoff_s"] == 20
     assert changed["dst"] == {"gap": "skip", "overlap": "twice"}
@@ -111,10 +153,22 @@ def test_update_changes_only_what_is_given(punctual):
     assert every["schedule"] == {"interval_s": 60}
     queue = json.loads(punctual("jobs", "update", job["id"], "--topic", "reports.daily", "--json").stdout)
     assert queue["target"] == {"type": "queue", "topic": "reports.daily"}
-    back = json.loads(punctual("jobs", "update", job["id"], "--target-url", "http://127.0.0.1:9/new",
-                               "--header", "X-New: 1", "--json").stdout)
+    back = json.loads(
+        punctual(
+            "jobs",
+            "update",
+            job["id"],
+            "--target-url",
+            "http://127.0.0.1:9/new",
+            "--header",
+            "X-New: 1",
+            "--json",
+        ).stdout
+    )
     assert back["target"]["url"] == "http://127.0.0.1:9/new" and back["target"]["headers"] == {"X-New": "1"}
-    body = json.loads(punctual("jobs", "update", job["id"], "--body", '{"name": "from-body"}', "--json").stdout)
+    body = json.loads(
+        punctual("jobs", "update", job["id"], "--body", '{"name": "from-body"}', "--json").stdout
+    )
     assert body["name"] == "from-body"
     assert punctual("jobs", "get", job["id"], "--json").stdout.count("from-body") == 1
 
@@ -152,7 +206,9 @@ def test_dead_letters_and_replay(punctual, api_settings):
 
 
 def test_api_errors_go_to_stderr_with_every_field(punctual):
-    result = punctual("jobs", "create", "--name", "bad", "--cron", "nope", "--target-url", "ftp://x", ok=False)
+    result = punctual(
+        "jobs", "create", "--name", "bad", "--cron", "nope", "--target-url", "ftp://x", ok=False
+    )
     assert result.exit_code == 1
     assert "422" in result.stderr and "schedule.cron" in result.stderr and "target.url" in result.stderr
     missing = punctual("jobs", "get", "00000000-0000-0000-0000-000000000000", ok=False)
@@ -160,15 +216,25 @@ def test_api_errors_go_to_stderr_with_every_field(punctual):
 
 
 def test_preview_table_and_json(punctual):
-    table = punctual("preview", "30 2 * * *", "--timezone", "Europe/Berlin", "--count", "2",
-                     "--after", "2026-03-28T12:00:00Z").stdout
+    table = punctual(
+        "preview",
+        "30 2 * * *",
+        "--timezone",
+        "Europe/Berlin",
+        "--count",
+        "2",
+        "--after",
+        "2026-03-28T12:00:00Z",
+    ).stdout
     assert "gap_shifted" in table and "2026-03-29T01:00:00Z" in table
     data = json.loads(punctual("preview", "*/5 * * * *", "--count", "3", "--json").stdout)
     assert len(data["items"]) == 3
 
 
 def test_no_api_key_is_a_clear_error(live_server):
-    result = CliRunner().invoke(main, ["jobs", "list"], env={"PUNCTUAL_URL": live_server, "PUNCTUAL_API_KEY": ""})
+    result = CliRunner().invoke(
+        main, ["jobs", "list"], env={"PUNCTUAL_URL": live_server, "PUNCTUAL_API_KEY": ""}
+    )
     assert result.exit_code == 2 and "PUNCTUAL_API_KEY" in result.stderr
 
 
@@ -180,10 +246,18 @@ def _free_port() -> int:
 
 def test_punctual_api_serves_under_gunicorn_and_shuts_down_gracefully(api_settings, alice):
     port = _free_port()
-    env = {**os.environ, "PUNCTUAL_DATABASE_URLS": ",".join(api_settings.database_urls),
-           "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1"}
-    server = subprocess.Popen([sys.executable, "-m", "app.cli", "api", "--port", str(port), "--workers", "2"],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "PUNCTUAL_DATABASE_URLS": ",".join(api_settings.database_urls),
+        "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1",
+    }
+    server = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "api", "--port", str(port), "--workers", "2"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 60  # generous: CI boxes can be busy
         health = None
@@ -197,7 +271,11 @@ def test_punctual_api_serves_under_gunicorn_and_shuts_down_gracefully(api_settin
                 time.sleep(0.2)
         assert health.status_code == 200
         with requests.Session() as session:
-            jobs = session.get(f"http://127.0.0.1:{port}/jobs", headers={"Authorization": f"Bearer {alice.api_key}"}, timeout=10)
+            jobs = session.get(
+                f"http://127.0.0.1:{port}/jobs",
+                headers={"Authorization": f"Bearer {alice.api_key}"},
+                timeout=10,
+            )
         assert jobs.status_code == 200
         server.send_signal(signal.SIGTERM)
         _, log = server.communicate(timeout=60)

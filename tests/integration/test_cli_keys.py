@@ -1,5 +1,6 @@
 """`punctual keys list|revoke|rotate` on the real registry; revocation reaches every API process,
 and a rotated owner's calls carry both signatures during the window."""
+
 from __future__ import annotations
 
 import json
@@ -87,8 +88,9 @@ def test_rotate_signs_with_both_secrets_during_the_window(punctual, api_settings
     secrets = OwnerDirectory(registry_for(api_settings)).signing_secrets(owner)
     assert secrets == (new, old)
     body = b'{"a":1}'
-    header = delivery_headers(job_id="j", scheduled_for=utcnow(), attempt=1, body=body,
-                              signing_secrets=secrets)["Punctual-Signature"]
+    header = delivery_headers(
+        job_id="j", scheduled_for=utcnow(), attempt=1, body=body, signing_secrets=secrets
+    )["Punctual-Signature"]
     assert header.startswith("t=") and header.count("v1=") == 2
     assert verify_signature(old, header, body) and verify_signature(new, header, body)
     assert verify_signature([new, old], header, body)
@@ -97,8 +99,11 @@ def test_rotate_signs_with_both_secrets_during_the_window(punctual, api_settings
 
     # Once the window is over only the new secret signs.
     with registry_for(api_settings).home.begin() as conn:
-        conn.execute(sa.update(owners).where(owners.c.owner == owner)
-                     .values(previous_secret_until=utcnow() - timedelta(seconds=1)))
+        conn.execute(
+            sa.update(owners)
+            .where(owners.c.owner == owner)
+            .values(previous_secret_until=utcnow() - timedelta(seconds=1))
+        )
     assert OwnerDirectory(registry_for(api_settings)).signing_secrets(owner) == (new,)
 
 

@@ -1,5 +1,6 @@
 """Batch create from the client side: the SDK's `create_jobs` and `punctual jobs create --from-file`,
 against the real app on a real HTTP server."""
+
 from __future__ import annotations
 
 import json
@@ -22,12 +23,14 @@ def client(live_server, alice):
 
 
 def test_create_jobs_answers_each_job_typed(client):
-    results = client.create_jobs([
-        {**job_body(name="a"), "idempotency_key": "a"},
-        {"name": "b", "target": WEBHOOK},
-        {**job_body(name="c"), "idempotency_key": "a"},
-        {**job_body(name="a"), "idempotency_key": "a"},
-    ])
+    results = client.create_jobs(
+        [
+            {**job_body(name="a"), "idempotency_key": "a"},
+            {"name": "b", "target": WEBHOOK},
+            {**job_body(name="c"), "idempotency_key": "a"},
+            {**job_body(name="a"), "idempotency_key": "a"},
+        ]
+    )
     assert [r.status for r in results] == [201, 422, 409, 200]
     assert all(isinstance(r, BatchResult) for r in results)
     assert isinstance(results[0].job, Job) and results[0].created and results[0].ok
@@ -80,8 +83,9 @@ def test_create_from_a_jsonl_file(punctual, tmp_path, api_settings, alice):
     assert "created 0, existing 1500, failed 1" in again.stderr
 
 
-def test_from_file_stops_at_a_line_that_is_not_json_before_sending_its_batch(punctual, tmp_path, api_settings,
-                                                                             alice):
+def test_from_file_stops_at_a_line_that_is_not_json_before_sending_its_batch(
+    punctual, tmp_path, api_settings, alice
+):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(job_body()) + "\n{not json\n")
     result = punctual("jobs", "create", "--from-file", str(path), code=2)
@@ -91,9 +95,12 @@ def test_from_file_stops_at_a_line_that_is_not_json_before_sending_its_batch(pun
 
 def test_from_file_reads_stdin(punctual, live_server, alice):
     runner = CliRunner()
-    result = runner.invoke(main, ["jobs", "create", "--from-file", "-", "--json"],
-                           input=json.dumps(job_body(name="piped")) + "\n",
-                           env={"PUNCTUAL_URL": live_server, "PUNCTUAL_API_KEY": alice.api_key})
+    result = runner.invoke(
+        main,
+        ["jobs", "create", "--from-file", "-", "--json"],
+        input=json.dumps(job_body(name="piped")) + "\n",
+        env={"PUNCTUAL_URL": live_server, "PUNCTUAL_API_KEY": alice.api_key},
+    )
     assert result.exit_code == 0, result.output
     [answer] = [json.loads(line) for line in result.stdout.splitlines()]
     assert answer["status"] == 201 and answer["job"]["name"] == "piped"

@@ -1,4 +1,5 @@
 """Completion on real Postgres: batched, fenced by the lease token, no drift."""
+
 from __future__ import annotations
 
 from datetime import UTC, timedelta
@@ -119,7 +120,9 @@ def test_stale_token_changes_nothing_and_is_counted(registry):
     """Invariant 1: after the janitor (or anyone) took the lease, a late completion is void."""
     [run] = started(registry, [job_row(16, run_at=utcnow() - timedelta(seconds=1))])
     with registry.engine_for_shard(run.shard).begin() as conn:
-        conn.execute(sa.update(jobs).where(jobs.c.job_id == run.job_id).values(lease_token=None, state="scheduled"))
+        conn.execute(
+            sa.update(jobs).where(jobs.c.job_id == run.job_id).values(lease_token=None, state="scheduled")
+        )
     before_job, before_runs = job(registry, run.job_id), runs_of(registry, run.job_id)
     stale_before = metrics.STALE_COMPLETIONS._value.get()
     report = finish(registry, run, OK)
@@ -130,15 +133,26 @@ def test_stale_token_changes_nothing_and_is_counted(registry):
 
 def test_paused_and_cancelled_jobs_keep_their_state(registry):
     now = utcnow()
-    rows = [job_row(16, interval_s=60, start_at=now - timedelta(seconds=1), first=now - timedelta(seconds=1)) for _ in range(2)]
+    rows = [
+        job_row(16, interval_s=60, start_at=now - timedelta(seconds=1), first=now - timedelta(seconds=1))
+        for _ in range(2)
+    ]
     paused, cancelled = started(registry, rows)
     with registry.engine_for_shard(paused.shard).begin() as conn:
         conn.execute(sa.update(jobs).where(jobs.c.job_id == paused.job_id).values(state="paused"))
     with registry.engine_for_shard(cancelled.shard).begin() as conn:
-        conn.execute(sa.update(jobs).where(jobs.c.job_id == cancelled.job_id).values(state="cancelled", next_run_at=None))
+        conn.execute(
+            sa.update(jobs)
+            .where(jobs.c.job_id == cancelled.job_id)
+            .values(state="cancelled", next_run_at=None)
+        )
     complete(registry, [Finished(paused, OK, now), Finished(cancelled, OK, now)], now)
     p, c = job(registry, paused.job_id), job(registry, cancelled.job_id)
-    assert p["state"] == "paused" and p["lease_token"] is None and p["nominal_at"] == paused.scheduled_for + timedelta(seconds=60)
+    assert (
+        p["state"] == "paused"
+        and p["lease_token"] is None
+        and p["nominal_at"] == paused.scheduled_for + timedelta(seconds=60)
+    )
     assert c["state"] == "cancelled" and c["lease_token"] is None and c["next_run_at"] is None
 
 
@@ -168,8 +182,14 @@ def test_off_schedule_failure_inserts_the_next_attempt_and_leaves_the_job(regist
     insert_jobs(registry, [row])
     now = utcnow()
     with registry.engine_for_shard(row["shard"]).begin() as conn:
-        trigger = insert_run(conn, job(registry, row["job_id"]), origin="trigger", scheduled_for=now, now=now,
-                             lease_s=registry.settings.lease_s)
+        trigger = insert_run(
+            conn,
+            job(registry, row["job_id"]),
+            origin="trigger",
+            scheduled_for=now,
+            now=now,
+            lease_s=registry.settings.lease_s,
+        )
     from app.lifecycle.message import DispatchRun
 
     run = DispatchRun.from_row(trigger, None)
@@ -179,7 +199,11 @@ def test_off_schedule_failure_inserts_the_next_attempt_and_leaves_the_job(regist
     assert first["state"] == "failed" and second["state"] == "claimed" and second["attempt"] == 2
     assert second["scheduled_for"] == now and second["origin"] == "trigger" and second["published"] is False
     assert second["due_at"] == now + timedelta(seconds=5)
-    assert job(registry, row["job_id"]) == {**job(registry, row["job_id"]), "state": "scheduled", "lease_token": None}
+    assert job(registry, row["job_id"]) == {
+        **job(registry, row["job_id"]),
+        "state": "scheduled",
+        "lease_token": None,
+    }
 
 
 def test_run_all_catch_up_jumps_past_the_skipped_range(registry):

@@ -2,6 +2,7 @@
 
 Real kombu connections on the transport, in a temp dir; no external service.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,8 +17,12 @@ from app.devserver.broker import TAKEN, TRANSPORT
 
 @pytest.fixture
 def folders(tmp_path):
-    return {"data_folder_in": str(tmp_path / "queue"), "data_folder_out": str(tmp_path / "queue"),
-            "control_folder": str(tmp_path / "control"), "polling_interval": 0.01}
+    return {
+        "data_folder_in": str(tmp_path / "queue"),
+        "data_folder_out": str(tmp_path / "queue"),
+        "control_folder": str(tmp_path / "control"),
+        "polling_interval": 0.01,
+    }
 
 
 def _connection(folders) -> Connection:

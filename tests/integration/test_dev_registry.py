@@ -3,6 +3,7 @@
 A real SQLite registry in a temp data dir (migrated as `punctual dev` does), the
 real Flask app; no external service.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,13 @@ from punctual_client.signature import signature_header
 
 @pytest.fixture
 def dev_settings(tmp_path) -> Settings:
-    settings = Settings.from_env({"PUNCTUAL_DATA_DIR": str(tmp_path / ".punctual"), "PUNCTUAL_DEV_MODE": "1",
-                                  "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1"})
+    settings = Settings.from_env(
+        {
+            "PUNCTUAL_DATA_DIR": str(tmp_path / ".punctual"),
+            "PUNCTUAL_DEV_MODE": "1",
+            "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1",
+        }
+    )
     migrate_all(settings.database_urls, shards=settings.shards)
     yield settings
     registry_for(settings).dispose()
@@ -34,16 +40,24 @@ def client(dev_settings):
 
 
 def _job(client, api_key: str) -> dict:
-    body = {"name": "echo", "target": {"type": "webhook", "url": "http://127.0.0.1:8000/dev/echo"},
-            "schedule": {"interval_s": 60}, "payload": {"hello": "world"}}
+    body = {
+        "name": "echo",
+        "target": {"type": "webhook", "url": "http://127.0.0.1:8000/dev/echo"},
+        "schedule": {"interval_s": 60},
+        "payload": {"hello": "world"},
+    }
     response = client.post("/jobs", json=body, headers={"Authorization": f"Bearer {api_key}"})
     assert response.status_code == 201, response.get_json()
     return response.get_json()
 
 
 def _call_headers(job_id: str, secret: str, body: bytes) -> dict:
-    return {"Punctual-Job-Id": job_id, "Idempotency-Key": f"{job_id}:2026-01-01T00:00:00Z",
-            "Punctual-Signature": signature_header(secret, body), "Content-Type": "application/json"}
+    return {
+        "Punctual-Job-Id": job_id,
+        "Idempotency-Key": f"{job_id}:2026-01-01T00:00:00Z",
+        "Punctual-Signature": signature_header(secret, body),
+        "Content-Type": "application/json",
+    }
 
 
 def test_a_job_created_on_the_embedded_registry_is_kept(client, dev_settings):
@@ -79,7 +93,9 @@ def test_echo_says_why_a_signature_does_not_verify(client, dev_settings):
 
 
 def test_echo_answers_the_status_it_is_asked_for(client):
-    answer = client.put("/dev/echo?status=503&retry_after=7", data=b"not json", headers={"Content-Type": "text/plain"})
+    answer = client.put(
+        "/dev/echo?status=503&retry_after=7", data=b"not json", headers={"Content-Type": "text/plain"}
+    )
     assert answer.status_code == 503 and answer.headers["Retry-After"] == "7"
     assert answer.get_json()["body"] == "not json"
     assert client.post("/dev/echo?status=abc").status_code == 422

@@ -1,4 +1,5 @@
 """The dispatcher in-process on real Postgres and Redis, calling a local HTTP sink."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,8 +30,9 @@ def sink():
 @pytest.fixture
 def env(pg_settings, truncate, sink):
     truncate()
-    settings = dataclasses.replace(pg_settings, lease_s=3.0, heartbeat_s=0.5, dispatch_threads=400,
-                                   target_max_concurrency=1000)
+    settings = dataclasses.replace(
+        pg_settings, lease_s=3.0, heartbeat_s=0.5, dispatch_threads=400, target_max_concurrency=1000
+    )
     registry = registry_for(settings)
     secret = create_key(registry, "tests").signing_secret
     context = WorkerContext(settings)
@@ -58,8 +60,14 @@ def wait_until(predicate, timeout_s: float = 20.0):
 
 def test_a_batch_is_called_once_each_with_every_header_and_recorded(env, sink):
     context, registry, secret = env
-    rows = [job_row(16, run_at=utcnow() - timedelta(seconds=1), target=webhook_target(sink.url(f"/j{i}"),
-            headers={"X-Team": "billing"})) for i in range(50)]
+    rows = [
+        job_row(
+            16,
+            run_at=utcnow() - timedelta(seconds=1),
+            target=webhook_target(sink.url(f"/j{i}"), headers={"X-Team": "billing"}),
+        )
+        for i in range(50)
+    ]
     runs = claim_all(registry, rows)
     report = context.dispatcher.dispatch(runs)
     assert report.started == 50
@@ -96,7 +104,10 @@ def test_during_a_rotation_window_calls_are_signed_with_the_new_and_the_old_secr
 def test_a_duplicated_message_causes_no_second_call(env, sink):
     """Invariants 3 and 4: starting is fenced, so a redelivery only costs work."""
     context, registry, _ = env
-    rows = [job_row(16, run_at=utcnow() - timedelta(seconds=1), target=webhook_target(sink.url("/dup"))) for _ in range(20)]
+    rows = [
+        job_row(16, run_at=utcnow() - timedelta(seconds=1), target=webhook_target(sink.url("/dup")))
+        for _ in range(20)
+    ]
     runs = claim_all(registry, rows)
     assert context.dispatcher.dispatch(runs).started == 20
     again = context.dispatcher.dispatch(runs)
@@ -121,7 +132,9 @@ def test_pausing_a_job_claimed_ahead_takes_its_run_back(env, sink):
     report = context.dispatcher.dispatch([run])  # its message arrives anyway
     assert report.started == 0 and report.stale == 1
     assert resume_job(registry, "tests", str(row["job_id"]), utcnow())["state"] == "scheduled"
-    [again] = claim_batch(registry.engine_for_shard(row["shard"]), row["shard"], utcnow(), registry.settings).runs
+    [again] = claim_batch(
+        registry.engine_for_shard(row["shard"]), row["shard"], utcnow(), registry.settings
+    ).runs
     assert again.job_id == row["job_id"] and again.lease_token != run.lease_token and again.attempt == 1
     time.sleep(0.5)
     assert sink.calls("/paused") == []
@@ -151,12 +164,19 @@ def test_a_patch_before_the_instant_applies_to_the_run_claimed_ahead(env, sink):
     row = job_row(16, run_at=utcnow() + timedelta(seconds=5), target=webhook_target(sink.url("/old")))
     [run] = claim_all(registry, [row])
 
-    patched = patch_job(registry, "tests", str(row["job_id"]),
-                        {"target": {"type": "webhook", "url": sink.url("/new")}}, utcnow())
+    patched = patch_job(
+        registry,
+        "tests",
+        str(row["job_id"]),
+        {"target": {"type": "webhook", "url": sink.url("/new")}},
+        utcnow(),
+    )
 
     assert patched["state"] == "scheduled" and patched["lease_token"] is None
     assert context.dispatcher.dispatch([run]).stale == 1
-    [again] = claim_batch(registry.engine_for_shard(row["shard"]), row["shard"], utcnow(), registry.settings).runs
+    [again] = claim_batch(
+        registry.engine_for_shard(row["shard"]), row["shard"], utcnow(), registry.settings
+    ).runs
     assert again.target["url"] == sink.url("/new")
     # A rename changes nothing a run carries: the claim stands.
     renamed = patch_job(registry, "tests", str(row["job_id"]), {"name": "renamed"}, utcnow())
@@ -166,7 +186,10 @@ def test_a_patch_before_the_instant_applies_to_the_run_claimed_ahead(env, sink):
 def test_hundreds_of_calls_are_in_flight_in_one_process(env, sink):
     context, registry, _ = env
     sink.script("/slow", [Answer(200, delay_s=1.0)])
-    rows = [job_row(16, run_at=utcnow() - timedelta(seconds=1), target=webhook_target(sink.url("/slow"))) for _ in range(300)]
+    rows = [
+        job_row(16, run_at=utcnow() - timedelta(seconds=1), target=webhook_target(sink.url("/slow")))
+        for _ in range(300)
+    ]
     runs = claim_all(registry, rows)
     began = time.monotonic()
     context.dispatcher.dispatch(runs)
@@ -178,7 +201,9 @@ def test_hundreds_of_calls_are_in_flight_in_one_process(env, sink):
 def test_heartbeats_extend_the_lease_while_a_call_is_in_flight(env, sink):
     context, registry, _ = env
     sink.script("/held", [Answer(200, delay_s=-1)])  # answers when released
-    [row] = rows = [job_row(16, run_at=utcnow() - timedelta(seconds=1), target=webhook_target(sink.url("/held")))]
+    [row] = rows = [
+        job_row(16, run_at=utcnow() - timedelta(seconds=1), target=webhook_target(sink.url("/held")))
+    ]
     runs = claim_all(registry, rows)
     first_lease = job(registry, row["job_id"])["leased_until"]
     context.dispatcher.dispatch(runs)
@@ -208,7 +233,9 @@ def test_a_rate_limit_holds_runs_without_spending_an_attempt(env, sink):
 def test_a_failed_call_is_settled_with_its_retry(env, sink):
     context, registry, _ = env
     sink.script("/fail", [Answer(503, headers={"Retry-After": "2"})])
-    [row] = rows = [job_row(16, run_at=utcnow() - timedelta(seconds=1), target=webhook_target(sink.url("/fail")))]
+    [row] = rows = [
+        job_row(16, run_at=utcnow() - timedelta(seconds=1), target=webhook_target(sink.url("/fail")))
+    ]
     context.dispatcher.dispatch(claim_all(registry, rows))
     after = wait_until(lambda: (j := job(registry, row["job_id"]))["state"] == "scheduled" and j)
     assert after["attempt"] == 1 and after["misfire_exempt"]
@@ -224,14 +251,26 @@ def test_the_worker_path_runs_on_sqlite(tmp_path, sink):
 
     dsn = f"sqlite:///{tmp_path / 'registry.sqlite3'}"
     migrate_all((dsn,), shards=1)
-    settings = Settings.from_env({"PUNCTUAL_DATABASE_URLS": dsn, "PUNCTUAL_SHARDS": "1",
-                                  "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1", "PUNCTUAL_DATA_DIR": str(tmp_path)})
+    settings = Settings.from_env(
+        {
+            "PUNCTUAL_DATABASE_URLS": dsn,
+            "PUNCTUAL_SHARDS": "1",
+            "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1",
+            "PUNCTUAL_DATA_DIR": str(tmp_path),
+        }
+    )
     registry = registry_for(settings)
     create_key(registry, "tests")
     sink.script("/lite-retry", [Answer(500), Answer(200)])
-    rows = [job_row(1, run_at=utcnow() - timedelta(seconds=1), target=webhook_target(sink.url("/lite"))),
-            job_row(1, run_at=utcnow() - timedelta(seconds=1), target=webhook_target(sink.url("/lite-retry")),
-                    backoff_s=0.01)]
+    rows = [
+        job_row(1, run_at=utcnow() - timedelta(seconds=1), target=webhook_target(sink.url("/lite"))),
+        job_row(
+            1,
+            run_at=utcnow() - timedelta(seconds=1),
+            target=webhook_target(sink.url("/lite-retry")),
+            backoff_s=0.01,
+        ),
+    ]
     context = WorkerContext(settings)
     try:
         assert context.dispatcher.dispatch(claim_all(registry, rows)).started == 2

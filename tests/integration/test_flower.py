@@ -13,6 +13,7 @@ a job due now makes one dispatch task. The Tasks page must list that dispatch by
 its descriptive name (`punctual.dispatch shard-NN xN`) and no poll or sweep, though
 hundreds ran. Screenshots of the three pages are kept in the test's tmp dir.
 """
+
 from __future__ import annotations
 
 import base64
@@ -42,15 +43,25 @@ MANAGEMENT_API = os.environ.get("PUNCTUAL_TEST_RABBITMQ_API", "http://guest:gues
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 RELOAD_EVERY_S = 4.0
-BROWSER_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=1600,1000")
+BROWSER_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1600,1000",
+)
 
 if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
     if os.environ.get("CI"):
         raise RuntimeError("CI needs chromium and chromium-driver (scripts/test installs them as root)")
-    pytest.skip("chromium / chromium-driver not installed (apt-get install chromium chromium-driver)",
-                allow_module_level=True)
+    pytest.skip(
+        "chromium / chromium-driver not installed (apt-get install chromium chromium-driver)",
+        allow_module_level=True,
+    )
 
 
 def _free_port() -> int:
@@ -100,8 +111,9 @@ def browser(tmp_path_factory):
     try:
         token = base64.b64encode(f"{AUTH[0]}:{AUTH[1]}".encode()).decode()
         driver.execute_cdp_cmd("Network.enable", {})
-        driver.execute_cdp_cmd("Network.setExtraHTTPHeaders",
-                               {"headers": {"Authorization": f"Basic {token}"}})
+        driver.execute_cdp_cmd(
+            "Network.setExtraHTTPHeaders", {"headers": {"Authorization": f"Basic {token}"}}
+        )
         yield driver
     finally:
         driver.quit()
@@ -114,9 +126,21 @@ def stack(env, tmp_path_factory):
     processes: dict[str, Proc] = {}
     try:
         processes["beat"] = start_beat(env, logs)
-        flower = Proc("flower", [CELERY, "-A", "app", "flower", f"--port={port}", "--address=127.0.0.1",
-                                 f"--basic_auth={AUTH[0]}:{AUTH[1]}", f"--broker_api={MANAGEMENT_API}"],
-                      env, logs)
+        flower = Proc(
+            "flower",
+            [
+                CELERY,
+                "-A",
+                "app",
+                "flower",
+                f"--port={port}",
+                "--address=127.0.0.1",
+                f"--basic_auth={AUTH[0]}:{AUTH[1]}",
+                f"--broker_api={MANAGEMENT_API}",
+            ],
+            env,
+            logs,
+        )
         processes["flower"] = flower
         url = f"http://127.0.0.1:{port}"
         _wait_for(lambda: requests.get(f"{url}/healthcheck", timeout=2).ok, 60, "Flower answering")
@@ -130,8 +154,25 @@ def _start_worker(env, processes, logs) -> Proc:
     # As docker-compose.yml starts workers: gossip, mingle and heartbeats on, so the
     # worker has an event dispatcher that Flower's enable_events switches on.
     queues = ",".join(f"shard-{s:02d}" for s in range(SHARDS))
-    worker = Proc("worker", [CELERY, "-A", "app", "worker", "--loglevel", "INFO", "-n", "flower-test@%h",
-                             "-Q", queues, "-c", "2"], env, logs)
+    worker = Proc(
+        "worker",
+        [
+            CELERY,
+            "-A",
+            "app",
+            "worker",
+            "--loglevel",
+            "INFO",
+            "-n",
+            "flower-test@%h",
+            "-Q",
+            queues,
+            "-c",
+            "2",
+        ],
+        env,
+        logs,
+    )
     processes["worker"] = worker
     wait_ready(worker, 2.0)
     return worker
@@ -169,8 +210,11 @@ def _create_due_job(env, sink) -> str:
     settings = Settings.from_env(env)
     key = create_key(registry_for(settings), "flower")
     client = create_app(settings).test_client()
-    body = {"name": "flower", "target": {"type": "webhook", "url": sink.url("/f")},
-            "schedule": {"run_at": format_instant(utcnow())}}
+    body = {
+        "name": "flower",
+        "target": {"type": "webhook", "url": sink.url("/f")},
+        "schedule": {"run_at": format_instant(utcnow())},
+    }
     response = client.post("/jobs", json=body, headers={"Authorization": f"Bearer {key.api_key}"})
     assert response.status_code == 201, response.get_json()
     return response.get_json()["id"]
@@ -185,8 +229,13 @@ def test_flower_shows_queues_the_worker_and_dispatches_by_name_without_polls(sta
         found = {m.group(1): int(m.group(2)) for m in re.finditer(r"(shard-\d\d)\s+(\d+)", text)}
         return found if len(found) == SHARDS and all(found.values()) else {}
 
-    broker_text = _page(browser, f"{url}/broker", shots / "broker.png",
-                        _queues_with_messages, "the shard queues with messages on the Broker page")
+    broker_text = _page(
+        browser,
+        f"{url}/broker",
+        shots / "broker.png",
+        _queues_with_messages,
+        "the shard queues with messages on the Broker page",
+    )
     queues = _queues_with_messages(broker_text)
     assert sorted(queues) == [f"shard-{s:02d}" for s in range(SHARDS)], broker_text
     assert "No queue data" not in broker_text
@@ -194,8 +243,11 @@ def test_flower_shows_queues_the_worker_and_dispatches_by_name_without_polls(sta
     worker = _start_worker(env, processes, logs)
     # Flower switches the worker's task events on a few seconds after it appears; a
     # dispatch before that would send no events, and Flower would never hear of it.
-    _wait_for(lambda: "enabled by remote" in worker.log_path.read_text(errors="replace"), 60,
-              "Flower switching the worker's task events on")
+    _wait_for(
+        lambda: "enabled by remote" in worker.log_path.read_text(errors="replace"),
+        60,
+        "Flower switching the worker's task events on",
+    )
     sink = Sink()
     try:
         job_id = _create_due_job(env, sink)
@@ -203,13 +255,22 @@ def test_flower_shows_queues_the_worker_and_dispatches_by_name_without_polls(sta
     finally:
         sink.close()
 
-    workers_text = _page(browser, f"{url}/workers", shots / "workers.png",
-                         lambda body: "flower-test@" in _unwrapped(body), "the worker on the Workers page")
+    workers_text = _page(
+        browser,
+        f"{url}/workers",
+        shots / "workers.png",
+        lambda body: "flower-test@" in _unwrapped(body),
+        "the worker on the Workers page",
+    )
     assert "Online" in workers_text, worker.tail()
 
-    tasks_text = _page(browser, f"{url}/tasks", shots / "tasks.png",
-                       lambda body: re.search(r"punctual\.dispatch\s*shard-\d\d\s*x1\b", body),
-                       "the dispatch task, by its descriptive name, on the Tasks page")
+    tasks_text = _page(
+        browser,
+        f"{url}/tasks",
+        shots / "tasks.png",
+        lambda body: re.search(r"punctual\.dispatch\s*shard-\d\d\s*x1\b", body),
+        "the dispatch task, by its descriptive name, on the Tasks page",
+    )
     assert "punctual.poll" not in tasks_text and "punctual.sweep" not in tasks_text, tasks_text
     # The same from Flower's API: every task it knows is a dispatch, and it carried the job's run.
     tasks = requests.get(f"{url}/api/tasks", auth=AUTH, timeout=10).json()

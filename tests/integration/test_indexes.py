@@ -1,4 +1,5 @@
 """Invariant 5: "what is due" and "whose lease expired" are index range scans, never table scans."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """The janitor on real Postgres: expired leases come back due, attempts are spent."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -37,7 +38,9 @@ def claimed(registry, row, start=True):
 
 def expire_all(registry, shard, seconds_later):
     later = utcnow() + timedelta(seconds=seconds_later)
-    return janitor.expire(registry.engine_for_shard(shard), shard, later, registry.settings, rand=lambda: 0.0), later
+    return janitor.expire(
+        registry.engine_for_shard(shard), shard, later, registry.settings, rand=lambda: 0.0
+    ), later
 
 
 def test_an_expired_lease_is_a_spent_attempt_and_the_job_is_due_at_once(registry):
@@ -75,7 +78,9 @@ def test_a_claimed_run_never_started_is_taken_back_too(registry):
 def test_exhausted_attempts_make_the_run_dead(registry):
     once = claimed(registry, job_row(16, run_at=utcnow() - timedelta(seconds=1), max_attempts=1, shard=4))
     start = utcnow().replace(microsecond=0) - timedelta(seconds=1)
-    recurring = claimed(registry, job_row(16, interval_s=30, start_at=start, first=start, max_attempts=1, shard=4))
+    recurring = claimed(
+        registry, job_row(16, interval_s=30, start_at=start, first=start, max_attempts=1, shard=4)
+    )
     assert expire_all(registry, 4, registry.settings.lease_s + 1)[0] == 2
     assert job(registry, once.job_id)["state"] == "dead"
     assert runs_of(registry, once.job_id)[0]["state"] == "dead"
@@ -99,8 +104,14 @@ def test_an_off_schedule_run_with_an_expired_lease_gets_its_next_attempt(registr
     insert_jobs(registry, [row])
     now = utcnow()
     with registry.engine_for_shard(6).begin() as conn:
-        trigger = insert_run(conn, job(registry, row["job_id"]), origin="trigger", scheduled_for=now, now=now,
-                             lease_s=registry.settings.lease_s)
+        trigger = insert_run(
+            conn,
+            job(registry, row["job_id"]),
+            origin="trigger",
+            scheduled_for=now,
+            now=now,
+            lease_s=registry.settings.lease_s,
+        )
     lease.start(registry, [DispatchRun.from_row(trigger, None)], now)
     count, later = expire_all(registry, 6, registry.settings.lease_s + 1)
     assert count == 1

@@ -1,4 +1,5 @@
 """Named limits keys: the last job created or updated with a key sets its limits."""
+
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
@@ -54,4 +55,6 @@ def test_lookups_are_cached_for_their_ttl(registry):
     assert directory.lookup_many([("acme", "reports")]) == {("acme", "reports"): (2.0, None)}
     record_limit_key(registry, "acme", _target("reports", rate_per_s=7), NOW)
     assert directory.lookup_many([("acme", "reports")]) == {("acme", "reports"): (2.0, None)}
-    assert LimitKeyDirectory(registry, ttl_s=0).lookup_many([("acme", "reports")]) == {("acme", "reports"): (7.0, None)}
+    assert LimitKeyDirectory(registry, ttl_s=0).lookup_many([("acme", "reports")]) == {
+        ("acme", "reports"): (7.0, None)
+    }

@@ -1,6 +1,7 @@
 """Limits in the worker engine on real Postgres and Redis: a cap bounds calls in
 flight (and the next run starts when one ends), held runs spend no attempt, a run
 waiting behind a cap keeps its lease, a rate holds a run once."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -60,14 +61,16 @@ def capped(sink, path: str, cap: int, **limits) -> dict:
     return webhook_target(sink.url(path), limits={"key": path, "max_concurrency": cap, **limits})
 
 
-def test_a_cap_bounds_calls_in_flight_and_the_next_run_starts_when_one_ends(pg_settings, truncate, sink,
-                                                                            contexts):
+def test_a_cap_bounds_calls_in_flight_and_the_next_run_starts_when_one_ends(
+    pg_settings, truncate, sink, contexts
+):
     context, registry = make_env(pg_settings, truncate, lease_s=30.0)  # waits up to 2 s for a slot
     contexts.append(context)
     call_s = 0.1
     sink.script("/cap2", [Answer(200, delay_s=call_s)])
-    rows = [job_row(16, run_at=utcnow() - timedelta(seconds=1), target=capped(sink, "/cap2", 2))
-            for _ in range(6)]
+    rows = [
+        job_row(16, run_at=utcnow() - timedelta(seconds=1), target=capped(sink, "/cap2", 2)) for _ in range(6)
+    ]
     due_now(registry, rows)
 
     report = context.dispatcher.dispatch(claim_due(registry))
@@ -78,19 +81,22 @@ def test_a_cap_bounds_calls_in_flight_and_the_next_run_starts_when_one_ends(pg_s
     # Never more than 2 in flight: the third call arrives only after the first answered.
     assert all(later >= earlier + call_s for earlier, later in zip(arrivals, arrivals[2:], strict=False))
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and any(job(registry, r["job_id"])["state"] != "completed"
-                                              for r in rows):
+    while time.monotonic() < deadline and any(
+        job(registry, r["job_id"])["state"] != "completed" for r in rows
+    ):
         time.sleep(0.05)
     assert all(len(runs_of(registry, r["job_id"])) == 1 for r in rows)
 
 
 def test_runs_still_waiting_for_a_slot_are_put_off_once_without_spending_an_attempt(
-        pg_settings, truncate, sink, contexts):
+    pg_settings, truncate, sink, contexts
+):
     context, registry = make_env(pg_settings, truncate, lease_s=3.0)  # waits up to 0.3 s for a slot
     contexts.append(context)
     sink.script("/cap1", [Answer(200, delay_s=-1)])  # answers when released
-    rows = [job_row(16, run_at=utcnow() - timedelta(seconds=1), target=capped(sink, "/cap1", 1))
-            for _ in range(3)]
+    rows = [
+        job_row(16, run_at=utcnow() - timedelta(seconds=1), target=capped(sink, "/cap1", 1)) for _ in range(3)
+    ]
     due_now(registry, rows)
 
     report = context.dispatcher.dispatch(claim_due(registry))
@@ -104,22 +110,26 @@ def test_runs_still_waiting_for_a_slot_are_put_off_once_without_spending_an_atte
     sink.release.set()
 
 
-def test_no_lease_expires_while_runs_wait_behind_a_cap_longer_than_the_lease(pg_settings, truncate, sink,
-                                                                             contexts):
+def test_no_lease_expires_while_runs_wait_behind_a_cap_longer_than_the_lease(
+    pg_settings, truncate, sink, contexts
+):
     """Five 1 s calls behind a cap of 1 take 5 s; the lease is 2 s. The runs wait in the
     worker or in the registry, never holding a lease they cannot keep."""
     context, registry = make_env(pg_settings, truncate, lease_s=2.0, claim_ahead_s=0.0)
     contexts.append(context)
     sink.script("/slow", [Answer(200, delay_s=1.0)])
-    rows = [job_row(16, run_at=utcnow() - timedelta(seconds=1), target=capped(sink, "/slow", 1))
-            for _ in range(5)]
+    rows = [
+        job_row(16, run_at=utcnow() - timedelta(seconds=1), target=capped(sink, "/slow", 1)) for _ in range(5)
+    ]
     due_now(registry, rows)
     expired = 0
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         context.dispatcher.dispatch(claim_due(registry))
-        expired += sum(expire(registry.engine_for_shard(shard), shard, utcnow(), registry.settings)
-                       for shard in range(16))
+        expired += sum(
+            expire(registry.engine_for_shard(shard), shard, utcnow(), registry.settings)
+            for shard in range(16)
+        )
         if all(job(registry, r["job_id"])["state"] == "completed" for r in rows):
             break
         time.sleep(0.1)

@@ -1,4 +1,5 @@
 """`punctual migrate`: every physical DSN, repeatable, and the result equals the metadata."""
+
 from __future__ import annotations
 
 import os
@@ -28,7 +29,9 @@ def two_empty_databases(pg_admin):
 def _punctual(*args: str, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "app.cli", *args],
-        capture_output=True, text=True, env={"PATH": os.environ.get("PATH", ""), **env},
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ.get("PATH", ""), **env},
     )
 
 
@@ -68,8 +71,13 @@ def test_two_concurrent_migrations_do_not_collide(pg_admin):
     try:
         env = {"PUNCTUAL_DATABASE_URLS": _pg_url(name)}
         procs = [
-            subprocess.Popen([sys.executable, "-m", "app.cli", "migrate"], env={"PATH": os.environ["PATH"], **env},
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            subprocess.Popen(
+                [sys.executable, "-m", "app.cli", "migrate"],
+                env={"PATH": os.environ["PATH"], **env},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             for _ in range(2)
         ]
         results = [p.communicate(timeout=60) + (p.returncode,) for p in procs]

@@ -1,6 +1,7 @@
 """`punctual shards move`: every row arrives, nothing stays behind, writes during the
 move are carried, the fence refuses stale writers, an interrupted move is re-run or
 aborted to a consistent map."""
+
 from __future__ import annotations
 
 import os
@@ -45,7 +46,9 @@ def dsns(pg_admin, pg_template):
 
 @pytest.fixture
 def registry(dsns):
-    reg = Registry(Settings.from_env({"PUNCTUAL_DATABASE_URLS": ",".join(dsns), "PUNCTUAL_SHARDS": str(SHARDS)}))
+    reg = Registry(
+        Settings.from_env({"PUNCTUAL_DATABASE_URLS": ",".join(dsns), "PUNCTUAL_SHARDS": str(SHARDS)})
+    )
     reg.map_refresh_s = 0.1
     yield reg
     reg.dispose()
@@ -58,9 +61,21 @@ def fill(registry: Registry, shard: int, count: int) -> set[uuid.UUID]:
     history = []
     for i, row in enumerate(rows):
         for state in ("succeeded",) + (("dead",) if i % 10 == 0 else ()):
-            history.append(run_row(job_id=row["job_id"], shard=shard, owner=row["owner"], origin="schedule",
-                                   scheduled_for=now, attempt=1, state=state, target=row["target"], retry={},
-                                   now=now, finished_at=now))
+            history.append(
+                run_row(
+                    job_id=row["job_id"],
+                    shard=shard,
+                    owner=row["owner"],
+                    origin="schedule",
+                    scheduled_for=now,
+                    attempt=1,
+                    state=state,
+                    target=row["target"],
+                    retry={},
+                    now=now,
+                    finished_at=now,
+                )
+            )
     with registry.engine_for_shard(shard).begin() as conn:
         conn.execute(jobs.insert(), rows)
         conn.execute(runs.insert(), history)
@@ -70,7 +85,9 @@ def fill(registry: Registry, shard: int, count: int) -> set[uuid.UUID]:
 def rows_of(engine: sa.Engine, shard: int) -> tuple[set, int]:
     with engine.connect() as conn:
         ids = set(conn.execute(sa.select(jobs.c.job_id).where(jobs.c.shard == shard)).scalars())
-        count = conn.execute(sa.select(sa.func.count()).select_from(runs).where(runs.c.shard == shard)).scalar_one()
+        count = conn.execute(
+            sa.select(sa.func.count()).select_from(runs).where(runs.c.shard == shard)
+        ).scalar_one()
     return ids, count
 
 
@@ -95,7 +112,9 @@ def test_a_move_copies_jobs_history_and_dead_letters_then_deletes_the_source(reg
     assert is_fence_error(refused.value)
     # ... while the shards the source still serves take writes as before.
     with source.begin() as conn:
-        conn.execute(jobs.insert(), [job_row(SHARDS, shard=registry.routing().shards_of(0)[0], run_at=utcnow())])
+        conn.execute(
+            jobs.insert(), [job_row(SHARDS, shard=registry.routing().shards_of(0)[0], run_at=utcnow())]
+        )
 
 
 def test_a_shard_moves_back_onto_a_database_it_left(registry):
@@ -148,9 +167,14 @@ def test_writes_made_during_the_move_all_arrive(registry):
     assert not errors, errors
     target = registry.engines[2]
     with target.connect() as conn:
-        found = dict(conn.execute(sa.select(jobs.c.job_id, jobs.c.attempt).where(jobs.c.shard == shard)).all())
-        dead_left = set(conn.execute(sa.select(runs.c.job_id).where(runs.c.shard == shard, runs.c.state == "dead"))
-                        .scalars())
+        found = dict(
+            conn.execute(sa.select(jobs.c.job_id, jobs.c.attempt).where(jobs.c.shard == shard)).all()
+        )
+        dead_left = set(
+            conn.execute(
+                sa.select(runs.c.job_id).where(runs.c.shard == shard, runs.c.state == "dead")
+            ).scalars()
+        )
     assert set(ids) <= set(found) and set(written) <= set(found)
     latest = {job_id: step for job_id, step in written.items() if step}
     assert all(found[job_id] == step for job_id, step in latest.items())
@@ -196,8 +220,11 @@ def test_a_move_interrupted_before_its_switch_can_be_aborted(registry, monkeypat
 def test_a_move_killed_with_sigkill_is_finished_by_running_it_again(registry, dsns):
     shard = next(s for s in range(SHARDS) if registry.reload_map().shard_index[s] != 2)
     ids = fill(registry, shard, 20_000)
-    env = {"PATH": os.environ.get("PATH", ""), "PUNCTUAL_DATABASE_URLS": ",".join(dsns),
-           "PUNCTUAL_SHARDS": str(SHARDS)}
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "PUNCTUAL_DATABASE_URLS": ",".join(dsns),
+        "PUNCTUAL_SHARDS": str(SHARDS),
+    }
     command = [sys.executable, "-m", "app.cli", "shards", "move", str(shard), "--to", "2"]
     first = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert first.stdout is not None

@@ -5,6 +5,7 @@ Real commands in subprocesses, as an operator runs them: `celery -A app beat`,
 with no API to talk to. Each must exit non-zero with exactly one line on stderr,
 and a bad setting must read the same from every one of them.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,9 @@ PUNCTUAL = str(Path(sys.executable).parent / "punctual")
 
 
 def _env(**punctual: str) -> dict[str, str]:
-    clean = {k: v for k, v in os.environ.items()
-             if not k.startswith("PUNCTUAL_") or k.startswith("PUNCTUAL_TEST_")}
+    clean = {
+        k: v for k, v in os.environ.items() if not k.startswith("PUNCTUAL_") or k.startswith("PUNCTUAL_TEST_")
+    }
     return {**clean, **punctual}
 
 
@@ -48,11 +50,14 @@ COMMANDS = {
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
-@pytest.mark.parametrize("variable, value, message", [
-    ("PUNCTUAL_LEASE_S", "abc", "punctual: PUNCTUAL_LEASE_S='abc': not a number"),
-    ("PUNCTUAL_LOG_FORMAT", "yaml", "punctual: PUNCTUAL_LOG_FORMAT='yaml': must be text or json"),
-    ("PUNCTUAL_SHARDS", "3", "punctual: PUNCTUAL_SHARDS=3: must be a power of two (1, 2, 4, 8, 16, ...)"),
-])
+@pytest.mark.parametrize(
+    "variable, value, message",
+    [
+        ("PUNCTUAL_LEASE_S", "abc", "punctual: PUNCTUAL_LEASE_S='abc': not a number"),
+        ("PUNCTUAL_LOG_FORMAT", "yaml", "punctual: PUNCTUAL_LOG_FORMAT='yaml': must be text or json"),
+        ("PUNCTUAL_SHARDS", "3", "punctual: PUNCTUAL_SHARDS=3: must be a power of two (1, 2, 4, 8, 16, ...)"),
+    ],
+)
 def test_a_bad_setting_stops_every_process_with_the_same_line(command, variable, value, message):
     result = _run(COMMANDS[command], _env(**{variable: value}))
     assert _one_line(result) == message

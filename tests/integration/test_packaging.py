@@ -5,6 +5,7 @@
 - `punctual migrate` from that install, outside the repository, creates the schema;
 - punctual-client's wheel holds punctual_client only.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,16 @@ from tests.integration.test_migrations import _schema_diff
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 # What a build reads: the files the Dockerfile copies.
-SOURCE_SET = ("setup.cfg", "setup.py", "pyproject.toml", "README.md", "celeryconfig.py", "app", "migrations",
-              "client")
+SOURCE_SET = (
+    "setup.cfg",
+    "setup.py",
+    "pyproject.toml",
+    "README.md",
+    "celeryconfig.py",
+    "app",
+    "migrations",
+    "client",
+)
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +49,24 @@ def wheels(tmp_path_factory) -> dict[str, Path]:
             shutil.copy2(REPO / name, source / name)
     out = tmp_path_factory.mktemp("wheels")
     # No build isolation: the test venv has setuptools (test extras), so nothing is downloaded.
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    str(source / "client"), str(source), "-w", str(out)],
-                   check=True, capture_output=True, cwd=out)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            str(source / "client"),
+            str(source),
+            "-w",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+        cwd=out,
+    )
     return {"client": next(out.glob("punctual_client-*.whl")), "server": next(out.glob("punctual-*.whl"))}
 
 
@@ -62,8 +86,9 @@ def test_the_client_wheel_holds_the_client_only(wheels):
     names = zipfile.ZipFile(wheels["client"]).namelist()
     assert {name.split("/")[0] for name in names} == {"punctual_client", "punctual_client-0.1.0.dist-info"}
     metadata = zipfile.ZipFile(wheels["client"]).read("punctual_client-0.1.0.dist-info/METADATA").decode()
-    assert [line for line in metadata.splitlines() if line.startswith("Requires-Dist")] == \
-        ["Requires-Dist: requests<3,>=2.32"]
+    assert [line for line in metadata.splitlines() if line.startswith("Requires-Dist")] == [
+        "Requires-Dist: requests<3,>=2.32"
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -76,23 +101,46 @@ def installed(wheels, tmp_path_factory) -> Path:
     # (for app and punctual_client) are .pth files there, which a path added this way
     # does not run: the two packages can only come from the wheels.
     (site / "borrowed_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-deps", "--no-index", "-q",
-                    str(wheels["client"]), str(wheels["server"])], check=True, capture_output=True)
+    subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-index",
+            "-q",
+            str(wheels["client"]),
+            str(wheels["server"]),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return venv
 
 
 def test_punctual_migrate_works_from_a_wheel_install_outside_the_repository(installed, pg_admin):
     python = installed / "bin" / "python"
-    where = subprocess.run([str(python), "-c", "import app, punctual_client, importlib.util as u;"
-                            "print(app.__file__); print(punctual_client.__file__);"
-                            "print(u.find_spec('migrations'))"],
-                           check=True, capture_output=True, text=True, cwd="/").stdout.splitlines()
+    where = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import app, punctual_client, importlib.util as u;"
+            "print(app.__file__); print(punctual_client.__file__);"
+            "print(u.find_spec('migrations'))",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd="/",
+    ).stdout.splitlines()
     assert all(str(installed) in line for line in where[:2]) and where[2] == "None"
     name = create_database(pg_admin)
     try:
         env = {"PATH": os.environ["PATH"], "PUNCTUAL_DATABASE_URLS": _pg_url(name)}
-        result = subprocess.run([str(installed / "bin" / "punctual"), "migrate"], capture_output=True,
-                                text=True, env=env, cwd="/")
+        result = subprocess.run(
+            [str(installed / "bin" / "punctual"), "migrate"], capture_output=True, text=True, env=env, cwd="/"
+        )
         assert result.returncode == 0, result.stderr
         assert f"empty -> {head_revision()}" in result.stdout
         assert _schema_diff(_pg_url(name)) == []

@@ -1,4 +1,5 @@
 """QueuePublisher against a real RabbitMQ vhost."""
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,13 @@ def consumer(amqp_url):
 
 def bind(consumer, pattern: str, **arguments) -> Queue:
     """A fresh queue bound to punctual.jobs (declaring the exchange as Punctual does)."""
-    queue = Queue(f"q-{uuid.uuid4().hex[:8]}", exchange=EXCHANGE, routing_key=pattern,
-                  auto_delete=False, queue_arguments=arguments or None)
+    queue = Queue(
+        f"q-{uuid.uuid4().hex[:8]}",
+        exchange=EXCHANGE,
+        routing_key=pattern,
+        auto_delete=False,
+        queue_arguments=arguments or None,
+    )
     queue(consumer.default_channel).declare()
     return queue
 
@@ -99,7 +105,9 @@ def test_the_exchange_is_a_durable_topic_exchange(publisher, amqp_url):
     vhost = amqp_url.rsplit("/", 1)[1]
     listing = subprocess.run(
         ["rabbitmqctl", "-q", "list_exchanges", "-p", vhost, "name", "type", "durable"],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
     rows = {line.split("\t")[0]: line.split("\t")[1:] for line in listing.splitlines() if line.strip()}
     assert rows["punctual.jobs"] == ["topic", "true"]
@@ -135,8 +143,11 @@ def own_vhost():
 
     vhost = f"pt_{uuid.uuid4().hex[:12]}"
     subprocess.run(["rabbitmqctl", "-q", "add_vhost", vhost], check=True, capture_output=True)
-    subprocess.run(["rabbitmqctl", "-q", "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["rabbitmqctl", "-q", "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*"],
+        check=True,
+        capture_output=True,
+    )
     yield vhost, f"{AMQP_BASE}/{vhost}"
     subprocess.run(["rabbitmqctl", "-q", "delete_vhost", vhost], capture_output=True)
 
@@ -146,8 +157,11 @@ def test_reconnects_after_the_broker_closes_the_connection(own_vhost):
     publisher = QueuePublisher(url, pool_size=1)
     try:
         assert publisher.publish(make_call("after.close", payload="before")).succeeded
-        subprocess.run(["rabbitmqctl", "-q", "close_all_connections", "-p", vhost, "test: broken connection"],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["rabbitmqctl", "-q", "close_all_connections", "-p", vhost, "test: broken connection"],
+            check=True,
+            capture_output=True,
+        )
         time.sleep(0.5)
         with Connection(url) as consumer:
             queue = bind(consumer, "after.close")
@@ -178,6 +192,8 @@ def test_an_unreachable_broker_is_an_error_not_a_hang():
 def test_many_threads_share_one_publisher(publisher, consumer):
     queue = bind(consumer, "threads.test")
     with ThreadPoolExecutor(32) as pool:
-        outcomes = list(pool.map(lambda i: publisher.publish(make_call("threads.test", payload=i)), range(200)))
+        outcomes = list(
+            pool.map(lambda i: publisher.publish(make_call("threads.test", payload=i)), range(200))
+        )
     assert all(o.succeeded for o in outcomes), [o.error for o in outcomes if not o.succeeded][:3]
     assert sorted(int(raw(m)) for m in drain(consumer, queue, 200)) == list(range(200))

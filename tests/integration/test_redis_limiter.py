@@ -1,4 +1,5 @@
 """RedisLimiter: the limiter contract on a real Redis, shared by two instances."""
+
 from __future__ import annotations
 
 import pytest
@@ -23,7 +24,10 @@ class TestRedisLimiter(LimiterContract):
     @pytest.fixture
     def pair(self, redis_prefix):
         # Two clients, two limiters: two worker processes as far as Redis can tell.
-        limiters = (RedisLimiter.from_url(REDIS_URL, redis_prefix), RedisLimiter.from_url(REDIS_URL, redis_prefix))
+        limiters = (
+            RedisLimiter.from_url(REDIS_URL, redis_prefix),
+            RedisLimiter.from_url(REDIS_URL, redis_prefix),
+        )
         yield limiters
 
 

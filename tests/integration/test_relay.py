@@ -1,4 +1,5 @@
 """The relay on real Postgres and RabbitMQ: batched messages, the outbox sweep."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,8 +34,11 @@ def broker(amqp_url, pg_settings):
 
     app = Celery("relay-test", set_as_current=False)
     app.conf.update(
-        broker_url=amqp_url, task_serializer="json", accept_content=["json"],
-        task_routes=(route_task,), broker_transport_options={"confirm_publish": True},
+        broker_url=amqp_url,
+        task_serializer="json",
+        accept_content=["json"],
+        task_routes=(route_task,),
+        broker_transport_options={"confirm_publish": True},
         task_queues=[Queue(q, Exchange(q, type="direct"), routing_key=q) for q in shard_queues(pg_settings)],
     )
 

@@ -1,5 +1,6 @@
 """Retention: finished runs older than PUNCTUAL_HISTORY_DAYS go, dead letters too;
 runs in flight and recent history stay; a locked row is skipped, never waited for."""
+
 from __future__ import annotations
 
 import threading
@@ -36,10 +37,22 @@ def history(registry: Registry, states_and_ages: list[tuple[str, float | None]])
     rows = []
     for state, age_days in states_and_ages:
         finished = None if age_days is None else now - timedelta(days=age_days)
-        rows.append(run_row(job_id=job["job_id"], shard=SHARD, owner="tests", origin="schedule",
-                            scheduled_for=finished or now, attempt=1, state=state, target=job["target"], retry={},
-                            now=finished or now, finished_at=finished,
-                            leased_until=None if finished else now + timedelta(seconds=60)))
+        rows.append(
+            run_row(
+                job_id=job["job_id"],
+                shard=SHARD,
+                owner="tests",
+                origin="schedule",
+                scheduled_for=finished or now,
+                attempt=1,
+                state=state,
+                target=job["target"],
+                retry={},
+                now=finished or now,
+                finished_at=finished,
+                leased_until=None if finished else now + timedelta(seconds=60),
+            )
+        )
     with registry.engine_for_shard(SHARD).begin() as conn:
         conn.execute(runs.insert(), rows)
     return [row["run_id"] for row in rows]
@@ -51,7 +64,9 @@ def remaining(registry: Registry) -> set:
 
 
 def test_finished_runs_older_than_the_history_go_and_the_rest_stay(registry):
-    old = history(registry, [("succeeded", 31), ("failed", 40), ("dead", 31), ("skipped", 90), ("replayed", 31)])
+    old = history(
+        registry, [("succeeded", 31), ("failed", 40), ("dead", 31), ("skipped", 90), ("replayed", 31)]
+    )
     kept = history(registry, [("succeeded", 29), ("dead", 1), ("running", None), ("claimed", None)])
     assert prune(registry.engine_for_shard(SHARD), SHARD, utcnow(), 30) == len(old)
     assert remaining(registry) == set(kept)
@@ -111,8 +126,12 @@ def test_the_prune_uses_the_finished_at_index(registry):
     with registry.engine_for_shard(SHARD).connect() as conn:
         conn.exec_driver_sql("SET enable_seqscan = off")
         query = expired_runs(SHARD, utcnow(), 1000)
-        plan = "\n".join(row[0] for row in conn.execute(sa.text(
-            "EXPLAIN " + str(query.compile(conn, compile_kwargs={"literal_binds": True})))))
+        plan = "\n".join(
+            row[0]
+            for row in conn.execute(
+                sa.text("EXPLAIN " + str(query.compile(conn, compile_kwargs={"literal_binds": True})))
+            )
+        )
     assert "ix_runs_finished" in plan, plan
 
 

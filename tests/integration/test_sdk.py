@@ -1,4 +1,5 @@
 """The SDK against the real app on a real HTTP server (no mocks)."""
+
 from __future__ import annotations
 
 import uuid
@@ -90,8 +91,9 @@ def test_dead_letters_and_replay(client, api_settings):
 
 
 def test_preview(client):
-    items = client.preview_schedule("30 2 * * *", timezone="Europe/Berlin", count=2,
-                                    after=datetime(2026, 3, 28, 12, tzinfo=UTC))
+    items = client.preview_schedule(
+        "30 2 * * *", timezone="Europe/Berlin", count=2, after=datetime(2026, 3, 28, 12, tzinfo=UTC)
+    )
     assert [i.dst for i in items] == ["gap_shifted", None]
     assert items[0].at == datetime(2026, 3, 29, 1, tzinfo=UTC)
     assert items[0].local.utcoffset().total_seconds() == 7200

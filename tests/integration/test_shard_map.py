@@ -1,5 +1,6 @@
 """The stored shard map: written once by migrate, read and followed by every process,
 a DSN list that loses a database refused by each of them with one line."""
+
 from __future__ import annotations
 
 import os
@@ -36,13 +37,25 @@ def three(pg_admin, pg_template):
 
 
 def registry_of(*dsns: str) -> Registry:
-    return Registry(Settings.from_env({"PUNCTUAL_DATABASE_URLS": ",".join(dsns), "PUNCTUAL_SHARDS": str(SHARDS)}))
+    return Registry(
+        Settings.from_env({"PUNCTUAL_DATABASE_URLS": ",".join(dsns), "PUNCTUAL_SHARDS": str(SHARDS)})
+    )
 
 
 def _punctual(args: list[str], dsns: list[str]) -> subprocess.CompletedProcess:
-    env = {"PATH": os.environ.get("PATH", ""), "PUNCTUAL_DATABASE_URLS": ",".join(dsns), "PUNCTUAL_SHARDS": str(SHARDS)}
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True, text=True, env=env,
-                          cwd=REPO, timeout=60)
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "PUNCTUAL_DATABASE_URLS": ",".join(dsns),
+        "PUNCTUAL_SHARDS": str(SHARDS),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=60,
+    )
 
 
 def test_the_first_migrate_writes_the_map_and_a_later_one_never_rewrites_it(three):
@@ -107,8 +120,12 @@ def test_the_cli_refuses_a_database_that_is_not_migrated(three, pg_admin):
 
 @pytest.mark.parametrize("kind", ["worker", "beat"])
 def test_worker_and_beat_refuse_a_dropped_database_at_start(three, kind, tmp_path):
-    env = {**os.environ, "PUNCTUAL_DATABASE_URLS": three[1], "PUNCTUAL_SHARDS": str(SHARDS),
-           "PUNCTUAL_BROKER_URL": "amqp://guest:guest@127.0.0.1:5672//"}
+    env = {
+        **os.environ,
+        "PUNCTUAL_DATABASE_URLS": three[1],
+        "PUNCTUAL_SHARDS": str(SHARDS),
+        "PUNCTUAL_BROKER_URL": "amqp://guest:guest@127.0.0.1:5672//",
+    }
     argv = [CELERY, "-A", "app", kind, "--loglevel", "WARNING"]
     if kind == "worker":
         argv += ["-c", "1", "--without-gossip", "--without-mingle", "--without-heartbeat"]
@@ -144,7 +161,9 @@ def test_a_process_follows_a_change_of_the_map(three):
     home_id = follower.routing().identities[0].database_id
     try:
         with writer.home.begin() as conn:
-            set_placement(conn, 6, Placement(home_id, follower.routing().identities[2].database_id, "fenced"), _now())
+            set_placement(
+                conn, 6, Placement(home_id, follower.routing().identities[2].database_id, "fenced"), _now()
+            )
         deadline = time.monotonic() + 5
         while not follower.routing().fenced(6):
             assert time.monotonic() < deadline, "the map change was not followed"
@@ -152,7 +171,9 @@ def test_a_process_follows_a_change_of_the_map(three):
     finally:
         with writer.home.begin() as conn:
             set_placement(conn, 6, Placement(home_id), _now())
-            assert conn.execute(sa.select(shard_map.c.move_step).where(shard_map.c.shard == 6)).scalar() is None
+            assert (
+                conn.execute(sa.select(shard_map.c.move_step).where(shard_map.c.shard == 6)).scalar() is None
+            )
         follower.dispose()
         writer.dispose()
 

@@ -1,5 +1,6 @@
 """The worker's writes on real Postgres when a connection breaks, and the lease check
 before a call (app.lifecycle.lease, app.worker.engine, app.registry.transient)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -109,8 +110,9 @@ def _take_back(registry, job_id: uuid.UUID) -> None:
     """What the janitor does to an expired lease, as far as the worker can tell: the token is gone."""
     engine = registry.engine_for_shard(shard_for(job_id, registry.settings.shards))
     with engine.begin() as conn:
-        conn.execute(sa.update(jobs).where(jobs.c.job_id == job_id)
-                     .values(lease_token=None, leased_until=None))
+        conn.execute(
+            sa.update(jobs).where(jobs.c.job_id == job_id).values(lease_token=None, leased_until=None)
+        )
 
 
 def test_a_run_whose_lease_may_have_run_out_is_called_only_if_a_renewal_finds_it_held(registry):
@@ -138,6 +140,7 @@ def test_a_call_withdrawn_as_it_is_about_to_go_out_sends_nothing():
 
     sink, caller = Sink(), WebhookCaller(allow_private=True)
     try:
+
         def call(may_send):
             target = webhook_target(sink.url("/w"))
             return caller.call(WebhookCall("j", utcnow(), 1, target, {"n": 1}, "s3cret", may_send=may_send))
@@ -170,7 +173,8 @@ def test_a_withdrawn_call_gives_its_slot_back_once_and_records_nothing(registry,
             assert dispatcher.dispatch(runs).started == 3
             deadline = time.monotonic() + 10
             while (dispatcher.in_flight() or dispatcher._slots._value < dispatcher.capacity) and (
-                    time.monotonic() < deadline):
+                time.monotonic() < deadline
+            ):
                 time.sleep(0.05)
         assert dispatcher.in_flight() == 0 and dispatcher._slots._value == dispatcher.capacity
         # Each slot went back once: a second release of the BoundedSemaphore would have

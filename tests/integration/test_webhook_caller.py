@@ -1,4 +1,5 @@
 """WebhookCaller against a real HTTP server on 127.0.0.1 (a sink in a thread)."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,13 @@ class _Sink(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         self.server.received.append(
-            {"method": self.command, "path": self.path, "headers": dict(self.headers),
-             "body": body, "client": self.client_address}
+            {
+                "method": self.command,
+                "path": self.path,
+                "headers": dict(self.headers),
+                "body": body,
+                "client": self.client_address,
+            }
         )
         status, extra, answer = 200, {}, b"ok"
         if self.path == "/redirect":
@@ -129,8 +135,14 @@ def test_post_carries_every_header_and_a_valid_signature(sink, received, caller)
 
 
 def test_job_headers_cannot_override_punctual_headers(sink, received, caller):
-    forged = {"Idempotency-Key": "forged", "punctual-job-id": "forged", "PUNCTUAL-ATTEMPT": "99",
-              "Punctual-Signature": "t=1,v1=00", "content-type": "text/plain", "X-Ok": "yes"}
+    forged = {
+        "Idempotency-Key": "forged",
+        "punctual-job-id": "forged",
+        "PUNCTUAL-ATTEMPT": "99",
+        "Punctual-Signature": "t=1,v1=00",
+        "content-type": "text/plain",
+        "X-Ok": "yes",
+    }
     outcome = caller.call(make_call(url(sink), headers=forged))
     assert outcome.status_code == 200
     headers = received[0]["headers"]

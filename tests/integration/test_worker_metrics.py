@@ -7,6 +7,7 @@ punctual_claim_batch_size), scrapes the worker's one port, and finds the count o
 every poll, whichever child ran it. Two workers on one host, on two ports, both
 serve; neither collides with the other.
 """
+
 from __future__ import annotations
 
 import re
@@ -54,8 +55,23 @@ def env(pg_dsns, amqp_url) -> dict[str, str]:
 
 def _worker(env: dict, log_dir, name: str, port: int, extra_env: dict | None = None) -> Proc:
     queues = ",".join(f"shard-{s:02d}" for s in range(SHARDS))
-    argv = [CELERY, "-A", "app", "worker", "-Q", queues, "-c", "2", "-n", f"{name}@%h", "--loglevel", "INFO",
-            "--without-gossip", "--without-mingle", "--without-heartbeat"]
+    argv = [
+        CELERY,
+        "-A",
+        "app",
+        "worker",
+        "-Q",
+        queues,
+        "-c",
+        "2",
+        "-n",
+        f"{name}@%h",
+        "--loglevel",
+        "INFO",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+    ]
     return Proc(name, argv, {**env, "PUNCTUAL_METRICS_PORT": str(port), **(extra_env or {})}, log_dir)
 
 
@@ -77,8 +93,13 @@ def _send_polls(amqp_url: str, count: int) -> None:
     with sender.connection_for_write() as conn, sender.producer_or_acquire() as producer:
         for index in range(count):
             shard = index % SHARDS
-            sender.send_task("punctual.poll", kwargs={"shard": shard}, queue=f"shard-{shard:02d}",
-                             producer=producer, connection=conn)
+            sender.send_task(
+                "punctual.poll",
+                kwargs={"shard": shard},
+                queue=f"shard-{shard:02d}",
+                producer=producer,
+                connection=conn,
+            )
 
 
 def _wait_count(port: int, name: str, expected: float, proc: Proc, timeout_s: float = 60) -> float:
@@ -108,8 +129,9 @@ def test_one_port_counts_the_work_of_every_child(env, amqp_url, tmp_path):
             _send_polls(amqp_url, 20)
             sent += 20
             _wait_count(port, "punctual_claim_batch_size_count", before + sent, worker)
-            writers = {re.sub(r"^histogram_(\d+)\.db$", r"\1", p.name)
-                       for p in metrics_dir.glob("histogram_*.db")}
+            writers = {
+                re.sub(r"^histogram_(\d+)\.db$", r"\1", p.name) for p in metrics_dir.glob("histogram_*.db")
+            }
         assert len(writers) >= 2, f"only {writers} ran polls"
         total = _sample(_scrape(port), "punctual_claim_batch_size_count")
         assert total == before + sent  # every child's polls, each once

@@ -1,4 +1,5 @@
 """The private-address policy (docs/api.md "Private addresses")."""
+
 from __future__ import annotations
 
 import socket
@@ -118,8 +119,13 @@ def fake_dns(monkeypatch):
         if host not in table:
             raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
         return [
-            (socket.AF_INET6 if ":" in a else socket.AF_INET, socket.SOCK_STREAM, 6, "",
-             (a, port, 0, 0) if ":" in a else (a, port))
+            (
+                socket.AF_INET6 if ":" in a else socket.AF_INET,
+                socket.SOCK_STREAM,
+                6,
+                "",
+                (a, port, 0, 0) if ":" in a else (a, port),
+            )
             for a in table[host]
         ]
 

@@ -1,4 +1,5 @@
 """app.services.pagination: opaque cursors, validated limits, exact merges across shards."""
+
 from __future__ import annotations
 
 import uuid
@@ -17,7 +18,9 @@ def test_cursor_round_trips_to_the_microsecond():
     assert (cursor.created_at, cursor.id) == (at, key)
 
 
-@pytest.mark.parametrize("text", ["garbage", "x" * 300, "%%%", encode_cursor("r", datetime.now(UTC), uuid.uuid4())])
+@pytest.mark.parametrize(
+    "text", ["garbage", "x" * 300, "%%%", encode_cursor("r", datetime.now(UTC), uuid.uuid4())]
+)
 def test_a_bad_or_foreign_cursor_is_422_on_cursor(text):
     with pytest.raises(ValidationError) as exc:
         decode_cursor("j", text)

@@ -1,4 +1,5 @@
 """app.pollers.beat_process: what beat says about itself, and its alive file."""
+
 from __future__ import annotations
 
 import os
@@ -9,11 +10,13 @@ from app.settings import Settings
 
 
 def test_the_start_line_says_what_beat_sends_how_often_and_where():
-    settings = Settings.from_env({"PUNCTUAL_SHARDS": "4", "PUNCTUAL_POLL_INTERVAL_S": "0.5",
-                                  "PUNCTUAL_LEASE_S": "30"})
+    settings = Settings.from_env(
+        {"PUNCTUAL_SHARDS": "4", "PUNCTUAL_POLL_INTERVAL_S": "0.5", "PUNCTUAL_LEASE_S": "30"}
+    )
     assert schedule_summary(settings) == (
         "beat alive: sending punctual.poll every 0.5 s and punctual.sweep every 10 s "
-        "to each of 4 shard queues (shard-00..shard-03)")
+        "to each of 4 shard queues (shard-00..shard-03)"
+    )
 
 
 def test_the_liveness_line_counts_what_was_sent_since_the_last_one():
@@ -21,7 +24,8 @@ def test_the_liveness_line_counts_what_was_sent_since_the_last_one():
     for name in ["punctual.poll"] * 3 + ["punctual.sweep"]:
         counter.sent(name)
     assert liveness_line(counter.take(), 60) == (
-        "beat alive: sent 3 punctual.poll, 1 punctual.sweep in the last 60 s")
+        "beat alive: sent 3 punctual.poll, 1 punctual.sweep in the last 60 s"
+    )
     assert liveness_line(counter.take(), 60) == "beat alive: sent nothing in the last 60 s"
 
 

@@ -1,4 +1,5 @@
 """The beat schedule, queue routing and Celery configuration (pure, no broker)."""
+
 from __future__ import annotations
 
 import importlib

@@ -1,4 +1,5 @@
 """The completion buffer and the in-flight set (threads, no I/O)."""
+
 from __future__ import annotations
 
 import threading
@@ -12,7 +13,9 @@ from app.worker.inflight import InFlight
 def test_the_buffer_flushes_after_a_short_delay_without_waiting_for_more():
     flushed: list[list] = []
     done = threading.Event()
-    buffer = CompletionBuffer(lambda items: (flushed.append(items), done.set()), max_items=200, max_delay_s=0.05)
+    buffer = CompletionBuffer(
+        lambda items: (flushed.append(items), done.set()), max_items=200, max_delay_s=0.05
+    )
     buffer.add(1)
     assert done.wait(2)
     assert flushed == [[1]]
@@ -22,7 +25,9 @@ def test_the_buffer_flushes_after_a_short_delay_without_waiting_for_more():
 def test_a_full_buffer_flushes_in_one_batch():
     flushed: list[list] = []
     gate = threading.Event()
-    buffer = CompletionBuffer(lambda items: (gate.wait(5), flushed.append(items)), max_items=10, max_delay_s=5)
+    buffer = CompletionBuffer(
+        lambda items: (gate.wait(5), flushed.append(items)), max_items=10, max_delay_s=5
+    )
     for i in range(10):
         buffer.add(i)
     gate.set()

@@ -5,6 +5,7 @@ docstring (tests/conftest.py); this checks, without a database, that every call 
 update_many / insert_many in app/ sits in a function whose docstring shows a statement
 on the same table, and that the documented form is what update_many sends.
 """
+
 from __future__ import annotations
 
 import ast
@@ -26,8 +27,13 @@ def _bulk_calls():
         tops += [m for c in tree.body if isinstance(c, ast.ClassDef) for m in c.body if isinstance(m, defs)]
         for func in tops:
             for node in ast.walk(func):
-                if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("update_many", "insert_many"):
-                    table = node.args[1].id if len(node.args) > 1 and isinstance(node.args[1], ast.Name) else None
+                if isinstance(node, ast.Call) and getattr(node.func, "id", None) in (
+                    "update_many",
+                    "insert_many",
+                ):
+                    table = (
+                        node.args[1].id if len(node.args) > 1 and isinstance(node.args[1], ast.Name) else None
+                    )
                     yield path.relative_to(APP.parent), func, node.func.id, table
 
 
@@ -41,7 +47,9 @@ def test_every_bulk_call_shows_its_statement_in_the_docstring():
 
 
 def test_update_sql_is_the_shape_update_many_sends():
-    sql = update_sql(runs, ("run_id", "lease_token"), ("lateness_ms",), ("state",), "runs.state = 'claimed'", "run_id")
+    sql = update_sql(
+        runs, ("run_id", "lease_token"), ("lateness_ms",), ("state",), "runs.state = 'claimed'", "run_id"
+    )
     assert sql == (
         "UPDATE runs SET lateness_ms = v.lateness_ms, state = :state "
         "FROM jsonb_to_recordset(:rows) AS v(run_id uuid, lease_token uuid, lateness_ms bigint) "

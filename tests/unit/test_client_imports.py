@@ -1,4 +1,5 @@
 """punctual_client is its own distribution: requests and the standard library, never the server."""
+
 from __future__ import annotations
 
 import subprocess
@@ -40,8 +41,19 @@ def test_the_client_source_never_names_the_server():
 
 def test_the_public_surface_is_curated():
     assert set(punctual_client.__all__) >= {
-        "Client", "Job", "Run", "Page", "BatchResult", "PunctualError", "APIError", "ValidationError",
-        "NotFoundError", "ConflictError", "AuthenticationError", "verify_signature", "SignatureError",
+        "Client",
+        "Job",
+        "Run",
+        "Page",
+        "BatchResult",
+        "PunctualError",
+        "APIError",
+        "ValidationError",
+        "NotFoundError",
+        "ConflictError",
+        "AuthenticationError",
+        "verify_signature",
+        "SignatureError",
     }
     for name in punctual_client.__all__:
         assert hasattr(punctual_client, name), name
@@ -50,8 +62,16 @@ def test_the_public_surface_is_curated():
 def test_errors_map_from_problem_json():
     from punctual_client.errors import ConflictError, ServerError, ValidationError, error_for
 
-    err = error_for(422, {"type": "urn:x", "title": "Invalid fields", "status": 422, "detail": "invalid: name",
-                          "errors": [{"field": "name", "message": "is required"}]})
+    err = error_for(
+        422,
+        {
+            "type": "urn:x",
+            "title": "Invalid fields",
+            "status": 422,
+            "detail": "invalid: name",
+            "errors": [{"field": "name", "message": "is required"}],
+        },
+    )
     assert isinstance(err, ValidationError)
     assert [(e.field, e.message) for e in err.errors] == [("name", "is required")]
     assert isinstance(error_for(409, {}), ConflictError)
@@ -61,10 +81,22 @@ def test_errors_map_from_problem_json():
 def test_a_batch_result_is_typed_from_its_item():
     from punctual_client import BatchResult, ConflictError, Job
 
-    job = {"id": "0b7c", "name": "n", "state": "scheduled", "next_run_at": "2030-01-01T00:00:00Z",
-           "target": {}, "payload": None, "schedule": {}, "retry": {}, "misfire": "run_once", "dst": {},
-           "jitter_s": 0, "attempt": 0, "created_at": "2029-01-01T00:00:00Z",
-           "updated_at": "2029-01-01T00:00:00Z"}
+    job = {
+        "id": "0b7c",
+        "name": "n",
+        "state": "scheduled",
+        "next_run_at": "2030-01-01T00:00:00Z",
+        "target": {},
+        "payload": None,
+        "schedule": {},
+        "retry": {},
+        "misfire": "run_once",
+        "dst": {},
+        "jitter_s": 0,
+        "attempt": 0,
+        "created_at": "2029-01-01T00:00:00Z",
+        "updated_at": "2029-01-01T00:00:00Z",
+    }
     created = BatchResult.from_json({"status": 201, "job": job})
     assert isinstance(created.job, Job) and created.created and created.ok and created.error is None
     replayed = BatchResult.from_json({"status": 200, "job": job})

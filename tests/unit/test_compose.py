@@ -5,6 +5,7 @@ order, commands against the real `punctual` and Celery command lines, the shard
 queues split across workers, and configuration through PUNCTUAL_* only.
 `docker compose config` also runs where the compose plugin exists.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -89,8 +90,11 @@ def test_celery_services_point_at_the_app_and_split_every_shard_queue_once():
     reason="the docker compose plugin is not installed here",
 )
 def test_docker_compose_config_accepts_the_file():
-    result = subprocess.run(["docker", "compose", "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        ["docker", "compose", "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
 
 

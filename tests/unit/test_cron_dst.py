@@ -4,6 +4,7 @@ Every expected instant below is derived by hand from the zone's rules (written n
 to it), never computed with the code under test. The hypothesis properties at the
 end check the resolution against an independent brute-force oracle.
 """
+
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
@@ -66,7 +67,14 @@ def flags(schedule: Schedule, dst: DstPolicy, after: str, n: int) -> list[tuple[
         "0-59/7 * * * *",
         "*/2 * * * * *",  # 6 fields, seconds first
         "30 0 9 * * *",
-        "@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@annually", "@midnight", "@DAILY",
+        "@hourly",
+        "@daily",
+        "@weekly",
+        "@monthly",
+        "@yearly",
+        "@annually",
+        "@midnight",
+        "@DAILY",
         "  0 0 * * *  ",
     ],
 )
@@ -128,7 +136,9 @@ def test_six_fields_put_seconds_first_and_croniter_gets_seconds_last():
 
 def test_six_field_every_two_seconds():
     assert fires(cron("*/2 * * * * *"), SHIFT_ONCE, "2026-05-01T12:00:00Z", 3) == [
-        "2026-05-01T12:00:02Z", "2026-05-01T12:00:04Z", "2026-05-01T12:00:06Z",
+        "2026-05-01T12:00:02Z",
+        "2026-05-01T12:00:04Z",
+        "2026-05-01T12:00:06Z",
     ]
 
 
@@ -136,7 +146,8 @@ def test_six_field_seconds_first_at_nine_oh_oh_thirty():
     # "30 0 9 * * *" = second 30, minute 0, hour 9; read seconds-last it would mean
     # minute 30 of hour 0 on the 9th.
     assert fires(cron("30 0 9 * * *"), SHIFT_ONCE, "2026-05-01T00:00:00Z", 2) == [
-        "2026-05-01T09:00:30Z", "2026-05-02T09:00:30Z",
+        "2026-05-01T09:00:30Z",
+        "2026-05-02T09:00:30Z",
     ]
 
 
@@ -154,13 +165,16 @@ def test_spring_gap_berlin_shift_runs_at_the_transition_instant():
     # 03-28 02:30 CET = 01:30Z; 03-29 02:30 does not exist -> 01:00Z (03:00 CEST);
     # 03-30 02:30 CEST = 00:30Z.
     assert fires(cron("30 2 * * *", "Europe/Berlin"), SHIFT_ONCE, "2026-03-28T00:00:00Z", 3) == [
-        "2026-03-28T01:30:00Z", "2026-03-29T01:00:00Z", "2026-03-30T00:30:00Z",
+        "2026-03-28T01:30:00Z",
+        "2026-03-29T01:00:00Z",
+        "2026-03-30T00:30:00Z",
     ]
 
 
 def test_spring_gap_berlin_skip_drops_the_missing_day():
     assert fires(cron("30 2 * * *", "Europe/Berlin"), SKIP_ONCE, "2026-03-28T00:00:00Z", 2) == [
-        "2026-03-28T01:30:00Z", "2026-03-30T00:30:00Z",
+        "2026-03-28T01:30:00Z",
+        "2026-03-30T00:30:00Z",
     ]
 
 
@@ -169,7 +183,9 @@ def test_spring_gap_every_15_minutes_merges_into_one_occurrence():
     # the regular 03:00 CEST occurrence: ONE run at 01:00Z. Then 03:15 CEST = 01:15Z.
     schedule = cron("*/15 * * * *", "Europe/Berlin")
     assert fires(schedule, SHIFT_ONCE, "2026-03-29T00:40:00Z", 3) == [
-        "2026-03-29T00:45:00Z", "2026-03-29T01:00:00Z", "2026-03-29T01:15:00Z",
+        "2026-03-29T00:45:00Z",
+        "2026-03-29T01:00:00Z",
+        "2026-03-29T01:15:00Z",
     ]
     assert flags(schedule, SHIFT_ONCE, "2026-03-29T00:40:00Z", 3) == [
         ("2026-03-29T00:45:00Z", "2026-03-29T01:45:00+01:00", None),
@@ -190,7 +206,9 @@ def test_spring_gap_every_second_jumps_the_gap():
     # 6-field, every second: 3,600 wall-clock seconds 02:00:00-02:59:59 do not exist;
     # they and 03:00:00 become the single instant 01:00:00Z.
     assert fires(cron("* * * * * *", "Europe/Berlin"), SHIFT_ONCE, "2026-03-29T00:59:58Z", 3) == [
-        "2026-03-29T00:59:59Z", "2026-03-29T01:00:00Z", "2026-03-29T01:00:01Z",
+        "2026-03-29T00:59:59Z",
+        "2026-03-29T01:00:00Z",
+        "2026-03-29T01:00:01Z",
     ]
 
 
@@ -203,14 +221,18 @@ def test_spring_gap_after_the_transition_instant_is_not_repeated():
 def test_autumn_overlap_berlin_once_runs_the_first_instant():
     # 10-24 02:30 CEST = 00:30Z; 10-25 02:30 CEST = 00:30Z (first); 10-26 02:30 CET = 01:30Z.
     assert fires(cron("30 2 * * *", "Europe/Berlin"), SHIFT_ONCE, "2026-10-24T00:00:00Z", 3) == [
-        "2026-10-24T00:30:00Z", "2026-10-25T00:30:00Z", "2026-10-26T01:30:00Z",
+        "2026-10-24T00:30:00Z",
+        "2026-10-25T00:30:00Z",
+        "2026-10-26T01:30:00Z",
     ]
 
 
 def test_autumn_overlap_berlin_twice_runs_both_instants():
     # 10-25 02:30 CEST = 00:30Z and 02:30 CET = 01:30Z.
     assert fires(cron("30 2 * * *", "Europe/Berlin"), SHIFT_TWICE, "2026-10-24T12:00:00Z", 3) == [
-        "2026-10-25T00:30:00Z", "2026-10-25T01:30:00Z", "2026-10-26T01:30:00Z",
+        "2026-10-25T00:30:00Z",
+        "2026-10-25T01:30:00Z",
+        "2026-10-26T01:30:00Z",
     ]
 
 
@@ -237,14 +259,17 @@ def test_autumn_overlap_every_30_minutes_once_flags_the_first_pass():
 def test_autumn_overlap_twice_from_inside_the_first_pass():
     # after = 00:45Z (02:45 CEST, first pass): the second pass of 02:00 and 02:30 lies ahead.
     assert fires(cron("*/30 * * * *", "Europe/Berlin"), SHIFT_TWICE, "2026-10-25T00:45:00Z", 3) == [
-        "2026-10-25T01:00:00Z", "2026-10-25T01:30:00Z", "2026-10-25T02:00:00Z",
+        "2026-10-25T01:00:00Z",
+        "2026-10-25T01:30:00Z",
+        "2026-10-25T02:00:00Z",
     ]
 
 
 def test_autumn_overlap_twice_from_inside_the_second_pass():
     # after = 01:15Z (02:15 CET, second pass): 02:30 CET = 01:30Z is next.
     assert fires(cron("*/30 * * * *", "Europe/Berlin"), SHIFT_TWICE, "2026-10-25T01:15:00Z", 2) == [
-        "2026-10-25T01:30:00Z", "2026-10-25T02:00:00Z",
+        "2026-10-25T01:30:00Z",
+        "2026-10-25T02:00:00Z",
     ]
 
 
@@ -263,10 +288,13 @@ def test_spring_gap_new_york():
     # 03-07 02:30 EST = 07:30Z; 03-08 shifted to 07:00Z (03:00 EDT); 03-09 02:30 EDT = 06:30Z.
     schedule = cron("30 2 * * *", "America/New_York")
     assert fires(schedule, SHIFT_ONCE, "2026-03-07T00:00:00Z", 3) == [
-        "2026-03-07T07:30:00Z", "2026-03-08T07:00:00Z", "2026-03-09T06:30:00Z",
+        "2026-03-07T07:30:00Z",
+        "2026-03-08T07:00:00Z",
+        "2026-03-09T06:30:00Z",
     ]
     assert fires(schedule, SKIP_ONCE, "2026-03-07T00:00:00Z", 2) == [
-        "2026-03-07T07:30:00Z", "2026-03-09T06:30:00Z",
+        "2026-03-07T07:30:00Z",
+        "2026-03-09T06:30:00Z",
     ]
     assert flags(schedule, SHIFT_ONCE, "2026-03-08T00:00:00Z", 1) == [
         ("2026-03-08T07:00:00Z", "2026-03-08T03:00:00-04:00", "gap_shifted"),
@@ -278,7 +306,9 @@ def test_autumn_overlap_new_york():
     # 11-02 01:30 EST = 06:30Z.
     schedule = cron("30 1 * * *", "America/New_York")
     assert fires(schedule, SHIFT_ONCE, "2026-10-31T00:00:00Z", 3) == [
-        "2026-10-31T05:30:00Z", "2026-11-01T05:30:00Z", "2026-11-02T06:30:00Z",
+        "2026-10-31T05:30:00Z",
+        "2026-11-01T05:30:00Z",
+        "2026-11-02T06:30:00Z",
     ]
     assert flags(schedule, SHIFT_TWICE, "2026-10-31T12:00:00Z", 3) == [
         ("2026-11-01T05:30:00Z", "2026-11-01T01:30:00-04:00", "overlap_first"),
@@ -305,7 +335,8 @@ def test_autumn_overlap_lord_howe_half_hour():
         ("2026-04-05T15:15:00Z", "2026-04-06T01:45:00+10:30", None),
     ]
     assert fires(schedule, SHIFT_ONCE, "2026-04-04T00:00:00Z", 2) == [
-        "2026-04-04T14:45:00Z", "2026-04-05T15:15:00Z",
+        "2026-04-04T14:45:00Z",
+        "2026-04-05T15:15:00Z",
     ]
 
 
@@ -314,10 +345,13 @@ def test_spring_gap_lord_howe_half_hour():
     # (02:30 +11); 10-05 02:15 +11 = 10-04 15:15Z.
     schedule = cron("15 2 * * *", "Australia/Lord_Howe")
     assert fires(schedule, SHIFT_ONCE, "2026-10-02T00:00:00Z", 3) == [
-        "2026-10-02T15:45:00Z", "2026-10-03T15:30:00Z", "2026-10-04T15:15:00Z",
+        "2026-10-02T15:45:00Z",
+        "2026-10-03T15:30:00Z",
+        "2026-10-04T15:15:00Z",
     ]
     assert fires(schedule, SKIP_ONCE, "2026-10-02T00:00:00Z", 2) == [
-        "2026-10-02T15:45:00Z", "2026-10-04T15:15:00Z",
+        "2026-10-02T15:45:00Z",
+        "2026-10-04T15:15:00Z",
     ]
     assert flags(schedule, SHIFT_ONCE, "2026-10-03T00:00:00Z", 1) == [
         ("2026-10-03T15:30:00Z", "2026-10-04T02:30:00+11:00", "gap_shifted"),
@@ -346,26 +380,50 @@ def test_no_dst_kolkata_is_a_fixed_offset_all_year():
 
 def test_utc_default_zone():
     assert fires(cron("0 0 * * *"), SHIFT_ONCE, "2026-03-29T00:00:00Z", 2) == [
-        "2026-03-30T00:00:00Z", "2026-03-31T00:00:00Z",
+        "2026-03-30T00:00:00Z",
+        "2026-03-31T00:00:00Z",
     ]
 
 
 # --- hypothesis: properties over DST zones and generated expressions ----------------
 
 DST_ZONES = [
-    "Europe/Berlin", "Europe/London", "Europe/Dublin",  # Dublin: "negative" DST in tzdb
-    "America/New_York", "America/Santiago", "America/Havana",  # Havana changes at midnight
-    "Australia/Lord_Howe", "Australia/Sydney", "Pacific/Chatham",  # Chatham: +12:45/+13:45
+    "Europe/Berlin",
+    "Europe/London",
+    "Europe/Dublin",  # Dublin: "negative" DST in tzdb
+    "America/New_York",
+    "America/Santiago",
+    "America/Havana",  # Havana changes at midnight
+    "Australia/Lord_Howe",
+    "Australia/Sydney",
+    "Pacific/Chatham",  # Chatham: +12:45/+13:45
     "Antarctica/Troll",  # a two-hour shift
-    "Asia/Kolkata", "UTC",
+    "Asia/Kolkata",
+    "UTC",
 ]
 
 # Each option: (cron text, the set of values it means). The oracle reads the sets,
 # never croniter, so the two can disagree.
-MINUTES = [("*", set(range(60))), ("0", {0}), ("30", {30}), ("*/15", {0, 15, 30, 45}), ("0,30", {0, 30}),
-           ("5-50/15", {5, 20, 35, 50}), ("59", {59}), ("10-12", {10, 11, 12})]
-HOURS = [("*", set(range(24))), ("0", {0}), ("1", {1}), ("2", {2}), ("3", {3}), ("1-3", {1, 2, 3}),
-         ("*/2", set(range(0, 24, 2))), ("0,2,23", {0, 2, 23})]
+MINUTES = [
+    ("*", set(range(60))),
+    ("0", {0}),
+    ("30", {30}),
+    ("*/15", {0, 15, 30, 45}),
+    ("0,30", {0, 30}),
+    ("5-50/15", {5, 20, 35, 50}),
+    ("59", {59}),
+    ("10-12", {10, 11, 12}),
+]
+HOURS = [
+    ("*", set(range(24))),
+    ("0", {0}),
+    ("1", {1}),
+    ("2", {2}),
+    ("3", {3}),
+    ("1-3", {1, 2, 3}),
+    ("*/2", set(range(0, 24, 2))),
+    ("0,2,23", {0, 2, 23}),
+]
 DAYS_OF_MONTH = [("*", None), ("1", {1}), ("25-31", set(range(25, 32))), ("*/10", {1, 11, 21, 31})]
 MONTHS = [("*", set(range(1, 13))), ("3,10", {3, 10}), ("mar,apr,sep,oct,nov", {3, 4, 9, 10, 11}), ("4", {4})]
 DAYS_OF_WEEK = [("*", None), ("sun", {0}), ("0,6", {0, 6}), ("1-5", {1, 2, 3, 4, 5})]
@@ -373,7 +431,9 @@ DAYS_OF_WEEK = [("*", None), ("sun", {0}), ("0,6", {0, 6}), ("1-5", {1, 2, 3, 4,
 
 @st.composite
 def cron_cases(draw):
-    parts = [draw(st.sampled_from(options)) for options in (MINUTES, HOURS, DAYS_OF_MONTH, MONTHS, DAYS_OF_WEEK)]
+    parts = [
+        draw(st.sampled_from(options)) for options in (MINUTES, HOURS, DAYS_OF_MONTH, MONTHS, DAYS_OF_WEEK)
+    ]
     text = " ".join(p[0] for p in parts)
     minutes, hours, dom, months, dow = (p[1] for p in parts)
 
@@ -405,18 +465,24 @@ _TRANSITIONS = {name: transition_days(ZoneInfo(name)) for name in DST_ZONES}
 def afters(draw, zone_name):
     """Instants close to one of the zone's 2026 transitions, where the trouble is."""
     base = draw(st.sampled_from(_TRANSITIONS[zone_name]))
-    return base + timedelta(minutes=draw(st.integers(-36 * 60, 36 * 60)), seconds=draw(st.sampled_from([0, 0, 1, 30, 59])))
+    return base + timedelta(
+        minutes=draw(st.integers(-36 * 60, 36 * 60)), seconds=draw(st.sampled_from([0, 0, 1, 30, 59]))
+    )
 
 
 @st.composite
 def scenarios(draw):
     zone_name = draw(st.sampled_from(DST_ZONES))
     text, matches = draw(cron_cases())
-    dst = DstPolicy(gap=draw(st.sampled_from(["shift", "skip"])), overlap=draw(st.sampled_from(["once", "twice"])))
+    dst = DstPolicy(
+        gap=draw(st.sampled_from(["shift", "skip"])), overlap=draw(st.sampled_from(["once", "twice"]))
+    )
     return zone_name, text, matches, dst, draw(afters(zone_name))
 
 
-def oracle(zone: ZoneInfo, matches, dst: DstPolicy, after: datetime, until: datetime) -> list[tuple[datetime, str | None]]:
+def oracle(
+    zone: ZoneInfo, matches, dst: DstPolicy, after: datetime, until: datetime
+) -> list[tuple[datetime, str | None]]:
     """Brute force, minute by minute over UTC, with the policy written out literally."""
     found: dict[datetime, str | None] = {}
     t = after.replace(second=0, microsecond=0) - timedelta(hours=4)
@@ -433,7 +499,9 @@ def oracle(zone: ZoneInfo, matches, dst: DstPolicy, after: datetime, until: date
                 found[t] = "overlap_first"
             elif dst.overlap == "twice":
                 found[t] = "overlap_second"
-        if dst.gap == "shift" and local.replace(tzinfo=None) - before.replace(tzinfo=None) > timedelta(minutes=1):
+        if dst.gap == "shift" and local.replace(tzinfo=None) - before.replace(tzinfo=None) > timedelta(
+            minutes=1
+        ):
             # The clock jumped at t: every skipped wall-clock minute that matches runs at t.
             skipped = before.replace(tzinfo=None) + timedelta(minutes=1)
             while skipped < wall:
@@ -480,7 +548,9 @@ def test_property_fire_times_increase_never_land_in_a_gap_and_repeat_only_when_t
         if item.dst == "gap_shifted":
             assert dst.gap == "shift"
             # A shifted run sits exactly where the clock jumped forward.
-            assert (item.at - timedelta(seconds=1)).astimezone(zone).utcoffset() < item.at.astimezone(zone).utcoffset()
+            assert (item.at - timedelta(seconds=1)).astimezone(zone).utcoffset() < item.at.astimezone(
+                zone
+            ).utcoffset()
         else:
             assert matches(wall), (text, item)
         per_wall_time[wall] = per_wall_time.get(wall, 0) + 1
@@ -517,7 +587,9 @@ def test_generated_expressions_are_all_valid():
 def test_oracle_sanity_on_the_berlin_gap():
     # The oracle itself must see the 15-minute merge, or the property proves nothing.
     zone = ZoneInfo("Europe/Berlin")
-    got = oracle(zone, lambda w: w.minute % 15 == 0, SHIFT_ONCE, Z("2026-03-29T00:40:00Z"), Z("2026-03-29T01:15:00Z"))
+    got = oracle(
+        zone, lambda w: w.minute % 15 == 0, SHIFT_ONCE, Z("2026-03-29T00:40:00Z"), Z("2026-03-29T01:15:00Z")
+    )
     assert got == [
         (Z("2026-03-29T00:45:00Z"), None),
         (Z("2026-03-29T01:00:00Z"), "gap_shifted"),

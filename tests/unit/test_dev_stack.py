@@ -1,4 +1,5 @@
 """`punctual dev`'s plan (app.devserver.stack) and banner: pure, no processes."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,12 +10,21 @@ from app.settings import Settings
 
 
 def test_children_get_the_embedded_defaults_and_dev_mode_whatever_the_user_set():
-    base = {"PATH": "/bin", "PUNCTUAL_DATABASE_URLS": "postgresql://db/x", "PUNCTUAL_REDIS_URL": "redis://r",
-            "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "0", "PUNCTUAL_LEASE_S": "30"}
+    base = {
+        "PATH": "/bin",
+        "PUNCTUAL_DATABASE_URLS": "postgresql://db/x",
+        "PUNCTUAL_REDIS_URL": "redis://r",
+        "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "0",
+        "PUNCTUAL_LEASE_S": "30",
+    }
     plan = stack.child_environment(base, Path("/data/.punctual"))
     assert plan.ignored == ("PUNCTUAL_DATABASE_URLS", "PUNCTUAL_REDIS_URL")
     env = plan.env
-    assert "PUNCTUAL_DATABASE_URLS" not in env and "PUNCTUAL_REDIS_URL" not in env and "PUNCTUAL_BROKER_URL" not in env
+    assert (
+        "PUNCTUAL_DATABASE_URLS" not in env
+        and "PUNCTUAL_REDIS_URL" not in env
+        and "PUNCTUAL_BROKER_URL" not in env
+    )
     assert env["PUNCTUAL_DATA_DIR"] == "/data/.punctual" and env["PUNCTUAL_DEV_MODE"] == "1"
     assert env["PUNCTUAL_ALLOW_PRIVATE_TARGETS"] == "1"
     assert env["PUNCTUAL_LEASE_S"] == "30" and env["PATH"] == "/bin"  # the rest passes through
@@ -46,15 +56,22 @@ def test_one_worker_process_consumes_every_shard_queue_and_beat_keeps_its_file_i
 
 def test_the_banner_shows_the_credentials_and_examples_that_can_be_taken_out_of_it():
     key = NewKey("dev", "pk_abc", "whsec_xyz")
-    text = banner.banner("http://127.0.0.1:8123", key, Path("/d/.punctual"), Path("/d/.punctual/dev.env"),
-                         ignored=("PUNCTUAL_REDIS_URL",))
+    text = banner.banner(
+        "http://127.0.0.1:8123",
+        key,
+        Path("/d/.punctual"),
+        Path("/d/.punctual/dev.env"),
+        ignored=("PUNCTUAL_REDIS_URL",),
+    )
     assert "pk_abc" in text and "whsec_xyz" in text and "http://127.0.0.1:8123/dev/echo" in text
     assert "PUNCTUAL_REDIS_URL" in text
     sdk = banner.example_block(text, banner.SDK_HEADING)
     assert sdk == banner.sdk_example("http://127.0.0.1:8123", "pk_abc")
     assert sdk.startswith("python - <<'EOF'") and sdk.endswith("EOF")
     compile(sdk.split("\n", 1)[1].rsplit("\n", 1)[0], "sdk-example", "exec")  # the heredoc is valid Python
-    assert banner.example_block(text, banner.CURL_HEADING) == banner.curl_example("http://127.0.0.1:8123", "pk_abc")
+    assert banner.example_block(text, banner.CURL_HEADING) == banner.curl_example(
+        "http://127.0.0.1:8123", "pk_abc"
+    )
 
 
 def test_the_test_harness_variables_reach_a_child_without_stopping_it():

@@ -8,6 +8,7 @@ docs/design.md names the tests that pin each invariant; they must exist, as must
 every module the two documents name and every section the code cites. No tracked
 file may point outside the repository or cite a document it does not have.
 """
+
 from __future__ import annotations
 
 import re
@@ -32,8 +33,14 @@ COMMON_OPTIONS = {"--help", "--json", "--url", "--api-key"}
 OUTSIDE_REFERENCES = ("../" + "shared", "shared/" + "API" + ".md", "shared/" + "DESIGN" + ".md")
 # The documents the code used to cite, which the repository does not have (the old
 # contract outside it, and the two files merged into docs/api.md and docs/design.md).
-GONE_DOCUMENTS = re.compile(r"\b(?:" + "|".join(re.escape(name) for name in (
-    "API" + ".md", "DESIGN" + ".md", "internals" + ".md", "api-decisions" + ".md")) + r")")
+GONE_DOCUMENTS = re.compile(
+    r"\b(?:"
+    + "|".join(
+        re.escape(name)
+        for name in ("API" + ".md", "DESIGN" + ".md", "internals" + ".md", "api-decisions" + ".md")
+    )
+    + r")"
+)
 # How the code cites a section: docs/api.md "Limits", docs/design.md ("API verbs"),
 # docs/design.md's "Off-schedule runs", docs/design.md invariant 3.
 SECTION_CITATION = re.compile(r"docs/(api|design)\.md(?:'s)?,? \(?\"([^\"]+)\"")
@@ -46,8 +53,7 @@ def section(text: str, heading: str) -> str:
     level = len(heading) - len(heading.lstrip("#"))
     lines = text.splitlines()
     start = lines.index(heading) + 1
-    end = next((i for i in range(start, len(lines))
-                if re.match(rf"^#{{1,{level}}} ", lines[i])), len(lines))
+    end = next((i for i in range(start, len(lines)) if re.match(rf"^#{{1,{level}}} ", lines[i])), len(lines))
     return "\n".join(lines[start:end])
 
 
@@ -77,8 +83,12 @@ def api_md() -> str:
 
 
 def openapi_routes() -> set[tuple[str, str]]:
-    return {(method.upper(), path) for path, item in document()["paths"].items()
-            for method in item if method in HTTP_METHODS}
+    return {
+        (method.upper(), path)
+        for path, item in document()["paths"].items()
+        for method in item
+        if method in HTTP_METHODS
+    }
 
 
 def documented_routes(api_md: str) -> set[tuple[str, str]]:
@@ -99,8 +109,9 @@ def test_every_route_in_the_routes_table_is_in_the_openapi_document(api_md):
 def test_every_route_is_described_below_the_table(api_md):
     # The table is not the only mention: each route has its prose, as `METHOD /path`.
     below = api_md.split("## Routes", 1)[1].split("\n## ", 1)[1]
-    undescribed = sorted(f"{method} {path}" for method, path in openapi_routes()
-                         if f"`{method} {path}" not in below)
+    undescribed = sorted(
+        f"{method} {path}" for method, path in openapi_routes() if f"`{method} {path}" not in below
+    )
     assert not undescribed, f"routes with no description below the table: {undescribed}"
 
 
@@ -189,8 +200,14 @@ def test_each_command_row_names_every_option_of_the_command(api_md):
 
 def test_the_processes_table_names_every_process(api_md):
     commands = " ".join(row[1] for row in table_rows(section(api_md, "### Processes")))
-    for expected in ("punctual migrate", "punctual api", "celery -A app beat", "celery -A app worker",
-                     "celery -A app flower", "punctual dev"):
+    for expected in (
+        "punctual migrate",
+        "punctual api",
+        "celery -A app beat",
+        "celery -A app worker",
+        "celery -A app flower",
+        "punctual dev",
+    ):
         assert expected in commands
 
 
@@ -208,8 +225,9 @@ def test_design_names_each_invariant_with_tests_that_exist():
         for path, name in cited:
             source = ROOT / path
             assert source.is_file(), f"{path} does not exist"
-            assert re.search(rf"^\s*def {name}\(", source.read_text(encoding="utf-8"), flags=re.M), \
+            assert re.search(rf"^\s*def {name}\(", source.read_text(encoding="utf-8"), flags=re.M), (
                 f"{path} has no test {name}"
+            )
 
 
 # --- the repository stands alone ----------------------------------------------------
@@ -218,8 +236,11 @@ def test_design_names_each_invariant_with_tests_that_exist():
 def tracked_text_files(prefixes: tuple[str, ...]) -> list[Path]:
     if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")
-    listed = subprocess.run(["git", "ls-files", "-z", "--", *prefixes], cwd=ROOT, check=True,
-                            capture_output=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(["git", "ls-files", "-z", "--", *prefixes], cwd=ROOT, check=True, capture_output=True)
+        .stdout.decode()
+        .split("\0")
+    )
     files = []
     for name in filter(None, listed):
         path = ROOT / name
@@ -246,8 +267,10 @@ def test_no_tracked_file_cites_a_document_the_repository_does_not_have():
     offending = []
     for path in files:
         for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-            offending += [f"{path.relative_to(ROOT)}:{number}: {match.group()}"
-                          for match in GONE_DOCUMENTS.finditer(line)]
+            offending += [
+                f"{path.relative_to(ROOT)}:{number}: {match.group()}"
+                for match in GONE_DOCUMENTS.finditer(line)
+            ]
     assert not offending, "cite docs/api.md or docs/design.md instead:\n" + "\n".join(offending)
 
 

@@ -1,4 +1,5 @@
 """The fault tier's verdict (tests/faults/verdict.py): pure, so every rule is checked here."""
+
 from __future__ import annotations
 
 from tests.faults.verdict import Call, RunRow, judge
@@ -14,10 +15,15 @@ def key(job: str) -> str:
 
 
 def test_each_one_off_called_once_is_clean():
-    verdict = judge([Call(key(A), 1, T + 0.5), Call(key(B), 1, T + 1.0)],
-                    [RunRow(A, AT, 1, "succeeded", None, T + 0.6),
-                     RunRow(B, AT, 1, "succeeded", None, T + 1.1)],
-                    {A: T, B: T}, [], [A, B], T, None)
+    verdict = judge(
+        [Call(key(A), 1, T + 0.5), Call(key(B), 1, T + 1.0)],
+        [RunRow(A, AT, 1, "succeeded", None, T + 0.6), RunRow(B, AT, 1, "succeeded", None, T + 1.1)],
+        {A: T, B: T},
+        [],
+        [A, B],
+        T,
+        None,
+    )
     assert verdict.ok and verdict.duplicates == 0 and verdict.lost == []
     assert verdict.last_first_call_s == 1.0 and round(verdict.last_settled_s, 1) == 1.1
     assert verdict.recovery_s == 1.0  # no fault: lateness from T
@@ -62,8 +68,10 @@ def test_recovery_counts_from_the_fault_end_or_the_due_instant_whichever_is_late
 
 def test_recurring_gaps_and_skip_reasons():
     calls = [Call(f"{B}:2026-11-30T18:00:0{s}Z", 1, T + s) for s in (0, 2, 7)]
-    rows = [RunRow(B, "2026-11-30T18:00:04Z", 1, "skipped", "superseded by a later occurrence (run_once)"),
-            RunRow(B, "2026-11-30T17:00:00Z", 1, "skipped", "missed occurrence (misfire policy run_once)")]
+    rows = [
+        RunRow(B, "2026-11-30T18:00:04Z", 1, "skipped", "superseded by a later occurrence (run_once)"),
+        RunRow(B, "2026-11-30T17:00:00Z", 1, "skipped", "missed occurrence (misfire policy run_once)"),
+    ]
     verdict = judge(calls, rows, {}, [B], [], T, None)
     assert verdict.recurring_max_gap_s == 5
     assert (verdict.skipped_superseded, verdict.skipped_missed) == (1, 1)

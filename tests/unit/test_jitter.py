@@ -1,4 +1,5 @@
 """Jitter: deterministic, in range, millisecond-grained and evenly spread."""
+
 from __future__ import annotations
 
 import hashlib

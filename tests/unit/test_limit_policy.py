@@ -1,4 +1,5 @@
 """Which limits apply to a run (docs/api.md "Limits"): app.limits.policy, pure."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -135,8 +136,11 @@ def test_a_named_key_takes_the_limits_recorded_for_it_not_the_runs_snapshot():
     from types import SimpleNamespace
 
     no_defaults = SimpleNamespace(target_rate_per_s=0, target_max_concurrency=0)
-    target = {"type": "webhook", "url": "https://a.example/x",
-              "limits": {"key": "billing", "rate_per_s": 50, "max_concurrency": 20}}
+    target = {
+        "type": "webhook",
+        "url": "https://a.example/x",
+        "limits": {"key": "billing", "rate_per_s": 50, "max_concurrency": 20},
+    }
     recorded = {("acme", "billing"): (5.0, None)}
     (spec,) = limit_specs("acme", target, no_defaults, recorded)
     assert (spec.rate_per_s, spec.max_concurrency) == (5.0, None)
@@ -167,8 +171,11 @@ def test_the_owner_quota_caps_every_run_of_the_owner_whatever_its_target():
 def test_the_owner_quota_comes_on_top_of_the_jobs_limits_and_the_operators_defaults():
     settings = Quota(target_max_concurrency=200, owner_max_in_flight=3)
     specs = limit_specs("acme", webhook("https://a.example/x", max_concurrency=5), settings)
-    assert [spec.key for spec in specs] == ["owner:acme:https://a.example:443", "all:https://a.example:443",
-                                            "owner-total:acme"]
+    assert [spec.key for spec in specs] == [
+        "owner:acme:https://a.example:443",
+        "all:https://a.example:443",
+        "owner-total:acme",
+    ]
     assert limit_specs("acme", webhook("https://a.example/x"), Quota()) == []
 
 

@@ -1,4 +1,5 @@
 """LocalLimiter: the limiter contract in process memory (no I/O)."""
+
 from __future__ import annotations
 
 import pytest

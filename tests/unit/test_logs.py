@@ -1,4 +1,5 @@
 """app.logs: text or one JSON object per line, with the run's fields from the context."""
+
 from __future__ import annotations
 
 import io
@@ -43,7 +44,12 @@ def test_json_carries_the_bound_context_and_extras():
     logger.warning("outside")
     first, second, third = _json_lines(stream)
     assert {k: first[k] for k in ("job_id", "run_id", "shard", "attempt", "status")} == {
-        "job_id": "j-1", "run_id": "r-1", "shard": 3, "attempt": 2, "status": 503}
+        "job_id": "j-1",
+        "run_id": "r-1",
+        "shard": 3,
+        "attempt": 2,
+        "status": 503,
+    }
     assert second["attempt"] == 3 and "owner" not in second
     assert not {"job_id", "run_id", "shard", "attempt"} & set(third)
     assert current_context() == {}

@@ -1,4 +1,5 @@
 """The dispatch message: building, chunking and reading back (pure)."""
+
 from __future__ import annotations
 
 import json
@@ -15,9 +16,16 @@ NOW = datetime(2026, 12, 1, tzinfo=UTC)
 
 def run(**overrides) -> DispatchRun:
     values = dict(
-        run_id=uuid.uuid4(), job_id=uuid.uuid4(), shard=3, owner="acme", origin="schedule",
-        lease_token=uuid.uuid4(), scheduled_for=datetime(2026, 12, 1, tzinfo=UTC), attempt=2,
-        target={"type": "webhook", "url": "https://example.com/hook"}, retry={"max_attempts": 5},
+        run_id=uuid.uuid4(),
+        job_id=uuid.uuid4(),
+        shard=3,
+        owner="acme",
+        origin="schedule",
+        lease_token=uuid.uuid4(),
+        scheduled_for=datetime(2026, 12, 1, tzinfo=UTC),
+        attempt=2,
+        target={"type": "webhook", "url": "https://example.com/hook"},
+        retry={"max_attempts": 5},
         payload={"any": ["json", 1]},
     )
     values.update(overrides)
@@ -78,10 +86,19 @@ def test_a_run_whose_instant_has_come_goes_at_once():
 
 def test_runs_are_grouped_by_eta_and_the_due_ones_go_first():
     later = NOW + timedelta(seconds=5)
-    runs = ([run(fire_at=later) for _ in range(150)] + [run() for _ in range(3)]
-            + [run(fire_at=later - timedelta(milliseconds=30)) for _ in range(2)]  # rounded up to `later`
-            + [run(fire_at=later + timedelta(milliseconds=130))])
+    runs = (
+        [run(fire_at=later) for _ in range(150)]
+        + [run() for _ in range(3)]
+        + [run(fire_at=later - timedelta(milliseconds=30)) for _ in range(2)]  # rounded up to `later`
+        + [run(fire_at=later + timedelta(milliseconds=130))]
+    )
     messages = to_messages(runs, NOW)
     assert [(eta, len(entries)) for eta, entries in messages] == [
-        (None, 3), (later, 76), (later, 76), (later + ETA_STEP * 2, 1)]
-    assert sorted(e["run_id"] for _, entries in messages for e in entries) == sorted(str(r.run_id) for r in runs)
+        (None, 3),
+        (later, 76),
+        (later, 76),
+        (later + ETA_STEP * 2, 1),
+    ]
+    assert sorted(e["run_id"] for _, entries in messages for e in entries) == sorted(
+        str(r.run_id) for r in runs
+    )

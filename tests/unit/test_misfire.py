@@ -1,4 +1,5 @@
 """Misfires: finding the backlog fast, and every policy x grace x backlog size."""
+
 from __future__ import annotations
 
 import time
@@ -43,7 +44,9 @@ def occ(k: int) -> Occurrence:
     return Occurrence(at(k), at(k))
 
 
-def backlog_of(schedule: Schedule, now: datetime, *, jitter_s: int = 0, first: Occurrence | None = None, anchor=START) -> Backlog:
+def backlog_of(
+    schedule: Schedule, now: datetime, *, jitter_s: int = 0, first: Occurrence | None = None, anchor=START
+) -> Backlog:
     if first is None:
         first = Occurrence(START, app.core.jitter.fire_at(JOB, START, jitter_s))
     return find_backlog(schedule, DST, anchor, JOB, jitter_s, first, now)
@@ -61,7 +64,9 @@ def test_exactly_due_is_due():
 
 
 def test_three_due():
-    assert backlog_of(HOURLY, at(2) + timedelta(minutes=59)) == Backlog((occ(0), occ(1), occ(2)), occ(2), False, 3)
+    assert backlog_of(HOURLY, at(2) + timedelta(minutes=59)) == Backlog(
+        (occ(0), occ(1), occ(2)), occ(2), False, 3
+    )
 
 
 def test_limit_truncates_and_latest_lies_beyond():
@@ -81,7 +86,9 @@ def test_limit_plus_one_is_not_truncated():
 def test_end_at_bounds_the_backlog():
     bounded = Schedule(kind="interval", interval_s=3600, start_at=START, end_at=at(4))
     backlog = backlog_of(bounded, at(100))
-    assert backlog.oldest == tuple(occ(k) for k in range(5)) and backlog.latest == occ(4) and backlog.count == 5
+    assert (
+        backlog.oldest == tuple(occ(k) for k in range(5)) and backlog.latest == occ(4) and backlog.count == 5
+    )
 
 
 def test_one_off_backlog_is_its_run_at():
@@ -128,7 +135,11 @@ def test_cron_backlog_across_the_spring_gap_is_the_deduplicated_stream():
     schedule = Schedule(kind="cron", cron="*/15 * * * *", timezone="Europe/Berlin")
     first = Occurrence(Z("2026-03-29T00:45:00Z"), Z("2026-03-29T00:45:00Z"))
     backlog = find_backlog(schedule, DST, START, JOB, 0, first, Z("2026-03-29T01:20:00Z"))
-    assert [o.nominal for o in backlog.oldest] == [Z("2026-03-29T00:45:00Z"), Z("2026-03-29T01:00:00Z"), Z("2026-03-29T01:15:00Z")]
+    assert [o.nominal for o in backlog.oldest] == [
+        Z("2026-03-29T00:45:00Z"),
+        Z("2026-03-29T01:00:00Z"),
+        Z("2026-03-29T01:15:00Z"),
+    ]
     assert backlog.count == 3 and not backlog.truncated
 
 
@@ -142,7 +153,10 @@ def test_huge_cron_backlog_count_is_unknown_but_bounded_work():
 
 @pytest.mark.parametrize(
     "schedule",
-    [Schedule(kind="interval", interval_s=1), Schedule(kind="cron", cron="* * * * * *", timezone="Europe/Berlin")],
+    [
+        Schedule(kind="interval", interval_s=1),
+        Schedule(kind="cron", cron="* * * * * *", timezone="Europe/Berlin"),
+    ],
     ids=["interval", "cron"],
 )
 @pytest.mark.parametrize("jitter_s", [0, 30])
@@ -290,6 +304,7 @@ def test_run_all_never_runs_past_a_hole_in_a_truncated_backlog():
 
 # -- skip reasons: the recorded error says why an occurrence did not run -------------------
 
+
 def test_an_occurrence_inside_the_grace_was_superseded_not_missed():
     two_s_job = Occurrence(Z("2026-06-01T00:00:02Z"), Z("2026-06-01T00:00:02Z"))
     now = Z("2026-06-01T00:00:12Z")  # claimed 10 s late, behind a burst: inside the 60 s grace
@@ -300,7 +315,8 @@ def test_an_occurrence_inside_the_grace_was_superseded_not_missed():
 def test_an_occurrence_past_the_grace_was_missed():
     old = Occurrence(at(0), at(0))
     assert skip_reason("run_once", old, at(0) + timedelta(seconds=GRACE_S + 1), GRACE_S) == (
-        "missed occurrence (misfire policy run_once)")
+        "missed occurrence (misfire policy run_once)"
+    )
     # Exactly at the grace is still on time (is_missed is strictly after it).
     assert skip_reason("run_once", old, at(0) + timedelta(seconds=GRACE_S), GRACE_S).startswith("superseded")
 

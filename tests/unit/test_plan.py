@@ -1,4 +1,5 @@
 """The claim plan: misfire policies applied to one due job row (pure)."""
+
 from __future__ import annotations
 
 import uuid
@@ -15,11 +16,25 @@ def row(policy="run_once", behind_s=3, interval_s=1, **overrides) -> dict:
     """A job on a 1 s grid whose cursor is `behind_s` seconds behind NOW."""
     first = NOW - timedelta(seconds=behind_s)
     job = {
-        "job_id": uuid.UUID(int=7), "schedule_kind": "interval", "run_at": None, "cron": None,
-        "interval_s": interval_s, "timezone": "UTC", "start_at": first, "end_at": None,
-        "dst_gap": "shift", "dst_overlap": "once", "misfire": policy, "jitter_s": 0,
-        "nominal_at": first, "next_run_at": first, "attempt": 0, "misfire_exempt": False,
-        "skipped_after": None, "skipped_through": None, "created_at": first,
+        "job_id": uuid.UUID(int=7),
+        "schedule_kind": "interval",
+        "run_at": None,
+        "cron": None,
+        "interval_s": interval_s,
+        "timezone": "UTC",
+        "start_at": first,
+        "end_at": None,
+        "dst_gap": "shift",
+        "dst_overlap": "once",
+        "misfire": policy,
+        "jitter_s": 0,
+        "nominal_at": first,
+        "next_run_at": first,
+        "attempt": 0,
+        "misfire_exempt": False,
+        "skipped_after": None,
+        "skipped_through": None,
+        "created_at": first,
     }
     job.update(overrides)
     return job
@@ -44,7 +59,9 @@ def test_run_once_runs_the_latest_and_skips_the_rest():
 
 def test_run_all_runs_the_oldest_and_skips_none():
     plan = plan_claim(row("run_all", behind_s=4), NOW, grace_s=1)
-    assert plan.run.nominal == NOW - timedelta(seconds=4) and plan.skipped == () and plan.skipped_range is None
+    assert (
+        plan.run.nominal == NOW - timedelta(seconds=4) and plan.skipped == () and plan.skipped_range is None
+    )
 
 
 def test_skip_with_everything_late_runs_nothing_and_moves_on():
@@ -75,7 +92,9 @@ def test_retries_and_held_runs_are_never_misfires():
 
 def test_a_late_one_off_still_runs():
     late = NOW - timedelta(hours=2)
-    plan = plan_claim(row("skip", schedule_kind="once", run_at=late, nominal_at=late, next_run_at=late), NOW, 1)
+    plan = plan_claim(
+        row("skip", schedule_kind="once", run_at=late, nominal_at=late, next_run_at=late), NOW, 1
+    )
     assert plan.run.nominal == late
 
 

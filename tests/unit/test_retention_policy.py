@@ -1,4 +1,5 @@
 """Retention's policy: what PUNCTUAL_HISTORY_DAYS accepts and which instant it cuts at."""
+
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta

@@ -1,5 +1,6 @@
 """Retries: policy parsing, which answers are retried, backoff bounds, Retry-After in
 both forms, the cap, and exhaustion."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -70,7 +71,10 @@ def test_parse_retry_round_trips():
         ({"max_backoff_s": 604_801}, ["retry.max_backoff_s"]),
         ({"backoff_s": 100, "max_backoff_s": 99}, ["retry.max_backoff_s"]),
         ({"backoff_s": 7200}, ["retry.max_backoff_s"]),  # the default cap 3600 is below it
-        ({"max_attempts": 0, "backoff_s": 0, "max_backoff_s": -1, "x": 1}, ["retry", "retry.max_attempts", "retry.backoff_s", "retry.max_backoff_s"]),
+        (
+            {"max_attempts": 0, "backoff_s": 0, "max_backoff_s": -1, "x": 1},
+            ["retry", "retry.max_attempts", "retry.backoff_s", "retry.max_backoff_s"],
+        ),
     ],
 )
 def test_parse_retry_errors_name_every_field(data, expected_fields):
@@ -93,7 +97,10 @@ def test_retryable_statuses(status):
     assert is_retryable_status(status)
 
 
-@pytest.mark.parametrize("status", [100, 300, 301, 302, 303, 304, 307, 308, 400, 401, 403, 404, 405, 409, 410, 413, 422, 451, 499, 600])
+@pytest.mark.parametrize(
+    "status",
+    [100, 300, 301, 302, 303, 304, 307, 308, 400, 401, 403, 404, 405, 409, 410, 413, 422, 451, 499, 600],
+)
 def test_fatal_statuses(status):
     assert not is_retryable_status(status)
 
@@ -134,7 +141,9 @@ def test_timeouts_and_connection_errors_are_retried():
 def test_unfixable_error_is_not_retried():
     outcome = CallOutcome(error="address 10.0.0.7 is private", retryable_error=False)
     decision = decide_retry(POLICY, 1, outcome, NOW, never)
-    assert decision == RetryDecision(retry_at=None, dead=True, reason="address 10.0.0.7 is private: not retried")
+    assert decision == RetryDecision(
+        retry_at=None, dead=True, reason="address 10.0.0.7 is private: not retried"
+    )
 
 
 def test_attempt_must_be_one_based():
@@ -155,7 +164,9 @@ def test_attempts_exhausted_on_the_last_attempt():
 
 
 def test_single_attempt_policy_never_retries():
-    decision = decide_retry(RetryPolicy(max_attempts=1), 1, CallOutcome(error="connection refused"), NOW, never)
+    decision = decide_retry(
+        RetryPolicy(max_attempts=1), 1, CallOutcome(error="connection refused"), NOW, never
+    )
     assert decision.dead and decision.reason == "attempts exhausted (1): connection refused"
 
 
@@ -204,7 +215,9 @@ def test_rand_is_drawn_once_per_decision():
 
 
 def test_fractional_backoff():
-    decision = decide_retry(RetryPolicy(backoff_s=0.2, max_backoff_s=1), 1, CallOutcome(status_code=500), NOW, fixed(0.0))
+    decision = decide_retry(
+        RetryPolicy(backoff_s=0.2, max_backoff_s=1), 1, CallOutcome(status_code=500), NOW, fixed(0.0)
+    )
     assert decision.retry_at == NOW + timedelta(milliseconds=100)
 
 

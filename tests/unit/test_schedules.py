@@ -1,5 +1,6 @@
 """Schedules: the API form (every bad field at once), bounds, interval grids, one-offs,
 first_fire vs next_fire, previews, and the backlog helpers latest_fire/count_fires."""
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta
@@ -38,12 +39,16 @@ def fields_of(exc: pytest.ExceptionInfo) -> list[str]:
 
 
 def test_parse_each_kind():
-    assert parse_schedule({"run_at": "2026-12-01T01:00:00+01:00"}) == Schedule(kind="once", run_at=Z("2026-12-01T00:00:00Z"))
+    assert parse_schedule({"run_at": "2026-12-01T01:00:00+01:00"}) == Schedule(
+        kind="once", run_at=Z("2026-12-01T00:00:00Z")
+    )
     assert parse_schedule({"cron": "0 0 * * *", "timezone": "Europe/Berlin"}) == Schedule(
         kind="cron", cron="0 0 * * *", timezone="Europe/Berlin"
     )
     assert parse_schedule({"cron": "0 0 * * *"}).timezone == "UTC"
-    assert parse_schedule({"interval_s": 30, "start_at": "2026-01-01T00:00:00Z", "end_at": "2026-02-01T00:00:00Z"}) == Schedule(
+    assert parse_schedule(
+        {"interval_s": 30, "start_at": "2026-01-01T00:00:00Z", "end_at": "2026-02-01T00:00:00Z"}
+    ) == Schedule(
         kind="interval", interval_s=30, start_at=Z("2026-01-01T00:00:00Z"), end_at=Z("2026-02-01T00:00:00Z")
     )
 
@@ -68,7 +73,9 @@ def test_parsed_instants_are_utc():
 )
 def test_to_json_round_trips_and_is_the_api_form(data):
     schedule = parse_schedule(data)
-    assert schedule.to_json() == ({**data, "timezone": data.get("timezone", "UTC")} if "cron" in data else data)
+    assert schedule.to_json() == (
+        {**data, "timezone": data.get("timezone", "UTC")} if "cron" in data else data
+    )
     assert parse_schedule(schedule.to_json()) == schedule
 
 
@@ -103,8 +110,14 @@ def test_to_json_round_trips_and_is_the_api_form(data):
         ({"interval_s": True}, ["schedule.interval_s"]),
         ({"interval_s": 5, "start_at": "2026-01-01"}, ["schedule.start_at"]),
         ({"interval_s": 5, "end_at": "2026-01-01T00:00:00"}, ["schedule.end_at"]),
-        ({"interval_s": 5, "start_at": "2026-01-02T00:00:00Z", "end_at": "2026-01-01T00:00:00Z"}, ["schedule.end_at"]),
-        ({"interval_s": 5, "start_at": "2026-01-01T00:00:00Z", "end_at": "2026-01-01T00:00:00Z"}, ["schedule.end_at"]),
+        (
+            {"interval_s": 5, "start_at": "2026-01-02T00:00:00Z", "end_at": "2026-01-01T00:00:00Z"},
+            ["schedule.end_at"],
+        ),
+        (
+            {"interval_s": 5, "start_at": "2026-01-01T00:00:00Z", "end_at": "2026-01-01T00:00:00Z"},
+            ["schedule.end_at"],
+        ),
         ({"interval_s": 5, "timezone": "Europe/Berlin"}, ["schedule.timezone"]),  # intervals ignore zones
         ({"run_at": "2026-01-01T00:00:00Z", "start_at": "2026-01-01T00:00:00Z"}, ["schedule.start_at"]),
         ({"run_at": "2026-01-01T00:00:00Z", "end_at": "2026-01-01T00:00:00Z"}, ["schedule.end_at"]),
@@ -136,9 +149,9 @@ def test_custom_field_prefix():
 
 
 def test_null_optional_fields_mean_absent():
-    assert parse_schedule({"cron": "0 0 * * *", "timezone": None, "start_at": None, "end_at": None}) == Schedule(
-        kind="cron", cron="0 0 * * *"
-    )
+    assert parse_schedule(
+        {"cron": "0 0 * * *", "timezone": None, "start_at": None, "end_at": None}
+    ) == Schedule(kind="cron", cron="0 0 * * *")
 
 
 def test_whole_float_interval_is_accepted_as_int():
@@ -181,15 +194,21 @@ ONE_OFF = Schedule(kind="once", run_at=Z("2026-06-01T12:00:00Z"))
 
 def test_one_off_next_fire():
     anchor = Z("2026-01-01T00:00:00Z")
-    assert next_fire(ONE_OFF, DEFAULT_DST, Z("2026-06-01T11:59:59.999999Z"), anchor) == Z("2026-06-01T12:00:00Z")
+    assert next_fire(ONE_OFF, DEFAULT_DST, Z("2026-06-01T11:59:59.999999Z"), anchor) == Z(
+        "2026-06-01T12:00:00Z"
+    )
     assert next_fire(ONE_OFF, DEFAULT_DST, Z("2026-06-01T12:00:00Z"), anchor) is None  # strictly after
     assert next_fire(ONE_OFF, DEFAULT_DST, Z("2026-07-01T00:00:00Z"), anchor) is None
 
 
 def test_one_off_first_fire_keeps_a_past_run_at():
     # Created after its run_at: it fires at once, so first_fire is the run_at itself.
-    assert first_fire(ONE_OFF, DEFAULT_DST, Z("2026-07-01T00:00:00Z"), Z("2026-07-01T00:00:00Z")) == Z("2026-06-01T12:00:00Z")
-    assert first_fire(ONE_OFF, DEFAULT_DST, Z("2026-05-01T00:00:00Z"), Z("2026-05-01T00:00:00Z")) == Z("2026-06-01T12:00:00Z")
+    assert first_fire(ONE_OFF, DEFAULT_DST, Z("2026-07-01T00:00:00Z"), Z("2026-07-01T00:00:00Z")) == Z(
+        "2026-06-01T12:00:00Z"
+    )
+    assert first_fire(ONE_OFF, DEFAULT_DST, Z("2026-05-01T00:00:00Z"), Z("2026-05-01T00:00:00Z")) == Z(
+        "2026-06-01T12:00:00Z"
+    )
 
 
 def test_one_off_preview():
@@ -206,11 +225,17 @@ def test_interval_grid_without_start_at_starts_one_interval_after_creation():
     schedule = Schedule(kind="interval", interval_s=90)
     assert first_fire(schedule, DEFAULT_DST, created, created) == Z("2026-05-01T10:01:30.250Z")
     assert next_fire(schedule, DEFAULT_DST, created, created) == Z("2026-05-01T10:01:30.250Z")
-    assert next_fire(schedule, DEFAULT_DST, Z("2026-05-01T10:05:00Z"), created) == Z("2026-05-01T10:06:00.250Z")
+    assert next_fire(schedule, DEFAULT_DST, Z("2026-05-01T10:05:00Z"), created) == Z(
+        "2026-05-01T10:06:00.250Z"
+    )
     # From a grid point: the next grid point (no drift from `after`).
-    assert next_fire(schedule, DEFAULT_DST, Z("2026-05-01T10:03:00.250Z"), created) == Z("2026-05-01T10:04:30.250Z")
+    assert next_fire(schedule, DEFAULT_DST, Z("2026-05-01T10:03:00.250Z"), created) == Z(
+        "2026-05-01T10:04:30.250Z"
+    )
     # Before creation: never the creation instant itself (k >= 1).
-    assert next_fire(schedule, DEFAULT_DST, Z("2026-04-01T00:00:00Z"), created) == Z("2026-05-01T10:01:30.250Z")
+    assert next_fire(schedule, DEFAULT_DST, Z("2026-04-01T00:00:00Z"), created) == Z(
+        "2026-05-01T10:01:30.250Z"
+    )
 
 
 def test_interval_first_fire_after_a_patch_stays_on_the_creation_grid():
@@ -227,22 +252,30 @@ def test_interval_grid_with_start_at_includes_start_at():
     assert next_fire(schedule, DEFAULT_DST, Z("2026-05-01T12:00:00Z"), created) == Z("2026-05-01T13:00:00Z")
     assert next_fire(schedule, DEFAULT_DST, Z("2026-05-01T12:30:00Z"), created) == Z("2026-05-01T13:00:00Z")
     # Created after start_at: the grid still comes from start_at, not from creation.
-    assert first_fire(schedule, DEFAULT_DST, Z("2026-05-01T15:45:00Z"), Z("2026-05-01T15:45:00Z")) == Z("2026-05-01T16:00:00Z")
+    assert first_fire(schedule, DEFAULT_DST, Z("2026-05-01T15:45:00Z"), Z("2026-05-01T15:45:00Z")) == Z(
+        "2026-05-01T16:00:00Z"
+    )
 
 
 def test_interval_ignores_dst():
     # 1 h across Berlin's spring gap in a zone-less interval: exactly 3600 s apart.
     start = Z("2026-03-29T00:00:00Z")
     schedule = Schedule(kind="interval", interval_s=3600, start_at=start)
-    got = list(zip(range(4), iter_fires(schedule, DEFAULT_DST, start - timedelta(seconds=1), start), strict=False))
+    got = list(
+        zip(range(4), iter_fires(schedule, DEFAULT_DST, start - timedelta(seconds=1), start), strict=False)
+    )
     assert [t for _, t in got] == [start + timedelta(hours=k) for k in range(4)]
 
 
 def test_interval_end_at_is_inclusive():
-    schedule = Schedule(kind="interval", interval_s=60, start_at=Z("2026-05-01T00:00:00Z"), end_at=Z("2026-05-01T00:02:00Z"))
+    schedule = Schedule(
+        kind="interval", interval_s=60, start_at=Z("2026-05-01T00:00:00Z"), end_at=Z("2026-05-01T00:02:00Z")
+    )
     anchor = Z("2026-04-01T00:00:00Z")
     assert list(iter_fires(schedule, DEFAULT_DST, anchor, anchor)) == [
-        Z("2026-05-01T00:00:00Z"), Z("2026-05-01T00:01:00Z"), Z("2026-05-01T00:02:00Z"),
+        Z("2026-05-01T00:00:00Z"),
+        Z("2026-05-01T00:01:00Z"),
+        Z("2026-05-01T00:02:00Z"),
     ]
     assert next_fire(schedule, DEFAULT_DST, Z("2026-05-01T00:02:00Z"), anchor) is None
     assert first_fire(schedule, DEFAULT_DST, Z("2026-06-01T00:00:00Z"), anchor) is None
@@ -252,13 +285,19 @@ def test_interval_end_at_is_inclusive():
 
 
 def test_cron_start_and_end_bounds_are_inclusive():
-    schedule = Schedule(kind="cron", cron="0 * * * *", start_at=Z("2026-05-01T11:00:00Z"), end_at=Z("2026-05-01T13:00:00Z"))
+    schedule = Schedule(
+        kind="cron", cron="0 * * * *", start_at=Z("2026-05-01T11:00:00Z"), end_at=Z("2026-05-01T13:00:00Z")
+    )
     anchor = Z("2026-05-01T00:00:00Z")
     assert list(iter_fires(schedule, DEFAULT_DST, anchor, anchor)) == [
-        Z("2026-05-01T11:00:00Z"), Z("2026-05-01T12:00:00Z"), Z("2026-05-01T13:00:00Z"),
+        Z("2026-05-01T11:00:00Z"),
+        Z("2026-05-01T12:00:00Z"),
+        Z("2026-05-01T13:00:00Z"),
     ]
     assert first_fire(schedule, DEFAULT_DST, anchor, anchor) == Z("2026-05-01T11:00:00Z")
-    assert first_fire(schedule, DEFAULT_DST, Z("2026-05-01T11:00:00Z"), anchor) == Z("2026-05-01T12:00:00Z")  # > now
+    assert first_fire(schedule, DEFAULT_DST, Z("2026-05-01T11:00:00Z"), anchor) == Z(
+        "2026-05-01T12:00:00Z"
+    )  # > now
     assert next_fire(schedule, DEFAULT_DST, Z("2026-05-01T13:00:00Z"), anchor) is None
 
 
@@ -270,7 +309,9 @@ def test_cron_start_at_between_occurrences():
 
 def test_cron_bounds_apply_to_the_shifted_instant():
     # Berlin "30 2 * * *" shifts to 01:00Z on 2026-03-29; an end_at of 00:59:59Z excludes it.
-    schedule = Schedule(kind="cron", cron="30 2 * * *", timezone="Europe/Berlin", end_at=Z("2026-03-29T00:59:59Z"))
+    schedule = Schedule(
+        kind="cron", cron="30 2 * * *", timezone="Europe/Berlin", end_at=Z("2026-03-29T00:59:59Z")
+    )
     assert next_fire(schedule, DEFAULT_DST, Z("2026-03-28T12:00:00Z"), Z("2026-01-01T00:00:00Z")) is None
 
 
@@ -280,7 +321,11 @@ def test_cron_bounds_apply_to_the_shifted_instant():
 def test_interval_preview_without_start_at_counts_from_after():
     schedule = Schedule(kind="interval", interval_s=30)
     items = preview(schedule, DEFAULT_DST, Z("2026-05-01T00:00:10Z"), 3)
-    assert [i.at for i in items] == [Z("2026-05-01T00:00:40Z"), Z("2026-05-01T00:01:10Z"), Z("2026-05-01T00:01:40Z")]
+    assert [i.at for i in items] == [
+        Z("2026-05-01T00:00:40Z"),
+        Z("2026-05-01T00:01:10Z"),
+        Z("2026-05-01T00:01:40Z"),
+    ]
     assert [i.dst for i in items] == [None, None, None]
     assert items[0].local.utcoffset() == timedelta(0)
 
@@ -288,11 +333,13 @@ def test_interval_preview_without_start_at_counts_from_after():
 def test_interval_preview_with_start_at_uses_its_grid():
     schedule = Schedule(kind="interval", interval_s=30, start_at=Z("2026-05-01T00:00:00Z"))
     assert [i.at for i in preview(schedule, DEFAULT_DST, Z("2026-05-01T00:00:10Z"), 2)] == [
-        Z("2026-05-01T00:00:30Z"), Z("2026-05-01T00:01:00Z"),
+        Z("2026-05-01T00:00:30Z"),
+        Z("2026-05-01T00:01:00Z"),
     ]
     # `after` before start_at: the grid begins at start_at itself.
     assert [i.at for i in preview(schedule, DEFAULT_DST, Z("2026-04-01T00:00:00Z"), 2)] == [
-        Z("2026-05-01T00:00:00Z"), Z("2026-05-01T00:00:30Z"),
+        Z("2026-05-01T00:00:00Z"),
+        Z("2026-05-01T00:00:30Z"),
     ]
 
 
@@ -312,11 +359,19 @@ def test_preview_count_and_end():
     schedule = Schedule(kind="cron", cron="0 0 * * *", end_at=Z("2026-05-03T00:00:00Z"))
     assert len(preview(schedule, DEFAULT_DST, Z("2026-05-01T00:00:00Z"), 100)) == 2
     assert preview(schedule, DEFAULT_DST, Z("2026-05-01T00:00:00Z"), 0) == []
-    assert len(preview(Schedule(kind="cron", cron="* * * * *"), DEFAULT_DST, Z("2026-05-01T00:00:00Z"), 100)) == 100
+    assert (
+        len(preview(Schedule(kind="cron", cron="* * * * *"), DEFAULT_DST, Z("2026-05-01T00:00:00Z"), 100))
+        == 100
+    )
 
 
 def test_preview_local_is_in_the_schedule_zone():
-    items = preview(Schedule(kind="cron", cron="0 9 * * *", timezone="America/New_York"), DEFAULT_DST, Z("2026-07-01T00:00:00Z"), 1)
+    items = preview(
+        Schedule(kind="cron", cron="0 9 * * *", timezone="America/New_York"),
+        DEFAULT_DST,
+        Z("2026-07-01T00:00:00Z"),
+        1,
+    )
     assert items[0].at == Z("2026-07-01T13:00:00Z")  # 09:00 EDT (-04)
     assert items[0].local.isoformat() == "2026-07-01T09:00:00-04:00"
 
@@ -351,7 +406,10 @@ def test_latest_and_count_agree_with_a_walk(schedule, dst):
             if t > Z(until) or len(walk) > 5000:
                 break
             walk.append(t)
-        assert latest_fire(schedule, dst, anchor, Z(since), Z(until)) == (walk[-1] if walk else None), (since, until)
+        assert latest_fire(schedule, dst, anchor, Z(since), Z(until)) == (walk[-1] if walk else None), (
+            since,
+            until,
+        )
         count = count_fires(schedule, dst, anchor, Z(since), Z(until))
         if schedule.kind == "cron" and Z(until) > Z(since):
             assert count is None  # only a walk could tell
@@ -394,11 +452,24 @@ def test_naive_instants_are_refused_not_read_as_host_time():
     with pytest.raises(ValueError):
         next_fire(schedule, DEFAULT_DST, datetime(2026, 5, 1), Z("2026-05-01T00:00:00Z"))
     with pytest.raises(ValueError):
-        next_fire(Schedule(kind="interval", interval_s=5), DEFAULT_DST, Z("2026-05-01T00:00:00Z"), datetime(2026, 5, 1))
+        next_fire(
+            Schedule(kind="interval", interval_s=5),
+            DEFAULT_DST,
+            Z("2026-05-01T00:00:00Z"),
+            datetime(2026, 5, 1),
+        )
 
 
 def test_occurrences_past_year_9999_mean_none_remains():
     late = Z("9999-12-31T23:00:00Z")
     assert next_fire(Schedule(kind="interval", interval_s=31_536_000), DEFAULT_DST, late, late) is None
-    assert next_fire(Schedule(kind="cron", cron="0 0 1 1 *", timezone="Pacific/Kiritimati"), DEFAULT_DST, late, late) is None
-    assert next_fire(Schedule(kind="cron", cron="59 23 * * *", timezone="Etc/GMT+12"), DEFAULT_DST, late, late) is None
+    assert (
+        next_fire(
+            Schedule(kind="cron", cron="0 0 1 1 *", timezone="Pacific/Kiritimati"), DEFAULT_DST, late, late
+        )
+        is None
+    )
+    assert (
+        next_fire(Schedule(kind="cron", cron="59 23 * * *", timezone="Etc/GMT+12"), DEFAULT_DST, late, late)
+        is None
+    )

@@ -1,4 +1,5 @@
 """Settings: read once, validated, one-line errors naming the variable."""
+
 from __future__ import annotations
 
 import subprocess
@@ -48,7 +49,13 @@ def test_values_are_read_and_frozen():
         ({"PUNCTUAL_SHARDS": "sixteen"}, "PUNCTUAL_SHARDS"),
         ({"PUNCTUAL_DATABASE_URLS": "mysql://x/y"}, "PUNCTUAL_DATABASE_URLS"),
         ({"PUNCTUAL_DATABASE_URLS": "postgresql://host-without-db"}, "PUNCTUAL_DATABASE_URLS"),
-        ({"PUNCTUAL_DATABASE_URLS": ",".join(f"postgresql://h/d{i}" for i in range(3)), "PUNCTUAL_SHARDS": "2"}, "PUNCTUAL_DATABASE_URLS"),
+        (
+            {
+                "PUNCTUAL_DATABASE_URLS": ",".join(f"postgresql://h/d{i}" for i in range(3)),
+                "PUNCTUAL_SHARDS": "2",
+            },
+            "PUNCTUAL_DATABASE_URLS",
+        ),
         ({"PUNCTUAL_LEASE_S": "-1"}, "PUNCTUAL_LEASE_S"),
         ({"PUNCTUAL_HEARTBEAT_S": "90"}, "PUNCTUAL_HEARTBEAT_S"),
         ({"PUNCTUAL_ALLOW_PRIVATE_TARGETS": "maybe"}, "PUNCTUAL_ALLOW_PRIVATE_TARGETS"),
@@ -99,4 +106,6 @@ def test_a_bad_variable_stops_a_command_with_one_line():
         env={"PATH": "/usr/bin:/bin", "PUNCTUAL_SHARDS": "12"},
     )
     assert result.returncode == 2
-    assert result.stderr.strip() == "punctual: PUNCTUAL_SHARDS=12: must be a power of two (1, 2, 4, 8, 16, ...)"
+    assert (
+        result.stderr.strip() == "punctual: PUNCTUAL_SHARDS=12: must be a power of two (1, 2, 4, 8, 16, ...)"
+    )

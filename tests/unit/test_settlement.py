@@ -1,4 +1,5 @@
 """Settling a finished attempt (pure): the completion and the janitor both apply these values."""
+
 from __future__ import annotations
 
 import uuid
@@ -15,10 +16,21 @@ RETRY = {"max_attempts": 3, "backoff_s": 10, "max_backoff_s": 100}
 
 def job(**overrides) -> dict:
     values = {
-        "job_id": uuid.UUID(int=5), "schedule_kind": "cron", "run_at": None, "cron": "* * * * *",
-        "interval_s": None, "timezone": "UTC", "start_at": None, "end_at": None, "dst_gap": "shift",
-        "dst_overlap": "once", "jitter_s": 20, "state": "running", "skipped_after": None,
-        "skipped_through": None, "created_at": NOMINAL - timedelta(days=1),
+        "job_id": uuid.UUID(int=5),
+        "schedule_kind": "cron",
+        "run_at": None,
+        "cron": "* * * * *",
+        "interval_s": None,
+        "timezone": "UTC",
+        "start_at": None,
+        "end_at": None,
+        "dst_gap": "shift",
+        "dst_overlap": "once",
+        "jitter_s": 20,
+        "state": "running",
+        "skipped_after": None,
+        "skipped_through": None,
+        "created_at": NOMINAL - timedelta(days=1),
     }
     values.update(overrides)
     return values
@@ -36,7 +48,9 @@ def test_success_moves_to_the_next_occurrence_from_the_scheduled_time():
     done = settle(attempt(), CallOutcome(status_code=204), job(), NOW + timedelta(minutes=10), zero)
     following = NOMINAL + timedelta(minutes=1)
     assert done.run_state == "succeeded" and done.retry_at is None
-    assert done.job["nominal_at"] == following and done.job["next_run_at"] == fire_at(uuid.UUID(int=5), following, 20)
+    assert done.job["nominal_at"] == following and done.job["next_run_at"] == fire_at(
+        uuid.UUID(int=5), following, 20
+    )
     assert done.job["state"] == "scheduled" and done.job["lease_token"] is None and done.job["attempt"] == 0
 
 
@@ -47,7 +61,9 @@ def test_a_retryable_failure_writes_the_backoff_into_next_run_at():
 
 
 def test_exhausted_attempts_kill_a_one_off_and_move_a_recurring_job_on():
-    once = settle(attempt(3), CallOutcome(error="timeout"), job(schedule_kind="once", run_at=NOMINAL), NOW, zero)
+    once = settle(
+        attempt(3), CallOutcome(error="timeout"), job(schedule_kind="once", run_at=NOMINAL), NOW, zero
+    )
     assert once.dead and once.job["state"] == "dead" and once.job["next_run_at"] is None
     recurring = settle(attempt(3), CallOutcome(error="timeout"), job(), NOW, zero)
     assert recurring.dead and recurring.job["state"] == "scheduled"
@@ -72,8 +88,13 @@ def test_off_schedule_runs_never_touch_the_job():
 
 
 def test_the_skipped_range_is_stepped_over():
-    done = settle(attempt(), CallOutcome(status_code=200),
-                  job(skipped_after=NOMINAL, skipped_through=NOMINAL + timedelta(minutes=30)), NOW, zero)
+    done = settle(
+        attempt(),
+        CallOutcome(status_code=200),
+        job(skipped_after=NOMINAL, skipped_through=NOMINAL + timedelta(minutes=30)),
+        NOW,
+        zero,
+    )
     assert done.job["nominal_at"] == NOMINAL + timedelta(minutes=31)
     assert done.job["skipped_after"] is None and done.job["skipped_through"] is None
 

@@ -1,4 +1,5 @@
 """The shard map resolved against a DSN list: pure, every refusal and the served cases."""
+
 from __future__ import annotations
 
 import uuid
@@ -11,7 +12,9 @@ CLUSTER = uuid.UUID(int=1)
 A, B, C = (uuid.UUID(int=n) for n in (0xA0, 0xB0, 0xC0))
 
 
-def ident(database_id: uuid.UUID, index: int = 0, cluster: uuid.UUID = CLUSTER, home: uuid.UUID = A) -> Identity:
+def ident(
+    database_id: uuid.UUID, index: int = 0, cluster: uuid.UUID = CLUSTER, home: uuid.UUID = A
+) -> Identity:
     return Identity(database_id, cluster, home, index)
 
 

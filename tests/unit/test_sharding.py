@@ -1,4 +1,5 @@
 """Shard routing: stable across processes, uniform, and a fixed map to DSNs and queues."""
+
 from __future__ import annotations
 
 import hashlib
@@ -30,7 +31,10 @@ def test_stable_across_processes_not_pythons_salted_hash():
     )
     for seed in ("1", "2"):
         out = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
             env={"PYTHONHASHSEED": seed, "PATH": "/usr/bin:/bin"},
         ).stdout
         assert out.strip() == str(here)

@@ -1,4 +1,5 @@
 """Punctual-Signature: one v1 per signing secret, and a verifier that takes any of them."""
+
 from __future__ import annotations
 
 import pytest

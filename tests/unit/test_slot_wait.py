@@ -1,5 +1,6 @@
 """Waiting in the worker for a concurrency slot: the pure estimate, the waiter's
 wake-ups and the releaser (threads, no I/O)."""
+
 from __future__ import annotations
 
 import threading

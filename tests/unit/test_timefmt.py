@@ -1,4 +1,5 @@
 """RFC 3339 instants: what is accepted, what is refused, and the one printed form."""
+
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
@@ -67,7 +68,9 @@ def test_local_form_keeps_the_zones_offset():
     assert format_local(datetime(2026, 10, 25, 2, 30, tzinfo=berlin)) == "2026-10-25T02:30:00+02:00"
     assert format_local(datetime(2026, 10, 25, 2, 30, fold=1, tzinfo=berlin)) == "2026-10-25T02:30:00+01:00"
     assert format_local(datetime(2026, 6, 1, tzinfo=ZoneInfo("Asia/Kolkata"))) == "2026-06-01T00:00:00+05:30"
-    assert format_local(datetime(2026, 6, 1, tzinfo=ZoneInfo("America/St_Johns"))) == "2026-06-01T00:00:00-02:30"
+    assert (
+        format_local(datetime(2026, 6, 1, tzinfo=ZoneInfo("America/St_Johns"))) == "2026-06-01T00:00:00-02:30"
+    )
 
 
 def test_truncate_to_ms():

@@ -1,4 +1,5 @@
 """Which failures are retried in place, and the bounded retry (app.registry.transient)."""
+
 from __future__ import annotations
 
 import pytest
@@ -30,8 +31,9 @@ def test_connection_failures_of_the_database_broker_and_redis_are_transient():
 
     assert is_transient(operational())
     assert is_transient(sa_exc.InterfaceError("SELECT 1", {}, Exception("connection already closed")))
-    invalidated = sa_exc.DBAPIError("SELECT 1", {}, Exception("server closed the connection"),
-                                    connection_invalidated=True)
+    invalidated = sa_exc.DBAPIError(
+        "SELECT 1", {}, Exception("server closed the connection"), connection_invalidated=True
+    )
     assert is_transient(invalidated)
     assert is_transient(sa_exc.TimeoutError("QueuePool limit reached"))
     assert is_transient(kombu.exceptions.OperationalError("connection refused"))

@@ -1,4 +1,5 @@
 """app.services.validation: one validator for create and patch, every bad field at once."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,8 +14,11 @@ PUBLIC_URL = "http://93.184.215.14/hook"  # an IP literal: no DNS needed
 
 
 def body(**overrides):
-    data = {"name": "nightly", "target": {"type": "webhook", "url": PUBLIC_URL},
-            "schedule": {"cron": "0 0 * * *", "timezone": "Europe/Berlin"}}
+    data = {
+        "name": "nightly",
+        "target": {"type": "webhook", "url": PUBLIC_URL},
+        "schedule": {"cron": "0 0 * * *", "timezone": "Europe/Berlin"},
+    }
     data.update(overrides)
     return data
 
@@ -25,7 +29,13 @@ def fields_of(exc: pytest.ExceptionInfo) -> list[str]:
 
 def test_minimal_body_takes_every_default():
     spec = validate_job(body(), allow_private=False)
-    assert spec.target == {"type": "webhook", "url": PUBLIC_URL, "method": "POST", "headers": {}, "timeout_s": 30}
+    assert spec.target == {
+        "type": "webhook",
+        "url": PUBLIC_URL,
+        "method": "POST",
+        "headers": {},
+        "timeout_s": 30,
+    }
     assert spec.retry == RetryPolicy(5, 10, 3600)
     assert spec.dst == DstPolicy("shift", "once")
     assert (spec.misfire, spec.jitter_s, spec.payload) == ("run_once", 0, None)
@@ -35,8 +45,13 @@ def test_minimal_body_takes_every_default():
 def test_every_bad_field_is_listed_with_dotted_paths():
     bad = {
         "name": "",
-        "target": {"type": "webhook", "url": "ftp://x.example/", "method": "FETCH", "timeout_s": 901,
-                   "limits": {"rate_per_s": 0, "max_concurrency": 10_001, "burst": 1}},
+        "target": {
+            "type": "webhook",
+            "url": "ftp://x.example/",
+            "method": "FETCH",
+            "timeout_s": 901,
+            "limits": {"rate_per_s": 0, "max_concurrency": 10_001, "burst": 1},
+        },
         "schedule": {"cron": "61 * * * *"},
         "retry": {"max_attempts": 0},
         "misfire": "sometimes",
@@ -47,9 +62,19 @@ def test_every_bad_field_is_listed_with_dotted_paths():
     with pytest.raises(ValidationError) as exc:
         validate_job(bad, allow_private=False)
     assert set(fields_of(exc)) == {
-        "colour", "name", "target.url", "target.method", "target.timeout_s", "target.limits.burst",
-        "target.limits.rate_per_s", "target.limits.max_concurrency", "schedule.cron", "retry.max_attempts",
-        "misfire", "dst.gap", "jitter_s",
+        "colour",
+        "name",
+        "target.url",
+        "target.method",
+        "target.timeout_s",
+        "target.limits.burst",
+        "target.limits.rate_per_s",
+        "target.limits.max_concurrency",
+        "schedule.cron",
+        "retry.max_attempts",
+        "misfire",
+        "dst.gap",
+        "jitter_s",
     }
 
 
@@ -73,29 +98,57 @@ def test_body_must_be_an_object():
 
 
 def test_queue_target_and_limits():
-    spec = validate_job(body(target={"type": "queue", "topic": "reports.daily",
-                                     "limits": {"key": "reports", "rate_per_s": 0.5, "max_concurrency": 3}}),
-                        allow_private=False)
-    assert spec.target == {"type": "queue", "topic": "reports.daily",
-                           "limits": {"key": "reports", "rate_per_s": 0.5, "max_concurrency": 3}}
+    spec = validate_job(
+        body(
+            target={
+                "type": "queue",
+                "topic": "reports.daily",
+                "limits": {"key": "reports", "rate_per_s": 0.5, "max_concurrency": 3},
+            }
+        ),
+        allow_private=False,
+    )
+    assert spec.target == {
+        "type": "queue",
+        "topic": "reports.daily",
+        "limits": {"key": "reports", "rate_per_s": 0.5, "max_concurrency": 3},
+    }
 
 
-@pytest.mark.parametrize("target, field", [
-    ({"type": "queue", "topic": "reports.#"}, "target.topic"),
-    ({"type": "queue", "topic": "x", "url": PUBLIC_URL}, "target.url"),
-    ({"type": "email"}, "target.type"),
-    ({"type": "webhook"}, "target.url"),
-    ({"type": "webhook", "url": "http://:80/"}, "target.url"),
-    ({"type": "webhook", "url": PUBLIC_URL, "headers": {"Punctual-Signature": "forged"}}, "target.headers.Punctual-Signature"),
-    ({"type": "webhook", "url": PUBLIC_URL, "headers": {"Idempotency-Key": "x"}}, "target.headers.Idempotency-Key"),
-    ({"type": "webhook", "url": PUBLIC_URL, "headers": {"X-Ok": "a\r\nInjected: 1"}}, "target.headers.X-Ok"),
-    ({"type": "webhook", "url": PUBLIC_URL, "headers": {"bad name": "v"}}, "target.headers.bad name"),
-    ({"type": "webhook", "url": PUBLIC_URL, "timeout_s": 0}, "target.timeout_s"),
-    ({"type": "webhook", "url": PUBLIC_URL, "timeout_s": True}, "target.timeout_s"),
-    ({"type": "webhook", "url": PUBLIC_URL, "limits": {"key": ""}}, "target.limits.key"),
-    ({"type": "webhook", "url": PUBLIC_URL, "limits": {"rate_per_s": 100_001}}, "target.limits.rate_per_s"),
-    ({"type": "webhook", "url": PUBLIC_URL, "limits": {"max_concurrency": 1.5}}, "target.limits.max_concurrency"),
-])
+@pytest.mark.parametrize(
+    "target, field",
+    [
+        ({"type": "queue", "topic": "reports.#"}, "target.topic"),
+        ({"type": "queue", "topic": "x", "url": PUBLIC_URL}, "target.url"),
+        ({"type": "email"}, "target.type"),
+        ({"type": "webhook"}, "target.url"),
+        ({"type": "webhook", "url": "http://:80/"}, "target.url"),
+        (
+            {"type": "webhook", "url": PUBLIC_URL, "headers": {"Punctual-Signature": "forged"}},
+            "target.headers.Punctual-Signature",
+        ),
+        (
+            {"type": "webhook", "url": PUBLIC_URL, "headers": {"Idempotency-Key": "x"}},
+            "target.headers.Idempotency-Key",
+        ),
+        (
+            {"type": "webhook", "url": PUBLIC_URL, "headers": {"X-Ok": "a\r\nInjected: 1"}},
+            "target.headers.X-Ok",
+        ),
+        ({"type": "webhook", "url": PUBLIC_URL, "headers": {"bad name": "v"}}, "target.headers.bad name"),
+        ({"type": "webhook", "url": PUBLIC_URL, "timeout_s": 0}, "target.timeout_s"),
+        ({"type": "webhook", "url": PUBLIC_URL, "timeout_s": True}, "target.timeout_s"),
+        ({"type": "webhook", "url": PUBLIC_URL, "limits": {"key": ""}}, "target.limits.key"),
+        (
+            {"type": "webhook", "url": PUBLIC_URL, "limits": {"rate_per_s": 100_001}},
+            "target.limits.rate_per_s",
+        ),
+        (
+            {"type": "webhook", "url": PUBLIC_URL, "limits": {"max_concurrency": 1.5}},
+            "target.limits.max_concurrency",
+        ),
+    ],
+)
 def test_bad_targets(target, field):
     with pytest.raises(ValidationError) as exc:
         validate_job(body(target=target), allow_private=False)
@@ -103,8 +156,13 @@ def test_bad_targets(target, field):
 
 
 def test_target_bounds_are_inclusive():
-    target = {"type": "webhook", "url": PUBLIC_URL, "method": "DELETE", "timeout_s": 900,
-              "limits": {"rate_per_s": 0.01, "max_concurrency": 10_000}}
+    target = {
+        "type": "webhook",
+        "url": PUBLIC_URL,
+        "method": "DELETE",
+        "timeout_s": 900,
+        "limits": {"rate_per_s": 0.01, "max_concurrency": 10_000},
+    }
     assert validate_job(body(target=target), allow_private=False).target["timeout_s"] == 900
 
 
@@ -127,10 +185,13 @@ def test_an_unresolvable_host_is_refused_even_when_private_is_allowed(monkeypatc
     assert "cannot be resolved" in exc.value.errors[0].message
 
 
-@pytest.mark.parametrize("payload, field", [
-    ({"a": "nul\x00byte"}, "payload.a"),
-    ({"list": [1, "\ud800"]}, "payload.list.1"),
-])
+@pytest.mark.parametrize(
+    "payload, field",
+    [
+        ({"a": "nul\x00byte"}, "payload.a"),
+        ({"list": [1, "\ud800"]}, "payload.list.1"),
+    ],
+)
 def test_strings_postgres_cannot_store_are_422_not_500(payload, field):
     with pytest.raises(ValidationError) as exc:
         validate_job(body(payload=payload), allow_private=False)
@@ -153,9 +214,16 @@ def test_any_json_payload_is_kept():
 
 def test_patch_validates_only_named_fields_and_null_means_default():
     assert validate_changes({}, allow_private=False) == {}
-    changes = validate_changes({"retry": None, "dst": None, "misfire": None, "jitter_s": None, "payload": None},
-                               allow_private=False)
-    assert changes == {"retry": RetryPolicy(), "dst": DstPolicy(), "misfire": "run_once", "jitter_s": 0, "payload": None}
+    changes = validate_changes(
+        {"retry": None, "dst": None, "misfire": None, "jitter_s": None, "payload": None}, allow_private=False
+    )
+    assert changes == {
+        "retry": RetryPolicy(),
+        "dst": DstPolicy(),
+        "misfire": "run_once",
+        "jitter_s": 0,
+        "payload": None,
+    }
 
 
 def test_patch_refuses_null_for_what_a_job_must_have():
@@ -166,16 +234,24 @@ def test_patch_refuses_null_for_what_a_job_must_have():
 
 def test_patch_and_create_share_the_field_list():
     with pytest.raises(ValidationError) as exc:
-        validate_changes({field: {"bogus": True} for field in JOB_FIELDS if field != "payload"}, allow_private=False)
+        validate_changes(
+            {field: {"bogus": True} for field in JOB_FIELDS if field != "payload"}, allow_private=False
+        )
     named = {f.split(".")[0] for f in fields_of(exc)}
     assert named == set(JOB_FIELDS) - {"payload"}
 
 
-@pytest.mark.parametrize("schedule, field", [
-    ({"run_at": "0001-01-01T00:00:00+08:00"}, "schedule.run_at"),  # before year 1 once made UTC: refused on its field
-    ({"run_at": "0665-02-09T23:52:43Z"}, "schedule.run_at"),  # would print as '665-...'
-    ({"interval_s": 60, "start_at": "0999-12-31T23:59:59Z"}, "schedule.start_at"),
-])
+@pytest.mark.parametrize(
+    "schedule, field",
+    [
+        (
+            {"run_at": "0001-01-01T00:00:00+08:00"},
+            "schedule.run_at",
+        ),  # before year 1 once made UTC: refused on its field
+        ({"run_at": "0665-02-09T23:52:43Z"}, "schedule.run_at"),  # would print as '665-...'
+        ({"interval_s": 60, "start_at": "0999-12-31T23:59:59Z"}, "schedule.start_at"),
+    ],
+)
 def test_instants_outside_years_1000_to_9999_are_422(schedule, field):
     with pytest.raises(ValidationError) as exc:
         validate_job(body(schedule=schedule), allow_private=False)
