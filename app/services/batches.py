@@ -31,12 +31,12 @@ from app.core.errors import ValidationError
 from app.limits.keys import named_key, record_limit_key
 from app.registry import bulk
 from app.registry.engines import Registry
-from app.registry.records import Row, new_job_row
+from app.registry.records import Row
 from app.registry.schema import jobs
 from app.registry.sharding import shard_for
 from app.services import idempotency
 from app.services.errors import Conflict, Unavailable
-from app.services.jobs import first_fire_remembered
+from app.services.jobs import first_fire_remembered, spec_row
 from app.services.validation import run_at_not_past, validate_job
 
 MAX_JOBS = 1000
@@ -108,23 +108,7 @@ def _plan(registry: Registry, owner: str, item: Any, now: datetime) -> _Plan:
             raise ValidationError.single("schedule", "has no occurrence left after now (check end_at)")
     except ValidationError as exc:
         return _Plan(job_id, request_hash, None, exc)
-    row = new_job_row(
-        job_id=job_id,
-        shard=shard,
-        owner=owner,
-        name=spec.name,
-        target=spec.target,
-        payload=spec.payload,
-        schedule=spec.schedule,
-        retry=spec.retry,
-        misfire=spec.misfire,
-        dst=spec.dst,
-        jitter_s=spec.jitter_s,
-        first=first,
-        now=now,
-        idempotency_key=key,
-        request_hash=request_hash,
-    )
+    row = spec_row(spec, job_id, shard, owner, first, now, key, request_hash)
     return _Plan(job_id, request_hash, row, None)
 
 

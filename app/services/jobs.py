@@ -48,7 +48,7 @@ from app.registry.sharding import shard_for
 from app.services import idempotency
 from app.services.errors import Conflict, NotFound
 from app.services.pagination import Page, decode_cursor, merge_newest, newest_first
-from app.services.validation import run_at_not_past, validate_changes, validate_job
+from app.services.validation import JobSpec, run_at_not_past, validate_changes, validate_job
 
 LIVE_STATES = ("scheduled", "running", "paused")  # the states a job can still change from
 FINAL_STATES = ("completed", "cancelled", "dead")
@@ -61,6 +61,36 @@ class Created:
 
 
 # --- create ------------------------------------------------------------------------
+
+
+def spec_row(
+    spec: JobSpec,
+    job_id: uuid.UUID,
+    shard: int,
+    owner: str,
+    first: datetime,
+    now: datetime,
+    idempotency_key: str | None,
+    request_hash: str | None,
+) -> dict:
+    """The new job row of a validated body (POST /jobs and each job of POST /jobs/batch)."""
+    return new_job_row(
+        job_id=job_id,
+        shard=shard,
+        owner=owner,
+        name=spec.name,
+        target=spec.target,
+        payload=spec.payload,
+        schedule=spec.schedule,
+        retry=spec.retry,
+        misfire=spec.misfire,
+        dst=spec.dst,
+        jitter_s=spec.jitter_s,
+        first=first,
+        now=now,
+        idempotency_key=idempotency_key,
+        request_hash=request_hash,
+    )
 
 
 def create_job(
@@ -93,23 +123,7 @@ def create_job(
             if existing is not None:
                 return Created(_same_request(existing, request_hash), created=False)
         raise
-    row = new_job_row(
-        job_id=job_id,
-        shard=shard,
-        owner=owner,
-        name=spec.name,
-        target=spec.target,
-        payload=spec.payload,
-        schedule=spec.schedule,
-        retry=spec.retry,
-        misfire=spec.misfire,
-        dst=spec.dst,
-        jitter_s=spec.jitter_s,
-        first=first,
-        now=now,
-        idempotency_key=idempotency_key,
-        request_hash=request_hash,
-    )
+    row = spec_row(spec, job_id, shard, owner, first, now, idempotency_key, request_hash)
     if _insert(engine, row, idempotent=request_hash is not None):
         record_limit_key(registry, owner, spec.target, now)  # a named key: nothing otherwise
         return Created(row, created=True)
