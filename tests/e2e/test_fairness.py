@@ -90,6 +90,12 @@ class CountingSink:
         self.server.server_close()
 
 
+@pytest.fixture(scope="module")
+def pg_shards() -> int:
+    """One logical shard (_env): the claim's fairness is measured on one poller."""
+    return 1
+
+
 def _env(pg_dsns, amqp_url, prefix, **overrides):
     slow_claim = dict(
         PUNCTUAL_SHARDS="1",

@@ -13,6 +13,14 @@ import pytest
 from tests.conftest import REDIS_URL
 from tests.faults.harness import FaultStack, fault_env
 
+# The fault stacks run PUNCTUAL_SHARDS=4 (harness.fault_env): their cluster is made so.
+FAULT_SHARDS = 4
+
+
+@pytest.fixture(scope="module")
+def pg_shards() -> int:
+    return FAULT_SHARDS
+
 
 @pytest.fixture
 def make_stack(pg_dsns, amqp_url, redis_prefix, pg_admin, truncate, tmp_path):

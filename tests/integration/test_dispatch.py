@@ -205,10 +205,12 @@ def test_heartbeats_extend_the_lease_while_a_call_is_in_flight(env, sink):
         job_row(16, run_at=utcnow() - timedelta(seconds=1), target=webhook_target(sink.url("/held")))
     ]
     runs = claim_all(registry, rows)
-    first_lease = job(registry, row["job_id"])["leased_until"]
     context.dispatcher.dispatch(runs)
     sink.wait_for(1, "/held")
-    wait_until(lambda: job(registry, row["job_id"])["leased_until"] > first_lease + timedelta(seconds=1))
+    # The start set the lease to now + lease_s (the claim's queued lease is longer);
+    # only heartbeats move it on from there while the call is held.
+    started_lease = job(registry, row["job_id"])["leased_until"]
+    wait_until(lambda: job(registry, row["job_id"])["leased_until"] > started_lease + timedelta(seconds=1))
     sink.release.set()
     wait_until(lambda: job(registry, row["job_id"])["state"] == "completed")
 

@@ -169,7 +169,7 @@ def test_the_embedded_registry_claims_fairly_too(tmp_path):
     from app.settings import Settings
 
     settings = Settings.from_env({"PUNCTUAL_DATA_DIR": str(tmp_path), "PUNCTUAL_SHARDS": "1"})
-    migrate_all(settings.database_urls)
+    migrate_all(settings.database_urls, shards=settings.shards)
     registry = registry_for(settings)
     now = utcnow()
     backlog = [job_row(1, owner="a", run_at=now - timedelta(seconds=60)) for _ in range(300)]
