@@ -33,6 +33,10 @@ CHUNK_RUNS = 100
 # a message (and are up to this late); a finer step means more messages per second
 # at steady load.
 ETA_STEP = timedelta(milliseconds=100)
+# An owner with at least this many runs of one eta and lane gets messages of its own
+# (to_messages); owners with fewer share them, so that a thousand owners with one run
+# each do not become a thousand messages.
+OWN_MESSAGE_RUNS = 20
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -50,6 +54,10 @@ class DispatchRun:
     retry: dict
     payload: Any
     fire_at: datetime | None = None  # set when claimed ahead: not to start before it
+    # An occurrence of a cron or interval job: it travels in the prompt lane, which a
+    # worker serves before one-off runs (app.worker.turns), so that a job every few
+    # seconds keeps its pace while a burst of one-offs drains.
+    recurring: bool = False
 
     @property
     def off_schedule(self) -> bool:
@@ -70,6 +78,7 @@ class DispatchRun:
             "retry": self.retry,
             "payload": self.payload,
             **({"fire_at": format_instant(self.fire_at)} if self.fire_at is not None else {}),
+            **({"recurring": True} if self.recurring else {}),
         }
 
     @classmethod
@@ -87,12 +96,16 @@ class DispatchRun:
             retry=entry["retry"] or {},
             payload=entry.get("payload"),
             fire_at=parse_instant(entry["fire_at"]) if entry.get("fire_at") else None,
+            recurring=bool(entry.get("recurring")),
         )
 
     @classmethod
-    def from_row(cls, row: Row, payload: Any, fire_at: datetime | None = None) -> DispatchRun:
-        """From a runs row (plus the job's payload, which runs do not store, and the
-        fire instant of a run claimed ahead, which is the job's next_run_at)."""
+    def from_row(
+        cls, row: Row, payload: Any, fire_at: datetime | None = None, recurring: bool = False
+    ) -> DispatchRun:
+        """From a runs row (plus the job's payload, which runs do not store, the fire
+        instant of a run claimed ahead, which is the job's next_run_at, and whether the
+        job is recurring, which the claim knows from the job row)."""
         return cls(
             run_id=row["run_id"],
             job_id=row["job_id"],
@@ -106,6 +119,7 @@ class DispatchRun:
             retry=row["retry"] or {},
             payload=payload,
             fire_at=fire_at,
+            recurring=recurring,
         )
 
 
@@ -158,20 +172,54 @@ def eta_of(fire_at: datetime | None, now: datetime) -> datetime | None:
 def to_messages(
     runs: Iterable[DispatchRun], now: datetime, size: int = CHUNK_RUNS
 ) -> list[tuple[datetime | None, list[dict]]]:
-    """The messages that carry `runs`: (eta, entries) pairs, runs grouped by eta,
-    owners in turn (`round_robin`), then in slices of at most `size`; the ones due now
-    come first."""
-    by_eta: dict[datetime | None, list[DispatchRun]] = {}
+    """The messages that carry `runs`: (eta, entries) pairs, the ones due now first.
+
+    Runs are grouped by eta and by lane (recurring runs apart from one-offs, and first);
+    within a group an owner with OWN_MESSAGE_RUNS runs or more gets messages of its own,
+    and the owners with fewer share messages, taking turns (`round_robin`); all in
+    slices of at most `size`. A worker serves messages by lane and then fairly by owner
+    (app.worker.turns), which only works if one owner's bulk does not share its
+    messages with another owner's few runs."""
+    groups: dict[tuple[datetime | None, bool], list[DispatchRun]] = {}
     for run in runs:
-        by_eta.setdefault(eta_of(run.fire_at, now), []).append(run)
-    order = sorted(by_eta, key=lambda eta: (eta is not None, eta or now))
-    # Owners take turns within each eta: every message of a batch carries every owner's
-    # first runs before anyone's later ones, and a worker starts a message in order.
-    return [
-        (eta, [run.to_message() for run in chunk])
-        for eta in order
-        for chunk in chunks(round_robin(by_eta[eta], _owner), size)
-    ]
+        groups.setdefault((eta_of(run.fire_at, now), not run.recurring), []).append(run)
+    order = sorted(groups, key=lambda group: (group[0] is not None, group[0] or now, group[1]))
+    messages: list[tuple[datetime | None, list[dict]]] = []
+    for eta, one_off in order:
+        by_owner: dict[str, list[DispatchRun]] = {}
+        for run in groups[(eta, one_off)]:
+            by_owner.setdefault(run.owner, []).append(run)
+        shared = [run for owned in by_owner.values() if len(owned) < OWN_MESSAGE_RUNS for run in owned]
+        slices = [*chunks(round_robin(shared, _owner), size)] + [
+            chunk
+            for owned in by_owner.values()
+            if len(owned) >= OWN_MESSAGE_RUNS
+            for chunk in chunks(owned, size)
+        ]
+        messages.extend((eta, [run.to_message() for run in chunk]) for chunk in slices)
+    return messages
+
+
+# What a worker's gate reads from a dispatch message's headers, without decoding its
+# body (app.tasks.gate): its lane, the owner it is charged to, and how many runs it holds.
+LANE_HEADER = "punctual_lane"
+OWNER_HEADER = "punctual_owner"
+RUNS_HEADER = "punctual_runs"
+RECURRING_LANE = "recurring"
+ONE_OFF_LANE = "one-off"
+
+
+def message_headers(entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The headers of a dispatch message holding `entries`: the recurring lane if any
+    run is recurring, and the owner with the most runs (the first to reach it)."""
+    counts: dict[str, int] = {}
+    for entry in entries:
+        counts[entry["owner"]] = counts.get(entry["owner"], 0) + 1
+    return {
+        LANE_HEADER: RECURRING_LANE if any(entry.get("recurring") for entry in entries) else ONE_OFF_LANE,
+        OWNER_HEADER: max(counts, key=counts.__getitem__, default=""),
+        RUNS_HEADER: len(entries),
+    }
 
 
 def _owner(run: DispatchRun) -> str:

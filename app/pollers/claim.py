@@ -309,7 +309,12 @@ def claim_batch(
             claimed.append(params)
             new_runs.append(run_row)
             to_publish.append(
-                DispatchRun.from_row(run_row, job["payload"], plan.run.fire_at if ahead else None)
+                DispatchRun.from_row(
+                    run_row,
+                    job["payload"],
+                    plan.run.fire_at if ahead else None,
+                    recurring=job["schedule_kind"] != "once",
+                )
             )
         update_many(
             conn,

@@ -22,7 +22,7 @@ from celery import shared_task
 from celery.exceptions import Reject
 from celery.utils.log import get_task_logger
 
-from app.lifecycle.message import DispatchRun
+from app.lifecycle.message import DispatchRun, message_headers
 from app.logs import log_context
 from app.pollers.beat import DISPATCH_TASK
 from app.registry.sharding import queue_name
@@ -57,7 +57,11 @@ def send_dispatch(shard: int, entries: list[dict], eta: datetime | None = None) 
     keeps it, unacknowledged, and runs it at that instant; if that worker dies the
     broker hands the message to another, which does the same."""
     dispatch.apply_async(
-        kwargs={"shard": shard, "runs": entries}, eta=eta, shadow=shown_name(shard, len(entries))
+        kwargs={"shard": shard, "runs": entries},
+        eta=eta,
+        shadow=shown_name(shard, len(entries)),
+        # Read by the worker's gate (app.tasks.gate) to take turns without the body.
+        headers=message_headers(entries),
     )
 
 

@@ -39,6 +39,12 @@ def test_an_entry_survives_json_both_ways():
     assert DispatchRun.from_message(entry) == original
 
 
+def test_a_recurring_run_survives_json_and_a_one_off_carries_no_flag():
+    original = run(recurring=True)
+    assert DispatchRun.from_message(json.loads(json.dumps(original.to_message()))) == original
+    assert "recurring" not in run().to_message()
+
+
 def test_the_signing_secret_is_never_on_the_broker():
     assert not any("secret" in key for key in run().to_message())
 

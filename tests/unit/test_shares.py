@@ -118,13 +118,14 @@ def test_round_robin_takes_turns_and_keeps_each_owners_order():
     assert round_robin([], key=lambda s: s) == []
 
 
-def test_a_small_owner_is_in_the_first_message_of_a_big_owners_batch():
-    from app.lifecycle.message import to_messages
+def test_a_small_owner_has_the_first_message_of_a_big_owners_batch_to_itself():
+    from app.lifecycle.message import message_headers, to_messages
     from tests.unit.test_message import run
 
     batch = [run(owner="big") for _ in range(450)] + [run(owner="small") for _ in range(3)]
     messages = to_messages(batch, T)
-    assert len(messages) == 5
-    first = [entry["owner"] for entry in messages[0][1]]
-    assert first[:4] == ["big", "small", "big", "small"] and first.count("small") == 3
+    assert len(messages) == 6
+    assert [entry["owner"] for entry in messages[0][1]] == ["small"] * 3
+    assert message_headers(messages[0][1])["punctual_owner"] == "small"
+    assert all(message_headers(entries)["punctual_owner"] == "big" for _, entries in messages[1:])
     assert sum(len(entries) for _, entries in messages) == 453
