@@ -30,6 +30,7 @@ from celery import Celery, signals
 
 from app.core.errors import SettingsError
 from app.settings import get_settings
+from app.tasks.gate import DispatchGateStep
 
 try:
     _settings = get_settings()
@@ -45,6 +46,8 @@ if _settings.metrics_port:
 
 app = Celery("punctual")
 app.config_from_object("celeryconfig")
+# Dispatch messages reach the pool in fair turns, not first come first served.
+app.steps["consumer"].add(DispatchGateStep)
 
 log = logging.getLogger("punctual.worker")
 

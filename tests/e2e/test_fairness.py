@@ -1,11 +1,12 @@
 """Fair between owners, end to end (docs/api.md "Owners: fairness and weights").
 
-Real workers and beat. The claim here is slower than the workers (one shard, batches
-of 10, one batch per 0.25 s tick, nothing claimed ahead), so a backlog stays in the
-registry, where the claim is fair: what these tests pin is the claim's fairness as the
-workers see it. (With the shipped claim-ahead window a burst is published before its
-instant, and runs already published are served in publishing order: docs/design.md
-"The fair claim".)
+Real workers and beat. In most tests here the claim is slower than the workers (one
+shard, batches of 10, one batch per 0.25 s tick, nothing claimed ahead), so a backlog
+stays in the registry, where the claim is fair: they pin the claim's fairness as the
+workers see it. One test keeps the shipped claim (batches of 500, claimed 10 s ahead),
+so that the whole burst is published before its instant and waits in the worker: it
+pins the worker's turns (app.tasks.gate: the recurring lane first, then the owner
+served least).
 """
 
 from __future__ import annotations
@@ -174,6 +175,80 @@ def test_a_late_owners_jobs_start_on_time_while_another_owners_backlog_drains(
     _run(env, logs, body)
 
 
+SHIPPED_CLAIM_BURST = 4000  # owner A's one-offs, all published before their instant
+
+
+def test_runs_waiting_in_the_worker_take_turns_by_lane_and_by_owner(
+    pg_dsns, amqp_url, module_redis_prefix, logs
+):
+    """A's whole burst is in the worker at its instant (claimed ahead); B's jobs due 3 s
+    into it and A's own job every 2 s still start on time."""
+    sink = CountingSink(delay_s=0.2)  # 2 x 64 call threads: ~640 calls/s at most, so A drains for 6 s+
+    env = make_env(
+        pg_dsns[:1], amqp_url, module_redis_prefix + ":turns", PUNCTUAL_SHARDS="1", PUNCTUAL_LEASE_S="30"
+    )
+    registry = registry_for(_settings(env))
+    for owner in ("a", "b"):
+        create_key(registry, owner)
+    # B calls another host name of the sink: not A's per-target cap, only the turns.
+    late_url = sink.url("b", 0).replace("127.0.0.1", "localhost")
+    times = {}
+
+    def insert() -> None:
+        """Once the processes are up: their start-up must not make everyone late."""
+        at = times["at"] = utcnow() + timedelta(seconds=6)
+        times["late_at"] = at + timedelta(seconds=3)
+        insert_jobs(
+            registry,
+            [
+                *(
+                    job_row(1, owner="a", run_at=at, target=webhook_target(sink.url("a", i)))
+                    for i in range(SHIPPED_CLAIM_BURST)
+                ),
+                *(
+                    job_row(
+                        1, owner="b", run_at=times["late_at"], target=webhook_target(late_url[:-1] + str(i))
+                    )
+                    for i in range(LATE_JOBS)
+                ),
+                # A's own recurring job (the lane, not fairness, keeps it on time).
+                job_row(
+                    1,
+                    owner="a",
+                    interval_s=2,
+                    first=at - timedelta(seconds=4),
+                    target=webhook_target(sink.url("tick", 0)),
+                ),
+            ],
+        )
+
+    def body():
+        insert()
+        at, late_at = times["at"], times["late_at"]
+        arrived = sink.wait_for("b", LATE_JOBS, timeout_s=60)
+        a_by_then = len(sink.arrivals["a"])
+        lateness = sorted(t - late_at.timestamp() for t in arrived)
+        sink.wait_for("a", SHIPPED_CLAIM_BURST, timeout_s=120)
+        drained = max(sink.arrivals["a"])
+        ticks = [t for t in sink.arrivals["tick"] if at.timestamp() - 1 <= t <= drained]
+        gaps = [round(b - a, 2) for a, b in zip(ticks, ticks[1:], strict=False)]
+        assert a_by_then < SHIPPED_CLAIM_BURST - 500, (
+            f"A's backlog was no longer draining ({a_by_then} of {SHIPPED_CLAIM_BURST} called)"
+        )
+        assert lateness[-1] <= 2.0, (
+            f"B's calls came {[round(x, 2) for x in lateness]} s after their instant "
+            f"({a_by_then} of A's before); {_claimed_and_started(registry, 'b', late_at)}"
+        )
+        assert len(ticks) >= 3 and max(gaps) < 3.0, (
+            f"the 2 s job's gaps while A drained: {gaps}; {_tick_runs(registry, at)}"
+        )
+
+    try:
+        _run(env, logs, body)
+    finally:
+        sink.close()
+
+
 def test_weights_share_the_service_in_proportion_while_both_have_a_backlog(
     pg_dsns, amqp_url, module_redis_prefix, logs, counting_sink
 ):
@@ -247,6 +322,35 @@ def _claimed_and_started(registry, owner: str, due) -> str:
     claimed = sorted(round((row.created_at - due).total_seconds(), 2) for row in rows)
     started = sorted(round((row.started_at - due).total_seconds(), 2) for row in rows if row.started_at)
     return f"claimed at {claimed}, started at {started}"
+
+
+def _tick_runs(registry, since) -> str:
+    """The recurring job's runs: (scheduled, claimed, started, finished, state) in s after `since`."""
+    import sqlalchemy as sa
+
+    from app.registry.schema import runs
+
+    with registry.engines[0].connect() as conn:
+        rows = conn.execute(
+            sa.select(
+                runs.c.scheduled_for,
+                runs.c.created_at,
+                runs.c.started_at,
+                runs.c.finished_at,
+                runs.c.state,
+                runs.c.error,
+            )
+            .where(runs.c.target["url"].as_string().like("%/tick/%"))
+            .order_by(runs.c.scheduled_for)
+        ).all()
+
+    def after(instant) -> float | None:
+        return None if instant is None else round((instant - since).total_seconds(), 2)
+
+    return "tick runs: " + ", ".join(
+        str((*map(after, (r.scheduled_for, r.created_at, r.started_at, r.finished_at)), r.state, r.error))
+        for r in rows
+    )
 
 
 def _settings(env):

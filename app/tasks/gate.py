@@ -1,0 +1,188 @@
+"""The dispatch gate: a worker hands its processes dispatch messages in fair turns.
+
+Celery hands a message to its pool as soon as the message may run: at once, or at
+its eta for runs claimed ahead. Under a burst every message of the burst may run at
+the same instant, and the pool queues them first come, first served: a recurring
+job's next occurrence, or another owner's few runs due a moment later, wait behind
+the whole burst. The gate sits between the consumer and the pool (a consumer
+bootstep that wraps `on_task_request`, the one call through which Celery hands a
+request to its pool) and keeps at most one dispatch message per pool process in the
+pool; the others wait in the gate, and each time a dispatch ends the next one is
+chosen by app.worker.turns (the recurring lane first, then the owner served least).
+It reads the lane and the owner from the message's headers
+(app.lifecycle.message.message_headers), not from its body.
+
+Nothing about delivery changes: a message waiting in the gate is unacknowledged, as
+it would be in the pool's queue, so a worker that dies hands it back to the broker
+and another worker starts its runs at once (fenced). Polls and sweeps do not pass
+through the gate.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from celery import bootsteps
+
+from app.lifecycle.message import LANE_HEADER, ONE_OFF_LANE, OWNER_HEADER, RUNS_HEADER
+from app.pollers.beat import DISPATCH_TASK
+from app.worker.turns import Turns
+
+log = logging.getLogger("punctual.gate")
+
+
+# How far the gate widens the consumer's prefetch window, at most (messages). A message
+# waiting here is unacknowledged, so it fills the window (prefetch 1 per process:
+# celeryconfig). Were the window not widened, nothing published after a burst's
+# instant would reach this worker until its backlog was gone: not the polls (so no
+# claim, and no next occurrence of a recurring job, for the whole drain), not another
+# owner's runs, not the rest of a burst claimed late. So while messages wait here the
+# window is widened by as many, plus one per process, which keeps room for what comes
+# next; Celery widens it the same way for each message it holds for its eta. The bound
+# keeps one worker from taking a whole queue (a message holds up to 100 runs).
+HOLD_MAX = 1000
+
+
+class Gate:
+    """At most `limit` dispatch requests in the pool; the rest wait their turn.
+
+    `submit(request)` hands a request to the pool. `done(request)` must be called once
+    when it has ended, whatever the outcome (the step wraps the request's callbacks).
+    Safe from any thread, and re-entrant: a pool that runs a request inside `submit`
+    (solo) calls `done` from within it, and the loop below, not a nested one, goes on.
+    """
+
+    def __init__(
+        self,
+        limit: int,
+        submit: Callable[[Any], None],
+        prefetch: Callable[[int], None] = lambda change: None,
+        hold_max: int = HOLD_MAX,
+    ):
+        """`prefetch(change)` widens (or narrows) the consumer's prefetch window by
+        `change` messages: while messages wait here, by their number plus `limit`, up
+        to `hold_max` (HOLD_MAX)."""
+        self.limit = max(1, limit)
+        self._submit = submit
+        self._prefetch = prefetch
+        self._hold_max = hold_max
+        self._turns: Turns[Any] = Turns()
+        self._lock = threading.Lock()
+        self._active = 0
+        self._pumping = False
+        self._widened = 0  # how far the prefetch window is widened now
+
+    def offer(self, request: Any, lane: str, owner: str, runs: int) -> None:
+        with self._lock:
+            self._turns.push(request, lane, owner, runs)
+        self._pump()
+
+    def done(self) -> None:
+        with self._lock:
+            self._active -= 1
+        self._pump()
+
+    def waiting(self) -> int:
+        with self._lock:
+            return len(self._turns)
+
+    def _pump(self) -> None:
+        with self._lock:
+            if self._pumping:  # an outer call's loop sees the change
+                return
+            self._pumping = True
+        while True:
+            with self._lock:
+                request = self._turns.pop() if self._active < self.limit else None
+                if request is None:
+                    self._pumping = False
+                    waiting = len(self._turns)
+                    change = (min(waiting + self.limit, self._hold_max) if waiting else 0) - self._widened
+                    self._widened += change
+                    break
+                self._active += 1
+            try:
+                self._submit(request)
+            except Exception:  # Celery logs its own failures; the slot must not leak
+                log.exception("handing a dispatch message to the pool failed")
+                with self._lock:
+                    self._active -= 1
+        if change:
+            self._prefetch(change)
+
+
+class DispatchGateStep(bootsteps.StartStopStep):
+    """The consumer bootstep (app.celery adds it) that puts a Gate in front of the pool."""
+
+    def __init__(self, c, **kwargs):
+        super().__init__(c, **kwargs)
+        handle = c.on_task_request  # hands a request to the pool (WorkController._process_task)
+        self.gate: Gate | None = None
+
+        def submit(request) -> None:
+            handle(request)
+            if request.revoked():  # refused before the pool: no callback will say it ended
+                request.gate_ended()
+
+        def on_task_request(request) -> None:
+            if request.type != DISPATCH_TASK:
+                handle(request)
+                return
+            if self.gate is None:
+                # Created on first use: the pool's size and the QoS are known by then.
+                self.gate = Gate(getattr(c.pool, "limit", None) or 1, submit, functools.partial(_widen, c))
+            _when_ended(request, self.gate.done)
+            headers = request.request_dict
+            self.gate.offer(
+                request,
+                headers.get(LANE_HEADER) or ONE_OFF_LANE,
+                headers.get(OWNER_HEADER) or "",
+                int(headers.get(RUNS_HEADER) or 1),
+            )
+
+        # Before the Tasks step builds its strategies, which capture this attribute.
+        c.on_task_request = on_task_request
+
+
+def _widen(c, change: int) -> None:
+    """Widen the consumer's prefetch window by `change` messages (narrow it if negative),
+    as Celery does for messages held for their eta; applied by the consumer's loop."""
+    if c.qos is None:
+        return
+    if change > 0:
+        c.qos.increment_eventually(change)
+    else:
+        c.qos.decrement_eventually(-change)
+
+
+def _when_ended(request, ended: Callable[[], None]) -> None:
+    """Call `ended` once when `request` ends: its success or failure callback (a pool
+    passes them on from the instance), a child lost or a revoke included."""
+    fired = threading.Event()
+
+    def once() -> None:
+        if not fired.is_set():
+            fired.set()
+            ended()
+
+    success, failure = request.on_success, request.on_failure
+
+    def on_success(*args, **kwargs):
+        try:
+            return success(*args, **kwargs)
+        finally:
+            once()
+
+    def on_failure(*args, **kwargs):
+        try:
+            return failure(*args, **kwargs)
+        finally:
+            once()
+
+    request.on_success = on_success
+    request.on_failure = on_failure
+    request.gate_ended = once

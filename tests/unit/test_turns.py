@@ -1,0 +1,258 @@
+"""Which waiting dispatch message goes next (app.worker.turns), and the gate that keeps
+at most one per pool process in the pool (app.tasks.gate), without Celery or I/O."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from app.lifecycle.message import message_headers, to_messages
+from app.tasks.gate import Gate, _when_ended
+from app.worker.turns import Turns
+from tests.unit.test_message import NOW, run
+
+
+def drain(turns: Turns) -> list:
+    out = []
+    while (item := turns.pop()) is not None:
+        out.append(item)
+    return out
+
+
+def test_the_recurring_lane_goes_first_whatever_came_before_it():
+    turns: Turns[str] = Turns()
+    for i in range(50):
+        turns.push(f"burst-{i}", "one-off", "a", 100)
+    turns.push("tick", "recurring", "a", 1)
+    assert turns.pop() == "tick"
+    assert len(turns) == 50
+
+
+def test_an_owner_with_a_few_runs_goes_before_another_owners_backlog():
+    turns: Turns[str] = Turns()
+    for i in range(100):
+        turns.push(f"a-{i}", "one-off", "a", 100)
+    assert turns.pop() == "a-0"
+    assert turns.pop() == "a-1"
+    turns.push("b-0", "one-off", "b", 10)
+    assert turns.pop() == "b-0"
+    assert turns.pop() == "a-2"
+
+
+def test_owners_with_backlogs_share_by_runs_served_not_by_messages():
+    turns: Turns[str] = Turns()
+    for i in range(40):
+        turns.push(f"a-{i}", "one-off", "a", 100)  # big messages
+        for j in range(4):
+            turns.push(f"b-{i}-{j}", "one-off", "b", 25)  # the same runs in smaller ones
+    first = [item.split("-")[0] for item in drain(turns)[:100]]
+    runs = Counter({"a": first.count("a") * 100, "b": first.count("b") * 25})
+    assert abs(runs["a"] - runs["b"]) <= 100, runs
+
+
+def test_each_owners_messages_keep_their_order():
+    turns: Turns[tuple[str, int]] = Turns()
+    for i in range(30):
+        for owner in "abc":
+            turns.push((owner, i), "one-off", owner, 1 + i % 7)
+    served = drain(turns)
+    for owner in "abc":
+        assert [i for o, i in served if o == owner] == list(range(30))
+
+
+def test_an_owner_back_after_a_pause_starts_level_not_ahead_by_its_idle_time():
+    turns: Turns[str] = Turns()
+    turns.push("b-old", "one-off", "b", 100)
+    for i in range(20):
+        turns.push(f"a-{i}", "one-off", "a", 100)
+    drain(turns)
+    # b was idle while a was served 2,000 runs: it comes back level, so the two take turns.
+    for i in range(5):
+        turns.push(f"a-new-{i}", "one-off", "a", 100)
+        turns.push(f"b-new-{i}", "one-off", "b", 100)
+    order = [item[0] for item in drain(turns)]
+    assert order.count("a") == order.count("b") == 5
+    assert "bbb" not in "".join(order) and "aaa" not in "".join(order), order
+
+
+def test_an_unknown_lane_counts_as_one_off():
+    turns: Turns[str] = Turns()
+    turns.push("odd", "express", "a", 1)
+    turns.push("tick", "recurring", "a", 1)
+    assert drain(turns) == ["tick", "odd"]
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("abcd"), st.sampled_from(["recurring", "one-off"]), st.integers(1, 200))
+    )
+)
+def test_every_message_comes_out_once_and_the_count_is_kept(pushes):
+    turns: Turns[int] = Turns()
+    for n, (owner, lane, runs) in enumerate(pushes):
+        turns.push(n, lane, owner, runs)
+    assert len(turns) == len(pushes)
+    out = drain(turns)
+    assert sorted(out) == list(range(len(pushes))) and len(turns) == 0
+    lanes = [pushes[n][1] for n in out]
+    assert lanes == sorted(lanes, key=lambda lane: lane != "recurring")
+
+
+# The gate.
+
+
+class FakeRequest:
+    def __init__(self, name: str):
+        self.name = name
+        self.on_success = lambda *a, **k: None
+        self.on_failure = lambda *a, **k: None
+
+
+def test_the_gate_keeps_at_most_limit_requests_in_the_pool_and_lets_the_next_in_when_one_ends():
+    in_pool: list[FakeRequest] = []
+    gate = Gate(2, in_pool.append)
+    requests = [FakeRequest(f"a-{i}") for i in range(5)]
+    for request in requests:
+        _when_ended(request, gate.done)
+        gate.offer(request, "one-off", "a", 100)
+    assert [r.name for r in in_pool] == ["a-0", "a-1"] and gate.waiting() == 3
+    late = FakeRequest("b-0")
+    _when_ended(late, gate.done)
+    gate.offer(late, "one-off", "b", 10)
+    in_pool[0].on_success((False, None, 0.1))
+    in_pool[0].on_success((False, None, 0.1))  # a second callback of one request counts once
+    assert [r.name for r in in_pool] == ["a-0", "a-1", "b-0"]
+    in_pool[1].on_failure(None)
+    assert [r.name for r in in_pool][-1] == "a-2" and gate.waiting() == 2
+
+
+def test_a_pool_that_runs_the_request_inside_submit_does_not_nest_the_gate():
+    """The solo pool: submit runs the task and calls its callback before returning."""
+    served: list[str] = []
+    depth = [0, 0]  # current, deepest
+
+    def submit(request):
+        depth[0] += 1
+        depth[1] = max(depth)
+        served.append(request.name)
+        request.on_success((False, None, 0.0))
+        depth[0] -= 1
+
+    gate = Gate(1, submit)
+    for i in range(500):
+        request = FakeRequest(f"r-{i}")
+        _when_ended(request, gate.done)
+        gate.offer(request, "one-off", "a", 1)
+    assert len(served) == 500 and depth[1] == 1 and gate.waiting() == 0
+
+
+def test_a_failing_submit_gives_its_slot_back():
+    calls: list[str] = []
+
+    def submit(request):
+        calls.append(request.name)
+        if request.name == "bad":
+            raise RuntimeError("pool closed")
+
+    gate = Gate(1, submit)
+    for name in ("bad", "good"):
+        request = FakeRequest(name)
+        _when_ended(request, gate.done)
+        gate.offer(request, "one-off", "a", 1)
+    assert calls == ["bad", "good"]
+
+
+def test_the_gate_is_safe_from_many_threads():
+    in_pool: list[FakeRequest] = []
+    lock = threading.Lock()
+
+    def submit(request):
+        with lock:
+            in_pool.append(request)
+
+    gate = Gate(4, submit)
+    requests = [FakeRequest(str(i)) for i in range(400)]
+    for request in requests:
+        _when_ended(request, gate.done)
+
+    def offer(part):
+        for request in part:
+            gate.offer(request, "one-off", request.name[-1], 1)
+
+    threads = [threading.Thread(target=offer, args=(requests[i::4],)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    finished = 0
+    while finished < 400:
+        with lock:
+            pending = in_pool[finished:]
+        assert len(pending) <= 4
+        ending = [threading.Thread(target=r.on_success, args=((False, None, 0.0),)) for r in pending]
+        for thread in ending:
+            thread.start()
+        for thread in ending:
+            thread.join()
+        finished += len(pending)
+    assert len(in_pool) == 400 and gate.waiting() == 0
+
+
+# The messages the gate reads.
+
+
+def test_recurring_runs_travel_apart_and_first_and_say_so_in_their_headers():
+    batch = [run(owner="a") for _ in range(150)] + [run(owner="a", recurring=True) for _ in range(3)]
+    messages = to_messages(batch, NOW)
+    lanes = [message_headers(entries)["punctual_lane"] for _, entries in messages]
+    assert lanes == ["recurring", "one-off", "one-off"]
+    assert [len(entries) for _, entries in messages] == [3, 75, 75]
+    assert all(entry.get("recurring") for entry in messages[0][1])
+
+
+def test_a_thousand_owners_with_one_run_each_share_a_few_messages():
+    batch = [run(owner=f"o{i}") for i in range(1000)]
+    messages = to_messages(batch, NOW)
+    assert len(messages) == 10
+    assert message_headers(messages[0][1]) == {
+        "punctual_lane": "one-off",
+        "punctual_owner": "o0",
+        "punctual_runs": 100,
+    }
+
+
+def test_owners_are_forgotten_once_nobody_waits_so_memory_stays_bounded():
+    turns: Turns[int] = Turns()
+    turns.push(-1, "one-off", "backlog", 1)
+    for n in range(2_000):
+        turns.push(n, "one-off", f"owner-{n}", 1)
+    assert turns.served("one-off", "owner-1999") is not None
+    drain(turns)
+    assert all(turns.served("one-off", f"owner-{n}") is None for n in range(2_000))
+
+
+def test_messages_held_in_the_gate_widen_the_prefetch_window_and_give_it_back():
+    in_pool: list[FakeRequest] = []
+    window = [0]
+    gate = Gate(
+        2, in_pool.append, prefetch=lambda change: window.__setitem__(0, window[0] + change), hold_max=8
+    )
+    for i in range(5):
+        request = FakeRequest(str(i))
+        _when_ended(request, gate.done)
+        gate.offer(request, "one-off", "a", 100)
+    # By what waits, plus one per process: room for the next poll or message.
+    assert gate.waiting() == 3 and window[0] == 5
+    for i in range(5, 9):
+        request = FakeRequest(str(i))
+        _when_ended(request, gate.done)
+        gate.offer(request, "one-off", "a", 100)
+    assert gate.waiting() == 7 and window[0] == 8  # at most hold_max
+    finished = 0
+    while finished < len(in_pool):
+        in_pool[finished].on_success((False, None, 0.0))
+        finished += 1
+    assert len(in_pool) == 9 and gate.waiting() == 0 and window[0] == 0
