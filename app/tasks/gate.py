@@ -75,6 +75,13 @@ class Gate:
         self._active = 0
         self._pumping = False
         self._widened = 0  # how far the prefetch window is widened now
+        self._closed = False
+
+    def close(self) -> None:
+        """Hand the pool nothing more (the worker is stopping): what waits here stays
+        unacknowledged, and the broker hands it out again when the connection closes."""
+        with self._lock:
+            self._closed = True
 
     def offer(self, request: Any, lane: str, owner: str, runs: int) -> None:
         with self._lock:
@@ -97,7 +104,7 @@ class Gate:
             self._pumping = True
         while True:
             with self._lock:
-                request = self._turns.pop() if self._active < self.limit else None
+                request = self._turns.pop() if self._active < self.limit and not self._closed else None
                 if request is None:
                     self._pumping = False
                     waiting = len(self._turns)
@@ -146,6 +153,14 @@ class DispatchGateStep(bootsteps.StartStopStep):
 
         # Before the Tasks step builds its strategies, which capture this attribute.
         c.on_task_request = on_task_request
+
+    def stop(self, c) -> None:
+        """The worker is stopping: a warm shutdown waits for what is in the pool, not
+        for everything the gate holds."""
+        if self.gate is not None:
+            self.gate.close()
+
+    shutdown = stop
 
 
 def _widen(c, change: int) -> None:

@@ -256,3 +256,15 @@ def test_messages_held_in_the_gate_widen_the_prefetch_window_and_give_it_back():
         in_pool[finished].on_success((False, None, 0.0))
         finished += 1
     assert len(in_pool) == 9 and gate.waiting() == 0 and window[0] == 0
+
+
+def test_a_closed_gate_hands_the_pool_nothing_more():
+    in_pool: list[FakeRequest] = []
+    gate = Gate(1, in_pool.append)
+    requests = [FakeRequest(str(i)) for i in range(3)]
+    for request in requests:
+        _when_ended(request, gate.done)
+        gate.offer(request, "one-off", "a", 1)
+    gate.close()
+    in_pool[0].on_success((False, None, 0.0))
+    assert [r.name for r in in_pool] == ["0"] and gate.waiting() == 2
