@@ -24,6 +24,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -144,30 +145,17 @@ def run_pgqueuer(args: argparse.Namespace) -> dict:
             worker.wait_for("pgqueuer worker ready")
             due = due_instant(args.lead_s or args.jobs / PGQUEUER_ENQUEUE_GUESS + WINDOW_LEAD_S + 10)
             say_due(args.jobs, due)
-            began = time.perf_counter()
-            asyncio.run(_pgqueuer_enqueue(dsn, args.jobs, due))
-            elapsed = time.perf_counter() - began
-            registration = {
-                "way": "Queries.enqueue, batches of 1,000",
-                "jobs": args.jobs,
-                "failures": 0,
-                "elapsed_s": round(elapsed, 2),
-                "jobs_per_s": round(args.jobs / elapsed, 1),
-            }
-            meter = CpuMeter(
-                {"pgqueuer worker": [worker.pid], "nginx (sink)": [sink.pid]},
-                services=("postgres",),
-                dynamic={OWN_BACKENDS: backend_pids(dsn)},
-            )
-            figures = measure_burst(
+            registration, figures = _register_and_measure(
+                args,
                 sink,
-                args.jobs,
                 due,
-                meter,
-                timeout_s=args.timeout_s,
-                stall_s=args.stall_s,
-                settle_s=args.settle_s,
-                registered_at=time.time(),
+                "Queries.enqueue, batches of 1,000",
+                lambda: asyncio.run(_pgqueuer_enqueue(dsn, args.jobs, due)),
+                lambda: CpuMeter(
+                    {"pgqueuer worker": [worker.pid], "nginx (sink)": [sink.pid]},
+                    services=("postgres",),
+                    dynamic={OWN_BACKENDS: backend_pids(dsn)},
+                ),
             )
         finally:
             worker.stop()
@@ -187,6 +175,38 @@ def run_pgqueuer(args: argparse.Namespace) -> dict:
         },
     )
     return result
+
+
+def _register_and_measure(
+    args: argparse.Namespace,
+    sink,
+    due: float,
+    way: str,
+    enqueue: Callable[[], None],
+    meter: Callable[[], CpuMeter],
+) -> tuple[dict, dict]:
+    """Time `enqueue` (the whole burst, due at `due`), then measure the burst at the sink."""
+    began = time.perf_counter()
+    enqueue()
+    elapsed = time.perf_counter() - began
+    registration = {
+        "way": way,
+        "jobs": args.jobs,
+        "failures": 0,
+        "elapsed_s": round(elapsed, 2),
+        "jobs_per_s": round(args.jobs / elapsed, 1),
+    }
+    figures = measure_burst(
+        sink,
+        args.jobs,
+        due,
+        meter(),
+        timeout_s=args.timeout_s,
+        stall_s=args.stall_s,
+        settle_s=args.settle_s,
+        registered_at=time.time(),
+    )
+    return registration, figures
 
 
 # -- Celery -----------------------------------------------------------------------------------
@@ -219,30 +239,21 @@ def run_celery(args: argparse.Namespace) -> dict:
             due = due_instant(args.lead_s or args.jobs / CELERY_ENQUEUE_GUESS + WINDOW_LEAD_S + 10)
             eta = datetime.fromtimestamp(due, UTC)
             say_due(args.jobs, due)
-            began = time.perf_counter()
-            with app.producer_or_acquire() as producer:
-                for i in range(args.jobs):
-                    hook.apply_async((i,), eta=eta, producer=producer)
-            elapsed = time.perf_counter() - began
-            registration = {
-                "way": "apply_async(eta=T), one producer",
-                "jobs": args.jobs,
-                "failures": 0,
-                "elapsed_s": round(elapsed, 2),
-                "jobs_per_s": round(args.jobs / elapsed, 1),
-            }
-            meter = CpuMeter(
-                {"celery worker": [worker.pid], "nginx (sink)": [sink.pid]}, services=("beam.smp",)
-            )
-            figures = measure_burst(
+
+            def enqueue() -> None:
+                with app.producer_or_acquire() as producer:
+                    for i in range(args.jobs):
+                        hook.apply_async((i,), eta=eta, producer=producer)
+
+            registration, figures = _register_and_measure(
+                args,
                 sink,
-                args.jobs,
                 due,
-                meter,
-                timeout_s=args.timeout_s,
-                stall_s=args.stall_s,
-                settle_s=args.settle_s,
-                registered_at=time.time(),
+                "apply_async(eta=T), one producer",
+                enqueue,
+                lambda: CpuMeter(
+                    {"celery worker": [worker.pid], "nginx (sink)": [sink.pid]}, services=("beam.smp",)
+                ),
             )
         finally:
             worker.stop()
