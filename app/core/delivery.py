@@ -66,10 +66,11 @@ def delivery_headers(
     Content-Type is not included: a webhook GET or DELETE must not send one, and
     AMQP carries it as a message property rather than a header.
     """
+    instant = format_instant(scheduled_for)
     return {
-        "Idempotency-Key": idempotency_key(job_id, scheduled_for),
+        "Idempotency-Key": f"{job_id}:{instant}",  # idempotency_key's form, the instant printed once
         "Punctual-Job-Id": str(job_id),
-        "Punctual-Scheduled-For": format_instant(scheduled_for),
+        "Punctual-Scheduled-For": instant,
         "Punctual-Attempt": str(int(attempt)),
         "Punctual-Signature": signature_header(signing_secrets, body, timestamp),
     }

@@ -3,7 +3,15 @@
 Call threads `add` what they finished; one flusher thread hands the buffer to
 `flush` when it holds `max_items` or its oldest item waited `max_delay_s` (~50 ms),
 so a batch's fast calls are recorded without waiting for its slowest one, and the
-registry still sees one transaction per ~200 completions rather than one per run.
+registry sees one transaction per batch rather than one per run.
+
+Under load the delay grows: while completions arrive at `busy_rate` a second or
+more (measured over the previous batch: its items over the time since the batch
+before it was taken), the next batch may wait up to `busy_delay_s` (~200 ms). A
+flush costs a few statements whatever its size, and at a few hundred completions a
+second 50 ms made batches of about a dozen, so those fixed costs were most of the
+completion's CPU; at 200 ms they are spread over four times as many runs. Below
+that rate (a quiet worker, one run now and then) nothing waits longer than before.
 
 A flush that fails (the database is away) keeps its items and is tried again, soon
 at first (0.1 s, doubling to 2 s: app.registry.transient's pauses), for as long as
@@ -26,12 +34,23 @@ log = logging.getLogger("punctual.completion")
 
 
 class CompletionBuffer(Generic[T]):
-    def __init__(self, flush: Callable[[list[T]], None], max_items: int = 200, max_delay_s: float = 0.05):
+    def __init__(
+        self,
+        flush: Callable[[list[T]], None],
+        max_items: int = 200,
+        max_delay_s: float = 0.05,
+        busy_delay_s: float = 0.2,
+        busy_rate: float = 100.0,
+    ):
         self._flush = flush
         self.max_items = max_items
         self.max_delay_s = max_delay_s
+        self.busy_delay_s = max(busy_delay_s, max_delay_s)
+        self.busy_rate = busy_rate
         self._items: list[T] = []
         self._first_at: float | None = None
+        self._delay_s = max_delay_s  # this batch's: max_delay_s, or busy_delay_s under load
+        self._taken_at = float("-inf")  # when the previous batch was taken
         self._cond = threading.Condition()
         self._closing = False
         self._busy = False
@@ -62,12 +81,16 @@ class CompletionBuffer(Generic[T]):
         with self._cond:
             while True:
                 if self._items:
-                    waited = time.monotonic() - (self._first_at or 0)
-                    if len(self._items) >= self.max_items or waited >= self.max_delay_s or self._closing:
+                    now = time.monotonic()
+                    waited = now - (self._first_at or 0)
+                    if len(self._items) >= self.max_items or waited >= self._delay_s or self._closing:
                         items, self._items, self._first_at = self._items, [], None
+                        busy = len(items) >= self.busy_rate * (now - self._taken_at)
+                        self._delay_s = self.busy_delay_s if busy else self.max_delay_s
+                        self._taken_at = now
                         self._busy = True
                         return items
-                    self._cond.wait(self.max_delay_s - waited)
+                    self._cond.wait(self._delay_s - waited)
                 elif self._closing:
                     return None
                 else:

@@ -3,7 +3,11 @@
 A worker process holds one `WebhookCaller`: one urllib3 PoolManager shared by all
 of its dispatch threads. urllib3 directly, not requests: on the burst the call is
 the worker's hot path, and requests' session machinery (hooks, cookie jars,
-environment merging) cost about three times urllib3's own per-call CPU here. The
+environment merging) cost about three times urllib3's own per-call CPU here. For
+the same reason a call goes to its origin's connection pool directly (found once per
+origin, `_Origins`) with the URL's path as it will be sent, rather than through
+`PoolManager.request`, which parses the whole URL and looks the pool up again on
+every call. The
 caller never retries (retries live in the registry, docs/design.md invariant 3),
 never follows a redirect (a 3xx comes back as a status, which the retry policy treats
 as fatal), and never raises for anything the target does: every answer, timeout or
@@ -29,6 +33,8 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import HTTPError, LocationValueError, NewConnectionError
 from urllib3.exceptions import TimeoutError as Urllib3Timeout
+from urllib3.util.retry import Retry
+from urllib3.util.url import parse_url
 
 from app import __version__
 from app.core.delivery import delivery_headers, encode_payload, is_reserved_header
@@ -47,6 +53,13 @@ _CONNECTION_PREFIX = re.compile(r"^(<[^>]*>|\w+\(host=[^)]*\)): ")
 # Distinct hosts whose connection pools are kept (each pool opens connections lazily).
 _HOST_POOLS = 512
 _BASE_HEADERS = {"User-Agent": f"Punctual/{__version__}", "Accept": "*/*"}
+# What retries=False, redirect=False become inside urllib3 (no retry, a 3xx returned
+# as it is), made once rather than on every call.
+_NO_RETRIES = Retry.from_int(False, redirect=False)
+# A path and query that urllib3 would send exactly as written: no percent escapes
+# (it upper-cases them), no dot segments (it removes them), no fragment, nothing it
+# would escape. Any other URL has its request target made by urllib3's own parser.
+_PLAIN_TARGET = re.compile(r"/[A-Za-z0-9\-_~!$&'()*+,;=:@/?]*")
 
 
 @dataclass(frozen=True)
@@ -122,9 +135,20 @@ class WebhookCaller:
                 "http": _PublicHTTPConnectionPool,
                 "https": _PublicHTTPSConnectionPool,
             }
+        self._origins = _Origins(self._pool)
+        self._timeouts: dict[float, urllib3.Timeout] = {}
 
     def close(self) -> None:
+        self._origins.clear()
         self._pool.clear()
+
+    def _timeout(self, seconds: float) -> urllib3.Timeout:
+        timeout = self._timeouts.get(seconds)
+        if timeout is None:
+            if len(self._timeouts) > 64:  # job-chosen values: keep the table small
+                self._timeouts.clear()
+            timeout = self._timeouts[seconds] = urllib3.Timeout(connect=seconds, read=seconds)
+        return timeout
 
     def call(self, call: WebhookCall) -> CallOutcome:
         """Make one attempt; never raises for a target-side problem."""
@@ -142,15 +166,18 @@ class WebhookCaller:
         if call.may_send is not None and not call.may_send():
             raise NotSent(f"call of job {call.job_id} attempt {call.attempt} withdrawn")
         try:
-            response = self._pool.request(
+            pool, request_target = self._origins.route(url)
+            response = pool.urlopen(
                 method,
-                url,
+                request_target,
                 body=body if method not in _BODYLESS else None,
                 headers=headers,
-                timeout=urllib3.Timeout(connect=timeout_s, read=timeout_s),
+                retries=_NO_RETRIES,
                 redirect=False,
-                retries=False,
+                assert_same_host=False,
+                timeout=self._timeout(timeout_s),
                 preload_content=False,
+                release_conn=False,
             )
         except PrivatePeer as exc:
             return CallOutcome(error=str(exc), retryable_error=False)
@@ -168,6 +195,42 @@ class WebhookCaller:
             return CallOutcome(status_code=response.status, retry_after=response.headers.get("Retry-After"))
         finally:
             _drain_and_release(response)
+
+
+class _Origins:
+    """The connection pool of each origin (scheme://authority), looked up in a dict.
+
+    The pools themselves are the PoolManager's (so its pool classes, its limit of
+    _HOST_POOLS and its own parsing of the host decide them); this only remembers
+    which pool an origin string maps to. A pool the PoolManager has since dropped
+    (and closed) is looked up again.
+    """
+
+    def __init__(self, manager: urllib3.PoolManager):
+        self._manager = manager
+        self._pools: dict[str, HTTPConnectionPool] = {}
+
+    def route(self, url: str) -> tuple[HTTPConnectionPool, str]:
+        """The pool for `url` and the request target to send it (path and query)."""
+        start = url.index("://") + 3
+        end = len(url)
+        for mark in "/?#":
+            found = url.find(mark, start)
+            if found != -1 and found < end:
+                end = found
+        origin, rest = url[:end], url[end:]
+        pool = self._pools.get(origin)
+        if pool is None or pool.pool is None:  # new, or closed by the PoolManager
+            if len(self._pools) >= _HOST_POOLS:
+                self._pools.clear()
+            pool = self._pools[origin] = self._manager.connection_from_url(origin)
+        if not (rest and "/." not in rest and _PLAIN_TARGET.fullmatch(rest)):
+            # PoolManager's own way: normalised by urllib3's parser.
+            rest = parse_url(url).request_uri
+        return pool, rest
+
+    def clear(self) -> None:
+        self._pools.clear()
 
 
 def _request_headers(call: WebhookCall, method: str, body: bytes) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, timedelta
 
 import pytest
@@ -15,7 +16,7 @@ from app.lifecycle import lease
 from app.lifecycle.completion import Finished, complete
 from app.pollers.claim import claim_batch
 from app.registry.engines import registry_for
-from app.registry.schema import jobs
+from app.registry.schema import jobs, runs
 from tests.rows import insert_jobs, job, job_row, runs_of
 
 pytestmark = pytest.mark.integration
@@ -129,6 +130,51 @@ def test_stale_token_changes_nothing_and_is_counted(registry):
     assert report.stale == 1 and report.applied == 0
     assert job(registry, run.job_id) == before_job and runs_of(registry, run.job_id) == before_runs
     assert metrics.STALE_COMPLETIONS._value.get() == stale_before + 1
+
+
+def test_a_run_row_that_left_running_fences_its_completion_even_when_the_job_holds_the_token(registry):
+    """The run's own UPDATE is the fence: a run no longer `running` (settled by an
+    earlier completion or the janitor) changes nothing, not even its job, which
+    here still holds the token."""
+    fresh, settled = started(
+        registry, [job_row(16, run_at=utcnow() - timedelta(seconds=1)) for _ in range(2)]
+    )
+    with registry.engine_for_shard(settled.shard).begin() as conn:
+        conn.execute(sa.update(runs).where(runs.c.run_id == settled.run_id).values(state="failed"))
+    before_job, before_runs = job(registry, settled.job_id), runs_of(registry, settled.job_id)
+    stale_before = metrics.STALE_COMPLETIONS._value.get()
+    now = utcnow()
+    report = complete(registry, [Finished(fresh, OK, now), Finished(settled, OK, now)], now)
+    assert report.applied == 1 and report.stale == 1
+    assert job(registry, settled.job_id) == before_job and runs_of(registry, settled.job_id) == before_runs
+    assert job(registry, fresh.job_id)["state"] == "completed"
+    assert metrics.STALE_COMPLETIONS._value.get() == stale_before + 1
+
+
+def test_an_off_schedule_run_whose_token_changed_inserts_no_retry(registry):
+    from app.lifecycle.message import DispatchRun
+    from app.services.jobs import insert_run
+
+    row = job_row(16, run_at=utcnow() + timedelta(hours=1))
+    insert_jobs(registry, [row])
+    now = utcnow()
+    with registry.engine_for_shard(row["shard"]).begin() as conn:
+        trigger = insert_run(
+            conn,
+            job(registry, row["job_id"]),
+            origin="trigger",
+            scheduled_for=now,
+            now=now,
+            lease_s=registry.settings.lease_s,
+        )
+    run = DispatchRun.from_row(trigger, None)
+    assert lease.start(registry, [run], now) == {run.run_id}
+    with registry.engine_for_shard(run.shard).begin() as conn:  # taken back: a new token
+        conn.execute(sa.update(runs).where(runs.c.run_id == run.run_id).values(lease_token=uuid.uuid4()))
+    before = runs_of(registry, row["job_id"])
+    report = finish(registry, run, HTTP_500, now=now)
+    assert report.stale == 1 and report.applied == 0
+    assert runs_of(registry, row["job_id"]) == before
 
 
 def test_paused_and_cancelled_jobs_keep_their_state(registry):

@@ -35,6 +35,35 @@ def test_a_full_buffer_flushes_in_one_batch():
     assert [len(batch) for batch in flushed] == [10]
 
 
+def test_under_load_a_batch_waits_longer_and_a_quiet_buffer_does_not():
+    flushed: list[list] = []
+    took = threading.Condition()
+
+    def flush(items):
+        with took:
+            flushed.append(items)
+            took.notify_all()
+
+    def flushes(count: int, within_s: float) -> bool:
+        with took:
+            return took.wait_for(lambda: len(flushed) >= count, within_s)
+
+    buffer = CompletionBuffer(flush, max_items=1000, max_delay_s=0.05, busy_delay_s=3, busy_rate=20)
+    for i in range(10):
+        buffer.add(i)
+    assert flushes(1, 5)  # the first batch: after max_delay_s
+    for i in range(10):  # 10 items within ~50 ms of the last batch: 200 a second
+        buffer.add(i)
+    assert flushes(2, 5)
+    buffer.add("under load")
+    assert not flushes(3, 1)  # busy: this batch may wait up to busy_delay_s (3 s), not 50 ms
+    assert flushes(3, 10) and flushed[2] == ["under load"]
+    # That batch came at 1 item in ~3 s: the rate is low again, and 50 ms it is.
+    buffer.add("alone")
+    assert flushes(4, 2) and flushed[3] == ["alone"]
+    buffer.close()
+
+
 def test_a_failed_flush_keeps_its_items():
     calls: list[list] = []
 
