@@ -1,6 +1,7 @@
 """Punctual beside its peers, alternated: the same burst, the same sink, the same box.
 
     python -m bench.compare --jobs 20000 --rounds 2 [--peers pgqueuer,celery] [--set PUNCTUAL_X=Y]
+                            [--lead-s S]
 
 Each round runs `python -m bench.burst`, then `python -m bench.peers <peer>` for
 each peer, one after the other (A/B/C, A/B/C, ...), each in its own process with
@@ -36,6 +37,8 @@ FIGURES = (  # (label, how to read it from a result, higher is better)
 
 def command(system: str, args: argparse.Namespace, out: Path) -> list[str]:
     common = ["--jobs", str(args.jobs), "--out", str(out)]
+    if args.lead_s:
+        common += ["--lead-s", str(args.lead_s)]
     if system == "punctual":
         return [sys.executable, "-m", "bench.burst", *common, *(f"--set={pair}" for pair in args.set)]
     return [sys.executable, "-m", "bench.peers", system, *common]
@@ -80,6 +83,12 @@ def main() -> None:
         default=[],
         metavar="PUNCTUAL_X=Y",
         help="a Punctual setting for its runs (repeatable); the peers are not affected",
+    )
+    parser.add_argument(
+        "--lead-s",
+        type=float,
+        help="T = now + this, for every system (each bench's own default otherwise; "
+        "a registration that overlaps the CPU window is flagged in its result)",
     )
     parser.add_argument("--label", default="")
     parser.add_argument("--out", help="write the JSON here instead of bench/results/")
