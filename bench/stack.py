@@ -198,8 +198,11 @@ class PunctualStack:
     resources; stack.url, stack.api_key, stack.settings (every PUNCTUAL_* in effect),
     stack.components (name -> root pids, for the CPU meter), stack.database."""
 
-    def __init__(self, overrides: dict[str, str] | None = None):
+    def __init__(self, overrides: dict[str, str] | None = None, prepare=None):
+        """`prepare(dsn)`, if given, runs once the database is migrated, before any
+        process starts (bench.prune writes a history there)."""
         self.overrides = dict(overrides or {})
+        self.prepare = prepare
         self.exits = contextlib.ExitStack()
         self.processes: list[Process] = []
         self.log_dir = Path(tempfile.mkdtemp(prefix="punctual-bench-"))
@@ -233,6 +236,8 @@ class PunctualStack:
             }
             self.settings = effective_settings(self.env)
             self._run("punctual", "migrate")
+            if self.prepare is not None:
+                self.prepare(self.database)
             self.api_key = json.loads(self._run("punctual", "keys", "create", "--owner", "bench", "--json"))[
                 "api_key"
             ]

@@ -126,8 +126,8 @@ def occurrence_figures(
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.steady", description=__doc__.split("\n\n")[0])
+def add_window_arguments(parser: argparse.ArgumentParser) -> None:
+    """The steady window's options (bench.prune runs the same window)."""
     parser.add_argument("--rate", type=float, default=200, help="runs due per second")
     parser.add_argument("--duration-s", type=float, default=120)
     parser.add_argument(
@@ -150,52 +150,51 @@ def main() -> None:
         default=30,
         help="after the window, stop waiting when nothing new calls this long",
     )
-    parser.add_argument("--out", help="write the JSON here instead of bench/results/")
-    args = parser.parse_args()
-    stop_cleanly_on_sigterm()
-    result = header("steady")
-    overrides = parse_overrides(args.set)
-    with NginxSink(install=args.install_sink) as sink, PunctualStack(overrides) as stack:
-        jobs_estimate = args.rate * (0.5 * args.duration_s + 0.45 * INTERVAL_S + 3)
-        start = due_instant(args.lead_s or jobs_estimate / 300 + 20)
-        end = start + args.duration_s
-        bodies, expected, kinds = mix(lambda i: sink.url(f"/hook/{i}"), start, args.duration_s, args.rate)
-        print(f"registering {len(bodies):,} jobs; window {iso(start)} - {iso(end)}", flush=True)
-        registration = register(stack.url, stack.api_key, bodies, clients=args.clients)
-        print(
-            f"registration: {registration['jobs_per_s']:,} jobs/s ({registration['way']}), "
-            f"{registration['failures']} failures, done {start - time.time():.1f} s before the window",
-            flush=True,
-        )
-        meter = CpuMeter(
-            {**stack.components, "nginx (sink)": [sink.pid]},
-            services=("postgres", "beam.smp", "redis-server"),
-            dynamic={OWN_BACKENDS: backend_pids(stack.database)},
-        )
-        sleep_until(start)
-        meter.start()
-        load_at_start = loadavg()
-        sleep_until(end)
-        # Occurrences due in the window that have not called yet are late, not lost:
-        # wait until every one has called, or none has for --stall-s.
-        due_total, last_count, last_change = sum(expected.values()), -1, time.time()
-        while True:
-            started = occurrence_figures(sink.arrivals(), kinds, expected, start, end)["started"]
-            if started != last_count:
-                last_count, last_change = started, time.time()
-            if started >= due_total or time.time() - last_change > args.stall_s:
-                break
-            time.sleep(1)
-        cpu_s = meter.stop()
-        cpu_ended = time.time()
-        load_at_end = loadavg()
-        time.sleep(5)  # late duplicates, and the log's last flush
-        figures = occurrence_figures(sink.arrivals(), kinds, expected, start, end)
-        settings = stack.settings
-    result.update(
-        system="punctual",
-        rate_per_s=args.rate,
-        duration_s=args.duration_s,
+
+
+def run_window(stack: PunctualStack, sink: NginxSink, args, on_open=None, on_close=None) -> dict:
+    """Register the mix, wait for its window, measure it; the figures of one steady run.
+    `on_open()` / `on_close()` are called as the window opens and once it has closed."""
+    jobs_estimate = args.rate * (0.5 * args.duration_s + 0.45 * INTERVAL_S + 3)
+    start = due_instant(args.lead_s or jobs_estimate / 300 + 20)
+    end = start + args.duration_s
+    bodies, expected, kinds = mix(lambda i: sink.url(f"/hook/{i}"), start, args.duration_s, args.rate)
+    print(f"registering {len(bodies):,} jobs; window {iso(start)} - {iso(end)}", flush=True)
+    registration = register(stack.url, stack.api_key, bodies, clients=args.clients)
+    print(
+        f"registration: {registration['jobs_per_s']:,} jobs/s ({registration['way']}), "
+        f"{registration['failures']} failures, done {start - time.time():.1f} s before the window",
+        flush=True,
+    )
+    meter = CpuMeter(
+        {**stack.components, "nginx (sink)": [sink.pid]},
+        services=("postgres", "beam.smp", "redis-server"),
+        dynamic={OWN_BACKENDS: backend_pids(stack.database)},
+    )
+    sleep_until(start)
+    meter.start()
+    load_at_start = loadavg()
+    if on_open:
+        on_open()
+    sleep_until(end)
+    if on_close:
+        on_close()
+    # Occurrences due in the window that have not called yet are late, not lost:
+    # wait until every one has called, or none has for --stall-s.
+    due_total, last_count, last_change = sum(expected.values()), -1, time.time()
+    while True:
+        started = occurrence_figures(sink.arrivals(), kinds, expected, start, end)["started"]
+        if started != last_count:
+            last_count, last_change = started, time.time()
+        if started >= due_total or time.time() - last_change > args.stall_s:
+            break
+        time.sleep(1)
+    cpu_s = meter.stop()
+    cpu_ended = time.time()
+    load_at_end = loadavg()
+    time.sleep(5)  # late duplicates, and the log's last flush
+    figures = occurrence_figures(sink.arrivals(), kinds, expected, start, end)
+    return dict(
         registration=registration,
         window={"start": iso(start), "end": iso(end)},
         **figures,
@@ -209,23 +208,46 @@ def main() -> None:
             "occurrence due in it called (or nothing new called for --stall-s)",
         },
         load_average={"start": load_at_start, "end": load_at_end},
-        settings=settings,
-        set_by_flag=overrides,
-        processes=stack.commands,
     )
-    path = write_result(result, "steady", f"{int(args.rate)}-{int(args.duration_s)}s", args.out)
+
+
+def print_figures(figures: dict, rate: float, duration_s: float) -> None:
     late = figures["lateness_s"]
     print(
-        f"steady {args.rate:g}/s for {args.duration_s:g} s: {figures['started']:,} of "
+        f"steady {rate:g}/s for {duration_s:g} s: {figures['started']:,} of "
         f"{figures['occurrences_due']:,} occurrences started, {figures['missing']} missing, "
         f"{figures['duplicate_calls']} duplicate calls"
     )
     print(
         f"start lateness p50 {late['p50']} s  p90 {late['p90']} s  p99 {late['p99']} s  max {late['max']} s"
-        f"   (load {load_at_start[0]} at start)"
+        f"   (load {figures['load_average']['start'][0]} at start)"
     )
     for kind, kind_figures in figures["by_kind"].items():
         print(f"  {kind:9} {kind_figures}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.steady", description=__doc__.split("\n\n")[0])
+    add_window_arguments(parser)
+    parser.add_argument("--out", help="write the JSON here instead of bench/results/")
+    args = parser.parse_args()
+    stop_cleanly_on_sigterm()
+    result = header("steady")
+    overrides = parse_overrides(args.set)
+    with NginxSink(install=args.install_sink) as sink, PunctualStack(overrides) as stack:
+        figures = run_window(stack, sink, args)
+        settings = stack.settings
+    result.update(
+        system="punctual",
+        rate_per_s=args.rate,
+        duration_s=args.duration_s,
+        **figures,
+        settings=settings,
+        set_by_flag=overrides,
+        processes=stack.commands,
+    )
+    path = write_result(result, "steady", f"{int(args.rate)}-{int(args.duration_s)}s", args.out)
+    print_figures(figures, args.rate, args.duration_s)
     print(f"written to {path}")
 
 

@@ -41,7 +41,7 @@ from app.lifecycle.message import DispatchRun
 from app.lifecycle.settlement import Attempt, Settlement, settle
 from app.registry.bulk import insert_many, key_in, update_many
 from app.registry.dialect import locks_rows
-from app.registry.engines import Registry
+from app.registry.engines import Registry, refuse_moved_shards
 from app.registry.records import run_row
 from app.registry.schema import jobs, runs
 
@@ -66,10 +66,12 @@ def complete(
     registry: Registry, finished: Sequence[Finished], now: datetime, rand: Callable[[], float] = random.random
 ) -> CompletionReport:
     """Write a batch of finished attempts: one transaction per database (by the shard
-    map; a batch refused by a move's fence is written where its shard went)."""
+    map; a batch refused by a move's fence is written where its shard went, and so is
+    one sent to a database the shard left, whose rows are gone: refuse_moved_shards)."""
 
     def write(engine: sa.Engine, batch: list[Finished]) -> CompletionReport:
         with engine.begin() as conn:
+            refuse_moved_shards(conn, {item.run.shard for item in batch})
             return apply(conn, batch, now, rand, registry.settings.lease_s)
 
     return sum(registry.for_each_database(finished, lambda item: item.run.shard, write), CompletionReport())

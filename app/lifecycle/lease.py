@@ -19,6 +19,17 @@ all three are fenced, so sending one again changes nothing that the first one
 changed; the start recognises the runs an earlier try of its own started (the
 commit went through, its answer was lost) by their started_at, which is this
 start's `now` to the microsecond, and its token.
+
+During a shard move (app.registry.mover) each write goes to the database the map
+names and, refused by the move's fence (SQLSTATE PT409), waits for the switch and
+is written on the shard's new database (Registry.for_each_database), as a completion
+is: a refused write changed nothing, and what an earlier try wrote on the old
+database before the fence was carried to the new one by the move, so a run is
+started on one database only, once. The wait is bounded (LEASE_FENCE_WAIT_S for a
+start or hold, after which the dispatch message goes back to the broker; a
+heartbeat interval for a heartbeat, which the next beat takes over). A start that
+tried a run on the old database looks on the new one for its own start too (an
+answer lost just before the fence).
 """
 
 from __future__ import annotations
@@ -26,8 +37,7 @@ from __future__ import annotations
 import functools
 import itertools
 import uuid
-from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 import sqlalchemy as sa
@@ -35,17 +45,13 @@ import sqlalchemy as sa
 from app.lifecycle.message import DispatchRun
 from app.registry.bulk import update_many
 from app.registry.dialect import locks_rows
-from app.registry.engines import Registry
+from app.registry.engines import LEASE_FENCE_WAIT_S, Registry, refuse_moved_shards
 from app.registry.schema import jobs, runs
 from app.registry.transient import retrying
 
 
-def _by_engine(registry: Registry, items: Iterable, run_of=lambda item: item) -> dict[int, list]:
-    """Items grouped by the database that serves their run's shard (the shard map)."""
-    grouped: dict[int, list] = defaultdict(list)
-    for item in items:
-        grouped[registry.database_index(run_of(item).shard)].append(item)
-    return grouped
+def _shard_of(run: DispatchRun) -> int:
+    return run.shard
 
 
 def start(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -> set[uuid.UUID]:
@@ -54,12 +60,13 @@ def start(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -> se
     The start also renews the lease (leased_until = now + lease_s), in the same
     transaction: a run that waited in the broker for most of its lease must not be
     taken back by the janitor before its first heartbeat. The statements are
-    _start_on's; a try after a transient failure also takes as its own the runs an
-    earlier try started (_started_at).
+    _start_on's; a try after a transient failure, or on the database a move took
+    the shard to, also takes as its own the runs an earlier try started (_started_at).
     """
-    started: set[uuid.UUID] = set()
     until = now + timedelta(seconds=registry.settings.lease_s)
-    for index, group in _by_engine(registry, batch).items():
+    tried: set[uuid.UUID] = set()  # runs a try of this start was sent for, on any database
+
+    def write(engine: sa.Engine, group: list[DispatchRun]) -> list:
         on_jobs = sorted(
             ({"job_id": run.job_id, "lease_token": run.lease_token} for run in group if not run.off_schedule),
             key=lambda row: row["job_id"],
@@ -74,20 +81,37 @@ def start(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -> se
             }
             for run in group
         ]
+        # A try on the old database may have committed before the fence and lost its
+        # answer: the move carried that start here.
+        tried_elsewhere = any(run.run_id in tried for run in group)
+        shards = {run.shard for run in group}
+        tried.update(run.run_id for run in group)
         tries = itertools.count()
+        return retrying(
+            lambda: _start_on(
+                engine, shards, on_jobs, rows, until, now, retried=tried_elsewhere or next(tries) > 0
+            ),
+            f"start of {len(group)} runs",
+        )
 
-        def attempt(engine=registry.engines[index], on_jobs=on_jobs, rows=rows, tries=tries) -> list:
-            return _start_on(engine, on_jobs, rows, until, now, retried=next(tries) > 0)
-
-        started.update(retrying(attempt, f"start of {len(group)} runs"))
+    started: set[uuid.UUID] = set()
+    for ids in registry.for_each_database(batch, _shard_of, write, fence_wait_s=LEASE_FENCE_WAIT_S):
+        started.update(ids)
     return started
 
 
 def _start_on(
-    engine, on_jobs: list[dict], rows: list[dict], until: datetime, now: datetime, retried: bool
+    engine,
+    shards: set[int],
+    on_jobs: list[dict],
+    rows: list[dict],
+    until: datetime,
+    now: datetime,
+    retried: bool,
 ) -> list:
-    """One try of a start on one DSN. Job rows are written before run rows, the
-    janitor's lock order, so the two never deadlock:
+    """One try of a start on one DSN: refused first if a move took these shards away
+    (refuse_moved_shards). Job rows are written before run rows, the janitor's lock
+    order, so the two never deadlock:
 
     UPDATE jobs SET leased_until = :leased_until FROM jsonb_to_recordset(:rows) AS v(job_id uuid,
     lease_token uuid) WHERE jobs.job_id = v.job_id AND jobs.lease_token = v.lease_token;
@@ -98,6 +122,7 @@ def _start_on(
     v.run_id AND runs.lease_token = v.lease_token AND runs.state = 'claimed' RETURNING runs.run_id;
     """
     with engine.begin() as conn:
+        refuse_moved_shards(conn, shards)
         update_many(conn, jobs, on_jobs, match=("job_id", "lease_token"), constants={"leased_until": until})
         ids = update_many(
             conn,
@@ -132,70 +157,85 @@ def _started_at(conn: sa.Connection, rows: list[dict], now: datetime) -> list:
 
 def hold(registry: Registry, held: Sequence[tuple[DispatchRun, datetime]], now: datetime) -> int:
     """Put runs a limit held back off until their retry time; returns how many were held."""
-    count = 0
-    for index, group in _by_engine(registry, held, run_of=lambda item: item[0]).items():
+
+    def write(engine: sa.Engine, group: list[tuple[DispatchRun, datetime]]) -> int:
         until = {run.run_id: at for run, at in group}
         scheduled = [(run, at) for run, at in group if not run.off_schedule]
         off = [(run, at) for run, at in group if run.off_schedule]
+        return retrying(
+            functools.partial(_hold_on, engine, scheduled, off, until, now, registry.settings.lease_s),
+            f"hold of {len(group)} runs",
+        )
 
-        def write(engine=registry.engines[index], scheduled=scheduled, off=off, until=until) -> int:
-            held = 0
-            with engine.begin() as conn:
-                if scheduled:
-                    # Jobs are locked before runs, the janitor's and the completion's order.
-                    keys = sorted((r.job_id, r.lease_token) for r, _ in scheduled)
-                    lock = (
-                        sa.select(jobs.c.job_id)
-                        .where(sa.tuple_(jobs.c.job_id, jobs.c.lease_token).in_(keys))
-                        .order_by(jobs.c.job_id)
-                    )
-                    if locks_rows(conn):
-                        conn.execute(lock.with_for_update()).all()
-                    deleted = conn.execute(
-                        sa.delete(runs)
-                        .where(
-                            sa.tuple_(runs.c.run_id, runs.c.lease_token).in_(
-                                [(r.run_id, r.lease_token) for r, _ in scheduled]
-                            ),
-                            runs.c.state == "claimed",
-                        )
-                        .returning(runs.c.run_id, runs.c.job_id, runs.c.lease_token)
-                    ).all()
-                    if deleted:
-                        conn.execute(
-                            _RELEASE_JOB,
-                            [
-                                {
-                                    "b_job_id": row.job_id,
-                                    "b_token": row.lease_token,
-                                    "b_at": until[row.run_id],
-                                    "b_now": now,
-                                }
-                                for row in sorted(deleted, key=lambda r: r.job_id)
-                            ],
-                        )
-                    held += len(deleted)
-                for run, at in off:
-                    result = conn.execute(
-                        sa.update(runs)
-                        .where(
-                            runs.c.run_id == run.run_id,
-                            runs.c.lease_token == run.lease_token,
-                            runs.c.state == "claimed",
-                        )
-                        .values(
-                            lease_token=uuid.uuid4(),
-                            due_at=at,
-                            published=False,
-                            updated_at=now,
-                            leased_until=at + timedelta(seconds=registry.settings.lease_s),
-                        )
-                    )
-                    held += result.rowcount
-            return held
+    return sum(
+        registry.for_each_database(held, lambda item: item[0].shard, write, fence_wait_s=LEASE_FENCE_WAIT_S)
+    )
 
-        count += retrying(write, f"hold of {len(group)} runs")
-    return count
+
+def _hold_on(
+    engine: sa.Engine,
+    scheduled: list[tuple[DispatchRun, datetime]],
+    off: list[tuple[DispatchRun, datetime]],
+    until: dict[uuid.UUID, datetime],
+    now: datetime,
+    lease_s: float,
+) -> int:
+    """One try of a hold on one database, refused first if a move took the shards away."""
+    held = 0
+    with engine.begin() as conn:
+        refuse_moved_shards(conn, [run.shard for run, _ in scheduled + off])
+        if scheduled:
+            # Jobs are locked before runs, the janitor's and the completion's order.
+            keys = sorted((r.job_id, r.lease_token) for r, _ in scheduled)
+            lock = (
+                sa.select(jobs.c.job_id)
+                .where(sa.tuple_(jobs.c.job_id, jobs.c.lease_token).in_(keys))
+                .order_by(jobs.c.job_id)
+            )
+            if locks_rows(conn):
+                conn.execute(lock.with_for_update()).all()
+            deleted = conn.execute(
+                sa.delete(runs)
+                .where(
+                    sa.tuple_(runs.c.run_id, runs.c.lease_token).in_(
+                        [(r.run_id, r.lease_token) for r, _ in scheduled]
+                    ),
+                    runs.c.state == "claimed",
+                )
+                .returning(runs.c.run_id, runs.c.job_id, runs.c.lease_token)
+            ).all()
+            if deleted:
+                conn.execute(
+                    _RELEASE_JOB,
+                    [
+                        {
+                            "b_job_id": row.job_id,
+                            "b_token": row.lease_token,
+                            "b_at": until[row.run_id],
+                            "b_now": now,
+                        }
+                        for row in sorted(deleted, key=lambda r: r.job_id)
+                    ],
+                )
+            held += len(deleted)
+        for run, at in off:
+            result = conn.execute(
+                sa.update(runs)
+                .where(
+                    runs.c.run_id == run.run_id,
+                    runs.c.lease_token == run.lease_token,
+                    runs.c.state == "claimed",
+                )
+                .values(
+                    lease_token=uuid.uuid4(),
+                    due_at=at,
+                    published=False,
+                    updated_at=now,
+                    leased_until=at + timedelta(seconds=lease_s),
+                )
+            )
+            held += result.rowcount
+    return held
 
 
 # A held job is due again when the limit allows; paused and cancelled jobs keep
@@ -220,8 +260,10 @@ def heartbeat(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -
     lease (the janitor took it back), and its call must not start any more. The
     statements are _heartbeat_on's."""
     until = {"leased_until": now + timedelta(seconds=registry.settings.lease_s)}
-    kept: set[uuid.UUID] = set()
-    for index, group in _by_engine(registry, batch).items():
+    # A beat that cannot get through before the next one is due is left to that one.
+    budget_s = registry.settings.heartbeat_s
+
+    def write(engine: sa.Engine, group: list[DispatchRun]) -> set[uuid.UUID]:
         on_jobs = sorted(
             ({"job_id": r.job_id, "lease_token": r.lease_token} for r in group if not r.off_schedule),
             key=lambda row: row["job_id"],
@@ -230,20 +272,23 @@ def heartbeat(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -
             ({"run_id": r.run_id, "lease_token": r.lease_token} for r in group if r.off_schedule),
             key=lambda row: row["run_id"],
         )
-        # A beat that cannot get through before the next one is due is left to that one.
-        beat = functools.partial(_heartbeat_on, registry.engines[index], on_jobs, on_runs, until)
-        job_ids, run_ids = retrying(
-            beat, f"heartbeat of {len(group)} runs", budget_s=registry.settings.heartbeat_s
-        )
+        beat = functools.partial(_heartbeat_on, engine, {r.shard for r in group}, on_jobs, on_runs, until)
+        job_ids, run_ids = retrying(beat, f"heartbeat of {len(group)} runs", budget_s=budget_s)
         extended_jobs = set(job_ids)
-        kept.update(run_ids)
-        kept.update(r.run_id for r in group if not r.off_schedule and r.job_id in extended_jobs)
+        return set(run_ids) | {r.run_id for r in group if not r.off_schedule and r.job_id in extended_jobs}
+
+    kept: set[uuid.UUID] = set()
+    for ids in registry.for_each_database(batch, _shard_of, write, fence_wait_s=budget_s):
+        kept.update(ids)
     return kept
 
 
-def _heartbeat_on(engine, on_jobs: list[dict], on_runs: list[dict], until: dict) -> tuple[list, list]:
-    """One try of a heartbeat on one DSN. Schedule runs hold their lease on the job,
-    off-schedule runs on the run; each statement returns the leases it extended:
+def _heartbeat_on(
+    engine, shards: set[int], on_jobs: list[dict], on_runs: list[dict], until: dict
+) -> tuple[list, list]:
+    """One try of a heartbeat on one DSN, refused first if a move took the shards away.
+    Schedule runs hold their lease on the job, off-schedule runs on the run; each
+    statement returns the leases it extended:
 
     UPDATE jobs SET leased_until = :leased_until FROM jsonb_to_recordset(:rows) AS v(job_id uuid,
     lease_token uuid) WHERE jobs.job_id = v.job_id AND jobs.lease_token = v.lease_token
@@ -254,6 +299,7 @@ def _heartbeat_on(engine, on_jobs: list[dict], on_runs: list[dict], until: dict)
     runs.state = 'running' RETURNING runs.run_id;
     """
     with engine.begin() as conn:
+        refuse_moved_shards(conn, shards)
         job_ids = update_many(
             conn, jobs, on_jobs, match=("job_id", "lease_token"), constants=until, returning="job_id"
         )

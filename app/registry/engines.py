@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import cached_property
 from typing import TypeVar
 
@@ -82,8 +82,12 @@ def create_engine_for(dsn: str, pool_size: int = 10) -> Engine:
 
 # How often a process asks the home database whether the shard map changed.
 MAP_REFRESH_S = 2.0
-# How long a write refused by a move's fence waits for the switch before it gives up.
+# How long a write refused by a move's fence waits for the switch before it gives up:
+# a completion (its outcome has nowhere else to go), and a worker's start or hold
+# (LEASE_FENCE_WAIT_S: its dispatch message goes back to the broker after that, so a
+# fence that outlasts it costs a redelivery, not a lease).
 FENCE_WAIT_S = 60.0
+LEASE_FENCE_WAIT_S = 5.0
 # The SQLSTATE of a write refused by a move's fence (migration 0004's triggers).
 FENCE_SQLSTATE = "PT409"
 
@@ -95,6 +99,23 @@ R = TypeVar("R")
 def is_fence_error(exc: BaseException) -> bool:
     """True when a database refused a write because its shard is being moved away."""
     return getattr(getattr(exc, "orig", None), "sqlstate", None) == FENCE_SQLSTATE
+
+
+def refuse_moved_shards(conn: sa.Connection, shards: Iterable[int]) -> None:
+    """Raise the fence's refusal (SQLSTATE PT409) when this database no longer takes
+    writes of one of `shards`, before a worker's write that may find no row to change
+    (a process's map a moment old, after a move deleted the shard's rows here): such a
+    write would change nothing and be taken for stale instead of going where the shard
+    went. First in its transaction (migration 0006's function; PostgreSQL only, as the
+    fences are):
+
+    SELECT punctual_refuse_fenced(CAST(:shards AS smallint[]))
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(_REFUSE_FENCED, {"shards": sorted(set(shards))})
+
+
+_REFUSE_FENCED = sa.text("SELECT punctual_refuse_fenced(CAST(:shards AS smallint[]))")
 
 
 class Registry:
@@ -194,13 +215,20 @@ class Registry:
         return self.routing().foreign_shards(index)
 
     def for_each_database(
-        self, items: Sequence[T], shard_of: Callable[[T], int], write: Callable[[Engine, list[T]], R]
+        self,
+        items: Sequence[T],
+        shard_of: Callable[[T], int],
+        write: Callable[[Engine, list[T]], R],
+        fence_wait_s: float = FENCE_WAIT_S,
     ) -> list[R]:
         """`write(engine, group)` for the items of each database, grouped by the map.
 
-        A group refused by a move's fence waits for the map to switch and is written
-        again where its shard went: a worker's start, heartbeat or completion
-        during a move is forwarded, not lost. Groups already written stay written.
+        A group refused by a move's fence waits for the map to switch (at most
+        `fence_wait_s`, then the refusal is raised) and is written again where its
+        shard went: a worker's start, hold, heartbeat or completion during a move is
+        forwarded, not lost. A refused write changed nothing (its transaction rolled
+        back), so nothing is written on both databases. Groups already written stay
+        written.
         """
         results: list[R] = []
         pending = list(items)
@@ -221,7 +249,7 @@ class Registry:
                     pending.extend(group)
                     refused = exc
             if pending:
-                deadline = deadline or time.monotonic() + FENCE_WAIT_S
+                deadline = deadline or time.monotonic() + fence_wait_s
                 if time.monotonic() > deadline and refused is not None:
                     raise refused
                 time.sleep(0.2)

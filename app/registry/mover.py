@@ -12,14 +12,20 @@ by `--abort`:
 2. fenced: pollers stop claiming the shard (they read the map), and the source
    refuses the shard's writes; the mover waits for every transaction that began
    before the fence, copies the last changes, and compares the counts on both
-   sides. A worker whose completion is refused meanwhile waits for the switch and
-   writes to the new database (Registry.for_each_database): finished runs are
-   forwarded, not lost; a start refused in the fence comes back through its lease.
-   The fence lasts the final delta, not the whole copy.
+   sides. A worker's start, hold, heartbeat or completion refused meanwhile waits
+   for the switch and is written on the new database (Registry.for_each_database):
+   nothing is lost and nothing is written twice. The fence lasts the final delta,
+   not the whole copy.
 3. switched: the map names the target (pollers claim there at once) and the
    target's fence is lifted; the source's rows of the shard are deleted in
    batches. The source keeps refusing the shard's writes, so a process still
-   holding the old map can never write where nobody reads.
+   holding the old map can never write where nobody reads: a worker's write
+   asks for the fence first (refuse_moved_shards), since once the rows are gone
+   an UPDATE there would change nothing and fire no trigger.
+
+A change made while the shard is tracked locks its key in shard_changes until it
+commits (migration 0006), and the mover takes keys FOR UPDATE SKIP LOCKED, so it
+never copies a row that an uncommitted change is about to replace.
 
 A database restart makes the command fail; running it again resumes at the
 recorded step (the copies are idempotent: a batch replaces its rows).
@@ -339,7 +345,10 @@ def _apply_changes(source: sa.Engine, target: sa.Engine, shard: int) -> int:
 
     The keys are deleted on the source and the rows read in one transaction that
     commits after the target's: a crash in between leaves the keys to copy again,
-    and a row changed after it was read is recorded anew.
+    and a row changed after it was read is recorded anew (its change waits for this
+    transaction's lock on the key, then records it again). A key whose change has
+    not committed yet is locked by that change and skipped: read now, its row would
+    be the one before the change.
     """
     with source.begin() as conn:
         taken = conn.execute(

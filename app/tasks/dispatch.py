@@ -7,9 +7,10 @@ acknowledged then (acks_late, see celeryconfig). No autoretry: the target call i
 never retried here (retries live in the registry).
 
 When the registry (or Redis) stays unreachable beyond the retry budget of the start
-(app.registry.transient), the task rejects its message with requeue: the broker
-hands it out again at once, to this worker or another, and the fenced start skips
-what was started already. Its runs do not wait for a lease. Any other failure is
+(app.registry.transient), or a shard move's fence outlasts the start's wait for it
+(app.lifecycle.lease), the task rejects its message with requeue: the broker hands
+it out again at once, to this worker or another, and the fenced start skips what
+was started already. Its runs do not wait for a lease. Any other failure is
 a bug, and the message is acknowledged (a poison message must not loop); its runs
 come back through the lease and the janitor.
 """
@@ -25,6 +26,7 @@ from celery.utils.log import get_task_logger
 from app.lifecycle.message import DispatchRun, message_headers
 from app.logs import log_context
 from app.pollers.beat import DISPATCH_TASK
+from app.registry.engines import is_fence_error
 from app.registry.sharding import queue_name
 from app.registry.transient import is_transient
 from app.worker.context import get_context
@@ -39,7 +41,7 @@ def dispatch(shard: int, runs: list[dict]) -> dict:
         try:
             report = get_context().dispatcher.dispatch(batch)
         except Exception as exc:
-            if not is_transient(exc):
+            if not (is_transient(exc) or is_fence_error(exc)):
                 raise
             log.warning(
                 "dispatch of %d runs on shard %d gave its message back: %s",

@@ -60,12 +60,6 @@ def on_shard(api, shard: int, prefix: str, **body) -> dict:
     raise AssertionError("no key lands on the shard")
 
 
-@pytest.mark.xfail(
-    reason="known bug, issue 11 open: since the start's transient-error retries landed, a one-off due "
-    "during the fence was seen called twice (same Idempotency-Key); start, hold and heartbeat do not yet "
-    "wait out a move's fence as the completion does",
-    strict=False,
-)
 def test_a_shard_moves_while_its_jobs_fire(stack, api, sink, settings, stack_env):
     registry = registry_for(settings)
     assert registry.reload_map().shard_index[SHARD] != 2

@@ -16,7 +16,11 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
+from app.core.retries import CallOutcome
 from app.core.timefmt import utcnow
+from app.lifecycle import lease
+from app.lifecycle.completion import Finished, complete
+from app.pollers.claim import claim_batch
 from app.registry import mover
 from app.registry.engines import Registry, is_fence_error
 from app.registry.migrate import migrate_all
@@ -259,3 +263,150 @@ def test_two_moves_of_one_shard_do_not_run_at_once(registry):
     with mover._only_mover(registry, 7):
         with pytest.raises(mover.MoveError, match="another `punctual shards move` of shard 7 is running now"):
             mover.move_shard(registry, 7, 2)
+
+
+def _moving(registry: Registry) -> tuple[int, int]:
+    """A shard and a database it is not on (earlier tests moved shards around)."""
+    routing = registry.reload_map()
+    shard = 5
+    return shard, 2 if routing.shard_index[shard] != 2 else 0
+
+
+def test_a_change_uncommitted_when_the_mover_takes_its_key_arrives_once_it_commits(registry, monkeypatch):
+    """A row changed during the copy and changed again by a transaction still open when
+    the mover copies the recorded changes: the mover leaves that key (the open change
+    holds it) and copies the row after the change commits, not the row before it."""
+    shard, to_index = _moving(registry)
+    job = job_row(SHARDS, shard=shard, run_at=utcnow() + timedelta(days=1))
+    run = run_row(
+        job_id=job["job_id"],
+        shard=shard,
+        owner=job["owner"],
+        origin="schedule",
+        scheduled_for=utcnow(),
+        attempt=1,
+        state="claimed",
+        target=job["target"],
+        retry={},
+        now=utcnow(),
+    )
+    with registry.engine_for_shard(shard).begin() as conn:
+        conn.execute(jobs.insert(), [job])
+        conn.execute(runs.insert(), [run])
+    of_run = runs.c.run_id == run["run_id"]
+    real_copy, real_apply = mover._copy_shard, mover._apply_changes
+    raced = []
+
+    def copy_then_start(source, target, shard, batch):
+        copied = real_copy(source, target, shard, batch)
+        with source.begin() as conn:  # a worker's start, recorded: the run's key is in shard_changes
+            conn.execute(runs.update().where(of_run).values(state="running"))
+        return copied
+
+    def apply_during_a_completion(source, target, shard):
+        if raced:
+            return real_apply(source, target, shard)
+        with source.connect() as completion:  # the completion's UPDATE is done, its COMMIT not yet
+            completion.execute(runs.update().where(of_run).values(state="succeeded", status_code=200))
+            raced.append(real_apply(source, target, shard))
+            completion.commit()
+        return raced[0]
+
+    monkeypatch.setattr(mover, "_copy_shard", copy_then_start)
+    monkeypatch.setattr(mover, "_apply_changes", apply_during_a_completion)
+    mover.move_shard(registry, shard, to_index)
+    with registry.engines[to_index].connect() as conn:
+        moved = conn.execute(sa.select(runs.c.state, runs.c.status_code).where(of_run)).one()
+    assert tuple(moved) == ("succeeded", 200)
+    assert raced == [0]  # the open change held the key: the mover left it for a later round
+
+
+def test_a_start_hold_and_heartbeat_in_the_fence_wait_for_the_switch_and_write_where_the_shard_went(
+    registry, monkeypatch
+):
+    shard, to_index = _moving(registry)
+    now = utcnow()
+    with registry.engine_for_shard(shard).begin() as conn:
+        conn.execute(jobs.insert(), [job_row(SHARDS, shard=shard, run_at=now) for _ in range(3)])
+    running, to_start, to_hold = claim_batch(
+        registry.engine_for_shard(shard), shard, now, registry.settings
+    ).runs
+    assert lease.start(registry, [running], utcnow()) == {running.run_id}
+    real_verify = mover._verified_counts
+    in_fence = threading.Event()
+    results: dict[str, object] = {}
+
+    def verify_slowly(*args):
+        in_fence.set()
+        time.sleep(1.5)  # the worker's writes below are refused meanwhile
+        return real_verify(*args)
+
+    def worker_writes(name, write):
+        in_fence.wait(30)
+        try:
+            results[name] = write()
+        except BaseException as exc:  # reported by the test
+            results[name] = exc
+
+    later = utcnow() + timedelta(minutes=5)
+    writes = {
+        "start": lambda: lease.start(registry, [to_start], utcnow()),
+        "hold": lambda: lease.hold(registry, [(to_hold, later)], utcnow()),
+        "heartbeat": lambda: lease.heartbeat(registry, [running], utcnow()),
+    }
+    threads = [threading.Thread(target=worker_writes, args=item) for item in writes.items()]
+    for thread in threads:
+        thread.start()
+    monkeypatch.setattr(mover, "_verified_counts", verify_slowly)
+    mover.move_shard(registry, shard, to_index)
+    for thread in threads:
+        thread.join(30)
+    assert results == {"start": {to_start.run_id}, "hold": 1, "heartbeat": {running.run_id}}
+    with registry.engines[to_index].connect() as conn:
+        states = dict(
+            conn.execute(
+                sa.select(runs.c.run_id, runs.c.state).where(
+                    runs.c.run_id.in_([running.run_id, to_start.run_id, to_hold.run_id])
+                )
+            ).all()
+        )
+        held_job = conn.execute(
+            sa.select(jobs.c.state, jobs.c.next_run_at).where(jobs.c.job_id == to_hold.job_id)
+        ).one()
+    assert states == {running.run_id: "running", to_start.run_id: "running"}  # the held run is gone
+    assert tuple(held_job) == ("scheduled", later)
+
+
+def test_a_worker_whose_map_predates_a_finished_move_writes_where_the_shard_went(registry):
+    """After the move deleted the shard's rows on the source, a write there would change
+    nothing and look stale; the source refuses it instead, and it goes to the target."""
+    shard, to_index = _moving(registry)
+    now = utcnow()
+    with registry.engine_for_shard(shard).begin() as conn:
+        conn.execute(jobs.insert(), [job_row(SHARDS, shard=shard, run_at=now) for _ in range(2)])
+    running, to_start = claim_batch(registry.engine_for_shard(shard), shard, now, registry.settings).runs
+    assert lease.start(registry, [running], utcnow()) == {running.run_id}
+    old_maps = [Registry(registry.settings) for _ in range(3)]  # workers that read the map before the move
+    for old in old_maps:
+        old.map_refresh_s = 3600
+        old.routing()
+    mover.move_shard(registry, shard, to_index)
+    starter, beater, completer = old_maps
+    try:
+        assert starter.routing().shard_index[shard] != to_index
+        assert lease.start(starter, [to_start], utcnow()) == {to_start.run_id}
+        assert lease.heartbeat(beater, [running], utcnow()) == {running.run_id}
+        report = complete(completer, [Finished(running, CallOutcome(status_code=200), utcnow())], utcnow())
+        assert (report.applied, report.stale) == (1, 0)
+    finally:
+        for old in old_maps:
+            old.dispose()
+    with registry.engines[to_index].connect() as conn:
+        states = dict(
+            conn.execute(
+                sa.select(runs.c.run_id, runs.c.state).where(
+                    runs.c.run_id.in_([running.run_id, to_start.run_id])
+                )
+            ).all()
+        )
+    assert states == {running.run_id: "succeeded", to_start.run_id: "running"}

@@ -89,7 +89,7 @@ def test_a_big_history_goes_in_batches_within_the_budget(registry):
 
     sa.event.listen(engine, "before_cursor_execute", seen)
     try:
-        assert prune(engine, SHARD, utcnow(), 30, batch=1000) == 2500
+        assert prune(engine, SHARD, utcnow(), 30, batch=1000, budget_s=60) == 2500
     finally:
         sa.event.remove(engine, "before_cursor_execute", seen)
     assert sum("DELETE FROM runs" in s for s in statements) == 3
