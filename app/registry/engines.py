@@ -71,13 +71,33 @@ def create_engine_for(dsn: str, pool_size: int = 10) -> Engine:
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    return sa.create_engine(
+    engine = sa.create_engine(
         url,
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_pre_ping=True,
         pool_recycle=1800,
     )
+
+    @sa.event.listens_for(engine, "connect")
+    def _end_stalled_transactions(dbapi_connection, _record):
+        # A SET on each new connection, not `options` in connect_args, which would
+        # replace any `options` the DSN itself carries.
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute(f"SET idle_in_transaction_session_timeout = {int(IDLE_IN_TRANSACTION_S * 1000)}")
+        dbapi_connection.commit()
+
+    return engine
+
+
+# A transaction of Punctual's that waits this long between two statements is ended by
+# the server. Every transaction here is a few statements sent back to back, so only a
+# process that stopped mid-transaction (SIGSTOP, a frozen VM, a partition) gets there,
+# and its row locks must not outlive that: a poll stopped inside its claim holds the
+# claimed rows FOR UPDATE, and every other poller skips them (SKIP LOCKED) for as long
+# as it is stopped. A recurring job among them missed every occurrence for the 70 s a
+# worker was stopped (bench.faults worker-stop) before this was set.
+IDLE_IN_TRANSACTION_S = 10
 
 
 # How often a process asks the home database whether the shard map changed.
