@@ -26,6 +26,7 @@ import hmac
 import secrets
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -34,6 +35,7 @@ import sqlalchemy as sa
 
 from app.core.timefmt import format_instant, utcnow
 from app.pollers.shares import DEFAULT_WEIGHT, MAX_WEIGHT
+from app.registry.bulk import key_in
 from app.registry.engines import Registry
 from app.registry.schema import api_keys, jobs, owners, runs
 from app.services.errors import NotFound
@@ -319,6 +321,33 @@ class OwnerDirectory:
         if previous is not None and until is not None and utcnow() < until:
             return (current, previous)
         return (current,)
+
+    def prefetch_secrets(self, names: Iterable[str]) -> None:
+        """Read the signing secrets of every owner in `names` that is not cached, in one
+        query: a worker asks for the owners of a dispatch message before its calls, so
+        that its call threads find them cached instead of each asking the home database
+        (with a thousand owners, that was a query per call and a connection pool
+        overflowing into new connections)."""
+        now = time.monotonic()
+        with self._lock:
+            missing = sorted({n for n in names if (hit := self._secrets.get(n)) is None or hit[0] <= now})
+        if not missing:
+            return
+        with self.registry.home.connect() as conn:
+            rows = conn.execute(
+                sa.select(
+                    owners.c.owner,
+                    owners.c.signing_secret,
+                    owners.c.previous_signing_secret,
+                    owners.c.previous_secret_until,
+                ).where(key_in(conn, owners.c.owner, missing))
+            ).all()
+        found = {
+            row.owner: (row.signing_secret, row.previous_signing_secret, row.previous_secret_until)
+            for row in rows
+        }
+        for name in missing:
+            self._store(self._secrets, name, found.get(name), self.secret_ttl_s)
 
     def weights(self) -> dict[str, int]:
         """`weights(registry)`, cached for ttl_s: the claim asks before every batch."""

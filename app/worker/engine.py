@@ -154,6 +154,10 @@ class Dispatcher:
         """Start what the limits admit; let runs behind a full cap wait for a slot here
         (at most self.wait_s), then put off the ones still waiting."""
         settings = self.settings
+        try:
+            self.owners.prefetch_secrets({run.owner for run in part})
+        except Exception:  # each call asks for its own owner's secrets then
+            log.warning("reading the signing secrets of a message's owners failed", exc_info=True)
         named_pairs = {(run.owner, key) for run in part if (key := named_key(run.target))}
         named = self.limit_keys.lookup_many(named_pairs) if named_pairs else None
         waiting = [(run, limit_specs(run.owner, run.target, settings, named)) for run in part]

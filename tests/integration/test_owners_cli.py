@@ -104,3 +104,24 @@ def test_the_directory_caches_weights_for_the_claim(registry):
         conn.exec_driver_sql("UPDATE owners SET weight = 5 WHERE owner = 'acme'")
     assert directory.weights() == {}  # cached: the claim asks before every batch
     assert OwnerDirectory(registry, ttl_s=0).weights() == {"acme": 5}
+
+
+def test_a_messages_owners_secrets_are_read_in_one_query_and_then_served_from_the_cache(registry):
+    for name in ("acme", "globex"):
+        create_key(registry, name)
+    directory = OwnerDirectory(registry)
+    statements: list[str] = []
+
+    def count(conn, cursor, statement, *_args):
+        statements.append(statement)
+
+    sa.event.listen(registry.home, "before_cursor_execute", count)
+    try:
+        directory.prefetch_secrets(["acme", "globex", "nobody", "acme"])
+        assert len(statements) == 1
+        assert len(directory.signing_secrets("acme")) == 1 and len(directory.signing_secrets("globex")) == 1
+        assert directory.signing_secrets("nobody") == ()  # an unknown owner is cached too
+        directory.prefetch_secrets(["acme", "globex", "nobody"])
+        assert len(statements) == 1, statements
+    finally:
+        sa.event.remove(registry.home, "before_cursor_execute", count)
