@@ -77,6 +77,18 @@ class Gate:
         self._widened = 0  # how far the prefetch window is widened now
         self._closed = False
 
+    def reopen(self) -> int:
+        """Hand the pool messages again, dropping what waited here unsent: the consumer
+        (re)started on a new connection after a lost one, the broker hands those
+        messages out again, and the new connection's prefetch window starts unwidened.
+        Returns how many were dropped."""
+        with self._lock:
+            dropped = len(self._turns)
+            self._turns = Turns()
+            self._widened = 0
+            self._closed = False
+        return dropped
+
     def close(self) -> None:
         """Hand the pool nothing more (the worker is stopping): what waits here stays
         unacknowledged, and the broker hands it out again when the connection closes."""
@@ -153,6 +165,16 @@ class DispatchGateStep(bootsteps.StartStopStep):
 
         # Before the Tasks step builds its strategies, which capture this attribute.
         c.on_task_request = on_task_request
+
+    def start(self, c) -> None:
+        """The consumer (re)starts: after a lost connection Celery stops and starts its
+        steps again, and the messages held here belong to the channel that died."""
+        if self.gate is not None:
+            dropped = self.gate.reopen()
+            if dropped:
+                log.warning(
+                    "dropped %d dispatch messages of a lost connection; the broker sends them again", dropped
+                )
 
     def stop(self, c) -> None:
         """The worker is stopping: a warm shutdown waits for what is in the pool, not

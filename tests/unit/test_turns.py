@@ -268,3 +268,23 @@ def test_a_closed_gate_hands_the_pool_nothing_more():
     gate.close()
     in_pool[0].on_success((False, None, 0.0))
     assert [r.name for r in in_pool] == ["0"] and gate.waiting() == 2
+
+
+def test_a_consumer_restarted_after_a_lost_connection_drops_what_waited_and_serves_again():
+    in_pool: list[FakeRequest] = []
+    window = [0]
+    gate = Gate(1, in_pool.append, prefetch=lambda change: window.__setitem__(0, window[0] + change))
+    for i in range(4):
+        request = FakeRequest(str(i))
+        _when_ended(request, gate.done)
+        gate.offer(request, "one-off", "a", 1)
+    assert gate.waiting() == 3 and window[0] == 4
+    gate.close()  # Celery stops the consumer's steps, then starts them again
+    assert gate.reopen() == 3
+    window[0] = 0  # the new connection's window
+    in_pool[0].on_success((False, None, 0.0))
+    assert len(in_pool) == 1 and gate.waiting() == 0 and window[0] == 0
+    request = FakeRequest("after")
+    _when_ended(request, gate.done)
+    gate.offer(request, "one-off", "a", 1)
+    assert in_pool[-1].name == "after"
