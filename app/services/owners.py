@@ -301,19 +301,7 @@ class OwnerDirectory:
         """The secrets that sign the owner's calls: the current one, then the previous
         one while its rotation window lasts. Empty for an unknown owner."""
         cached = self._cached(self._secrets, owner)
-        if cached is not None:
-            stored = cached[0]
-        else:
-            with self.registry.home.connect() as conn:
-                row = conn.execute(
-                    sa.select(
-                        owners.c.signing_secret,
-                        owners.c.previous_signing_secret,
-                        owners.c.previous_secret_until,
-                    ).where(owners.c.owner == owner)
-                ).first()
-            stored = None if row is None else tuple(row)
-            self._store(self._secrets, owner, stored, self.secret_ttl_s)
+        stored = cached[0] if cached is not None else self._read_secrets([owner])[owner]
         if stored is None:
             return ()
         current, previous, until = stored
@@ -331,8 +319,12 @@ class OwnerDirectory:
         now = time.monotonic()
         with self._lock:
             missing = sorted({n for n in names if (hit := self._secrets.get(n)) is None or hit[0] <= now})
-        if not missing:
-            return
+        if missing:
+            self._read_secrets(missing)
+
+    def _read_secrets(self, names: list[str]) -> dict[str, tuple | None]:
+        """The stored secrets of `names` (None for an unknown owner), read in one query
+        and cached."""
         with self.registry.home.connect() as conn:
             rows = conn.execute(
                 sa.select(
@@ -340,14 +332,13 @@ class OwnerDirectory:
                     owners.c.signing_secret,
                     owners.c.previous_signing_secret,
                     owners.c.previous_secret_until,
-                ).where(key_in(conn, owners.c.owner, missing))
+                ).where(key_in(conn, owners.c.owner, names))
             ).all()
-        found = {
-            row.owner: (row.signing_secret, row.previous_signing_secret, row.previous_secret_until)
-            for row in rows
-        }
-        for name in missing:
-            self._store(self._secrets, name, found.get(name), self.secret_ttl_s)
+        found: dict[str, tuple | None] = {name: None for name in names}
+        found.update((row.owner, tuple(row[1:])) for row in rows)
+        for name, stored in found.items():
+            self._store(self._secrets, name, stored, self.secret_ttl_s)
+        return found
 
     def weights(self) -> dict[str, int]:
         """`weights(registry)`, cached for ttl_s: the claim asks before every batch."""
