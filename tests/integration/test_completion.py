@@ -151,7 +151,8 @@ def test_a_run_row_that_left_running_fences_its_completion_even_when_the_job_hol
     assert metrics.STALE_COMPLETIONS._value.get() == stale_before + 1
 
 
-def test_an_off_schedule_run_whose_token_changed_inserts_no_retry(registry):
+def _started_trigger(registry):
+    """A job due in an hour, and a triggered run of it, started now: (job row, run, now)."""
     from app.lifecycle.message import DispatchRun
     from app.services.jobs import insert_run
 
@@ -169,6 +170,11 @@ def test_an_off_schedule_run_whose_token_changed_inserts_no_retry(registry):
         )
     run = DispatchRun.from_row(trigger, None)
     assert lease.start(registry, [run], now) == {run.run_id}
+    return row, run, now
+
+
+def test_an_off_schedule_run_whose_token_changed_inserts_no_retry(registry):
+    row, run, now = _started_trigger(registry)
     with registry.engine_for_shard(run.shard).begin() as conn:  # taken back: a new token
         conn.execute(sa.update(runs).where(runs.c.run_id == run.run_id).values(lease_token=uuid.uuid4()))
     before = runs_of(registry, row["job_id"])
@@ -222,24 +228,7 @@ def test_a_batch_is_one_transaction_per_physical_dsn(registry):
 
 
 def test_off_schedule_failure_inserts_the_next_attempt_and_leaves_the_job(registry):
-    from app.services.jobs import insert_run
-
-    row = job_row(16, run_at=utcnow() + timedelta(hours=1))
-    insert_jobs(registry, [row])
-    now = utcnow()
-    with registry.engine_for_shard(row["shard"]).begin() as conn:
-        trigger = insert_run(
-            conn,
-            job(registry, row["job_id"]),
-            origin="trigger",
-            scheduled_for=now,
-            now=now,
-            lease_s=registry.settings.lease_s,
-        )
-    from app.lifecycle.message import DispatchRun
-
-    run = DispatchRun.from_row(trigger, None)
-    assert lease.start(registry, [run], now) == {run.run_id}
+    row, run, now = _started_trigger(registry)
     finish(registry, run, HTTP_500, now=now)
     first, second = runs_of(registry, row["job_id"])
     assert first["state"] == "failed" and second["state"] == "claimed" and second["attempt"] == 2
