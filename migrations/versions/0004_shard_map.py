@@ -90,8 +90,7 @@ def upgrade() -> None:
 
 
 def fence_triggers() -> list[str]:
-    """The functions and triggers of the fence (bench.claim drops and re-creates them
-    to measure what they cost)."""
+    """The functions and triggers of the fence."""
     statements = []
     for table, key in MOVED_TABLES:
         statements.append(_fence_function(table, key))
