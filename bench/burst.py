@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 from datetime import UTC, datetime
 
-from bench.cpu import CpuMeter
 from bench.harness import (
-    OWN_BACKENDS,
     WINDOW_LEAD_S,
     due_instant,
     header,
@@ -32,7 +30,7 @@ from bench.harness import (
 )
 from bench.nginx import NginxSink
 from bench.register import register
-from bench.stack import PunctualStack, backend_pids, parse_overrides
+from bench.stack import PunctualStack, parse_overrides
 
 REGISTRATION_RATE_GUESS = 200  # jobs/s via POST /jobs on a busy 2-core box: T far enough ahead
 
@@ -101,11 +99,7 @@ def run(args: argparse.Namespace) -> dict:
             f"{registration['failures']} failures, done {due - registered_at:.1f} s before T",
             flush=True,
         )
-        meter = CpuMeter(
-            {**stack.components, "nginx (sink)": [sink.pid]},
-            services=("postgres", "beam.smp", "redis-server"),
-            dynamic={OWN_BACKENDS: backend_pids(stack.database)},
-        )
+        meter = stack.cpu_meter(sink.pid)
         figures = measure_burst(
             sink,
             args.jobs,

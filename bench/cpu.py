@@ -16,6 +16,8 @@ from pathlib import Path
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
+OWN_BACKENDS = "postgres (this database's backends)"  # a part of SERVER_POSTGRES
+
 
 @dataclass(frozen=True)
 class ProcStat:

@@ -18,14 +18,13 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench.cpu import SERVICES, CpuMeter, per_run_ms
+from bench.cpu import OWN_BACKENDS, SERVICES, CpuMeter, per_run_ms
 from bench.figures import burst_figures
 from bench.nginx import NginxSink
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = Path(__file__).resolve().parents[1]
 WINDOW_LEAD_S = 15.0
-OWN_BACKENDS = "postgres (this database's backends)"  # a part of SERVER_POSTGRES
 SERVER_POSTGRES = SERVICES["postgres"]
 
 

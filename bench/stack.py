@@ -34,6 +34,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from bench.cpu import OWN_BACKENDS, CpuMeter
+
 PG_ADMIN = os.environ.get("PUNCTUAL_BENCH_PG", "postgresql://root@127.0.0.1:5432/postgres")
 AMQP_BASE = os.environ.get("PUNCTUAL_BENCH_AMQP", "amqp://guest:guest@127.0.0.1:5672")
 REDIS_URL = os.environ.get("PUNCTUAL_BENCH_REDIS", "redis://127.0.0.1:6379/0")
@@ -264,6 +266,15 @@ class PunctualStack:
             self.__exit__(None, None, None)
             raise
         return self
+
+    def cpu_meter(self, sink_pid: int) -> CpuMeter:
+        """What a run of this stack costs: its processes, the sink, the shared services,
+        and apart, the backends of its own database."""
+        return CpuMeter(
+            {**self.components, "nginx (sink)": [sink_pid]},
+            services=("postgres", "beam.smp", "redis-server"),
+            dynamic={OWN_BACKENDS: backend_pids(self.database)},
+        )
 
     def __exit__(self, *_exc) -> None:
         for process in reversed(self.processes):

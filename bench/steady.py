@@ -26,7 +26,7 @@ import time
 from collections import defaultdict
 from datetime import UTC, datetime
 
-from bench.cpu import CpuMeter, per_run_ms
+from bench.cpu import per_run_ms
 from bench.figures import Arrival, lateness_figures
 from bench.harness import (
     OWN_BACKENDS,
@@ -39,7 +39,7 @@ from bench.harness import (
 )
 from bench.nginx import NginxSink
 from bench.register import register
-from bench.stack import PunctualStack, backend_pids, parse_overrides
+from bench.stack import PunctualStack, parse_overrides
 
 INTERVAL_S = 10
 
@@ -166,11 +166,7 @@ def run_window(stack: PunctualStack, sink: NginxSink, args, on_open=None, on_clo
         f"{registration['failures']} failures, done {start - time.time():.1f} s before the window",
         flush=True,
     )
-    meter = CpuMeter(
-        {**stack.components, "nginx (sink)": [sink.pid]},
-        services=("postgres", "beam.smp", "redis-server"),
-        dynamic={OWN_BACKENDS: backend_pids(stack.database)},
-    )
+    meter = stack.cpu_meter(sink.pid)
     sleep_until(start)
     meter.start()
     load_at_start = loadavg()
