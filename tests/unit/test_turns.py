@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from types import SimpleNamespace
 
 from hypothesis import given
 from hypothesis import strategies as st
+from kombu.common import QoS
 
 from app.lifecycle.message import message_headers, to_messages
-from app.tasks.gate import Gate, _when_ended
+from app.tasks.gate import SETTLE_ROUNDS, Gate, _when_ended, settle_prefetch
 from app.worker.turns import Turns
 from tests.unit.test_message import NOW, run
 
@@ -288,3 +290,35 @@ def test_a_consumer_restarted_after_a_lost_connection_drops_what_waited_and_serv
     _when_ended(request, gate.done)
     gate.offer(request, "one-off", "a", 1)
     assert in_pool[-1].name == "after"
+
+
+def test_the_prefetch_window_is_sent_again_until_messages_read_meanwhile_stop_widening_it():
+    """Sending the window reads the messages that arrive before the broker's answer; each
+    held for its eta widens the window again, which is sent before the loop sleeps."""
+    sent: list[int] = []
+    arriving = [3, 2, 1]  # messages read while each `basic.qos` waits for its answer
+
+    def basic_qos(prefetch_count: int) -> None:
+        sent.append(prefetch_count)
+        if arriving:
+            qos.increment_eventually(arriving.pop(0))
+
+    qos = QoS(basic_qos, 3)
+    qos.update()
+    qos.increment_eventually(1)
+    settle_prefetch(SimpleNamespace(qos=qos))
+    assert sent == [3, 7, 9, 10] and qos.prev == qos.value == 10
+
+
+def test_settling_the_window_is_bounded_and_waits_for_a_consumer_that_has_none():
+    settle_prefetch(SimpleNamespace(qos=None))  # before the Tasks step made it: nothing to send
+    sent: list[int] = []
+
+    def basic_qos(prefetch_count: int) -> None:
+        sent.append(prefetch_count)
+        qos.increment_eventually(1)  # a broker that never stops handing out messages
+
+    qos = QoS(basic_qos, 3)
+    qos.update()
+    settle_prefetch(SimpleNamespace(qos=qos))
+    assert len(sent) == 1 + SETTLE_ROUNDS
