@@ -14,8 +14,8 @@ It reads the lane and the owner from the message's headers
 
 Nothing about delivery changes: a message waiting in the gate is unacknowledged, as
 it would be in the pool's queue, so a worker that dies hands it back to the broker
-and another worker starts its runs at once (fenced). Polls and sweeps do not pass
-through the gate. The step also keeps the consumer's widened prefetch window reaching
+and another worker starts its runs at once (fenced). Polls and sweeps pass through
+a gate of their own, which keeps one process free of them (`ticks_in_pool`). The step also keeps the consumer's widened prefetch window reaching
 the broker (`settle_prefetch`), without which a worker holding a burst claimed ahead
 took its messages a few a second.
 """
@@ -31,7 +31,7 @@ from typing import Any
 from celery import bootsteps
 
 from app.lifecycle.message import LANE_HEADER, ONE_OFF_LANE, OWNER_HEADER, RUNS_HEADER
-from app.pollers.beat import DISPATCH_TASK
+from app.pollers.beat import DISPATCH_TASK, POLL_TASK, SWEEP_TASK
 from app.worker.turns import Turns
 
 log = logging.getLogger("punctual.gate")
@@ -136,26 +136,46 @@ class Gate:
             self._prefetch(change)
 
 
+def ticks_in_pool(processes: int) -> int:
+    """How many polls and sweeps a worker of `processes` pool processes runs at once:
+    all but one process, so that one always starts dispatch messages. A poll claims
+    batch after batch for up to PUNCTUAL_POLL_BUDGET_S while a burst is being claimed,
+    and beat sends one per shard every second: unbounded, the polls took every process
+    and a run due meanwhile (another owner's, or the burst's own) waited seconds behind
+    them, although its message was first in the gate."""
+    return max(1, processes - 1)
+
+
 class DispatchGateStep(bootsteps.StartStopStep):
-    """The consumer bootstep (app.celery adds it) that puts a Gate in front of the pool."""
+    """The consumer bootstep (app.celery adds it) that puts gates in front of the pool:
+    one for dispatch messages (in turns), one for polls and sweeps (first come, first
+    served, `ticks_in_pool` at a time)."""
 
     def __init__(self, c, **kwargs):
         super().__init__(c, **kwargs)
         handle = c.on_task_request  # hands a request to the pool (WorkController._process_task)
         self.gate: Gate | None = None
+        self.ticks: Gate | None = None
 
         def submit(request) -> None:
             handle(request)
-            if request.revoked():  # refused before the pool: no callback will say it ended
-                request.gate_ended()
+
+        def processes() -> int:
+            return getattr(c.pool, "limit", None) or 1
 
         def on_task_request(request) -> None:
+            if request.type in (POLL_TASK, SWEEP_TASK):
+                if self.ticks is None:
+                    self.ticks = Gate(ticks_in_pool(processes()), submit, functools.partial(_widen, c))
+                _when_ended(request, self.ticks.done)
+                self.ticks.offer(request, ONE_OFF_LANE, "", 1)
+                return
             if request.type != DISPATCH_TASK:
                 handle(request)
                 return
             if self.gate is None:
                 # Created on first use: the pool's size and the QoS are known by then.
-                self.gate = Gate(getattr(c.pool, "limit", None) or 1, submit, functools.partial(_widen, c))
+                self.gate = Gate(processes(), submit, functools.partial(_widen, c))
             _when_ended(request, self.gate.done)
             headers = request.request_dict
             self.gate.offer(
@@ -175,18 +195,16 @@ class DispatchGateStep(bootsteps.StartStopStep):
         if c.hub is not None and self._settle not in c.hub.on_tick:
             self._settle = functools.partial(settle_prefetch, c)
             c.hub.on_tick.add(self._settle)
-        if self.gate is not None:
-            dropped = self.gate.reopen()
-            if dropped:
-                log.warning(
-                    "dropped %d dispatch messages of a lost connection; the broker sends them again", dropped
-                )
+        dropped = sum(gate.reopen() for gate in (self.gate, self.ticks) if gate is not None)
+        if dropped:
+            log.warning("dropped %d messages of a lost connection; the broker sends them again", dropped)
 
     def stop(self, c) -> None:
         """The worker is stopping: a warm shutdown waits for what is in the pool, not
         for everything the gate holds."""
-        if self.gate is not None:
-            self.gate.close()
+        for gate in (self.gate, self.ticks):
+            if gate is not None:
+                gate.close()
 
     shutdown = stop
 
@@ -231,7 +249,11 @@ def settle_prefetch(c) -> None:
 
 def _when_ended(request, ended: Callable[[], None]) -> None:
     """Call `ended` once when `request` ends: its success or failure callback (a pool
-    passes them on from the instance), a child lost or a revoke included."""
+    passes them on from the instance), a child lost included, or when it is found
+    revoked. An expired poll is found so on its way to the pool, possibly long after
+    it left the gate (the pool's semaphore may hold it), and then no callback comes:
+    without this its place in the gate was lost for good, and once every place was,
+    the worker stopped polling."""
     fired = threading.Event()
 
     def once() -> None:
@@ -253,6 +275,14 @@ def _when_ended(request, ended: Callable[[], None]) -> None:
         finally:
             once()
 
+    revoked = request.revoked
+
+    def revoked_or_expired() -> bool:
+        if revoked():
+            once()
+            return True
+        return False
+
     request.on_success = on_success
     request.on_failure = on_failure
-    request.gate_ended = once
+    request.revoked = revoked_or_expired

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from kombu.common import QoS
 
 from app.lifecycle.message import message_headers, to_messages
-from app.tasks.gate import SETTLE_ROUNDS, Gate, _when_ended, settle_prefetch
+from app.tasks.gate import SETTLE_ROUNDS, Gate, _when_ended, settle_prefetch, ticks_in_pool
 from app.worker.turns import Turns
 from tests.unit.test_message import NOW, run
 
@@ -109,8 +109,10 @@ def test_every_message_comes_out_once_and_the_count_is_kept(pushes):
 class FakeRequest:
     def __init__(self, name: str):
         self.name = name
+        self.expired = False
         self.on_success = lambda *a, **k: None
         self.on_failure = lambda *a, **k: None
+        self.revoked = lambda: self.expired
 
 
 def test_the_gate_keeps_at_most_limit_requests_in_the_pool_and_lets_the_next_in_when_one_ends():
@@ -322,3 +324,24 @@ def test_settling_the_window_is_bounded_and_waits_for_a_consumer_that_has_none()
     qos.update()
     settle_prefetch(SimpleNamespace(qos=qos))
     assert len(sent) == 1 + SETTLE_ROUNDS
+
+
+def test_a_request_found_revoked_on_its_way_to_the_pool_gives_its_place_back():
+    """An expired poll is refused by Celery after it left the gate (the pool's semaphore
+    held it), and then no success or failure callback ever comes."""
+    in_pool: list[FakeRequest] = []
+    gate = Gate(1, in_pool.append)
+    first, second = FakeRequest("poll-1"), FakeRequest("poll-2")
+    for request in (first, second):
+        _when_ended(request, gate.done)
+        gate.offer(request, "one-off", "", 1)
+    assert [r.name for r in in_pool] == ["poll-1"]
+    assert first.revoked() is False and [r.name for r in in_pool] == ["poll-1"]
+    first.expired = True
+    assert first.revoked() is True
+    first.revoked()  # asked again: still counted once
+    assert [r.name for r in in_pool] == ["poll-1", "poll-2"] and gate.waiting() == 0
+
+
+def test_polls_and_sweeps_leave_one_process_to_the_dispatches():
+    assert [ticks_in_pool(n) for n in (1, 2, 3, 8)] == [1, 1, 2, 7]
