@@ -15,9 +15,10 @@ It reads the lane and the owner from the message's headers
 Nothing about delivery changes: a message waiting in the gate is unacknowledged, as
 it would be in the pool's queue, so a worker that dies hands it back to the broker
 and another worker starts its runs at once (fenced). Polls and sweeps pass through
-a gate of their own, which keeps one process free of them (`ticks_in_pool`). The step also keeps the consumer's widened prefetch window reaching
-the broker (`settle_prefetch`), without which a worker holding a burst claimed ahead
-took its messages a few a second.
+a gate of their own, which keeps one process free of them (`ticks_in_pool`). The
+step also keeps the consumer's widened prefetch window reaching the broker
+(`settle_prefetch`), without which a worker holding a burst claimed ahead took its
+messages a few a second.
 """
 
 from __future__ import annotations
