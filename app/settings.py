@@ -64,7 +64,7 @@ VARIABLES: tuple[Variable, ...] = (
         "how long before its fire instant a run may be claimed; "
         "it starts at that instant (0 = claim when due)",
     ),
-    Variable("PUNCTUAL_DISPATCH_THREADS", "256", "concurrent target calls per worker process"),
+    Variable("PUNCTUAL_DISPATCH_THREADS", "128", "concurrent target calls per worker process"),
     Variable("PUNCTUAL_DB_POOL_SIZE", "10", "connections per physical shard per process"),
     Variable("PUNCTUAL_REDIS_PREFIX", "punctual", "prefix of every Redis key Punctual writes"),
     Variable(
@@ -170,7 +170,7 @@ class Settings:
     claim_batch: int = 500
     poll_budget_s: float = 5.0
     claim_ahead_s: float = 10.0
-    dispatch_threads: int = 256
+    dispatch_threads: int = 128
     db_pool_size: int = 10
     redis_prefix: str = "punctual"
     metrics_port: int = 0
