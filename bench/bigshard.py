@@ -26,7 +26,8 @@ import time
 from datetime import timedelta
 from urllib.parse import urlsplit
 
-from bench.common import Stack, machine, percentile, shown, write_result
+from bench.common import Stack, machine, shown, write_result
+from bench.figures import percentile
 
 FILL = """
 INSERT INTO jobs (job_id, shard, owner, name, target, payload, schedule_kind, run_at, timezone,

@@ -6,16 +6,17 @@
     python -m bench.limits --jobs 20000 --delay-ms 200 --cap 200
     python -m bench.limits --jobs 10000 --rate 100
 
-Builds the real stack (bench.common.Stack: fresh databases, vhost and Redis prefix,
-one `celery -A app worker`, `celery -A app beat`) with the shipped defaults except
-what a flag sets, and a sink in its own process that answers each call after
---delay-ms and records arrivals and the most calls it held at once. The N one-off
-jobs are written straight into the registry, due at one instant T; with --cap or
---rate every job carries `limits` {key, max_concurrency / rate_per_s}. Reports: T to
-the last start, starts/s, the peak of calls in flight seen by the sink, starts per
-second (for a rate: the rate delivered over the first minute), runs held back to the
-registry (punctual_runs_total{outcome="held"}), leases expired, CPU seconds per
-component. JSON goes to bench/results/ with every PUNCTUAL_* value in effect.
+Builds the real stack (bench.common.Stack: fresh databases, vhost and Redis prefix;
+one `celery -A app worker` and `celery -A app beat` started by tests/e2e/processes.py)
+with the shipped defaults except what a flag sets, and a sink in its own process that
+answers each call after --delay-ms and records arrivals and the most calls it held at
+once. The N one-off jobs are written straight into the registry, due at one instant T;
+with --cap or --rate every job carries `limits` {key, max_concurrency / rate_per_s}.
+Reports: T to the last start, starts/s, the peak of calls in flight seen by the sink,
+starts per second (for a rate: the rate delivered over the first minute), runs held
+back to the registry (punctual_runs_total{outcome="held"}, scraped from the worker's
+metrics port), leases expired, CPU seconds per component (bench.cpu). JSON goes to
+bench/results/ with every PUNCTUAL_* value in effect.
 """
 
 from __future__ import annotations
@@ -24,22 +25,16 @@ import argparse
 import asyncio
 import multiprocessing
 import os
-import random
 import socket
 import time
+import urllib.request
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
-from bench.common import (
-    Stack,
-    cpu_delta,
-    cpu_snapshot,
-    machine,
-    percentile,
-    scrape_counter,
-    service_roots,
-    write_result,
-)
+from bench.common import Stack, free_port, machine, write_result
+from bench.cpu import SERVICES, CpuMeter, per_run_ms
+from bench.figures import lateness_figures, per_second
+from bench.stack import effective_settings
 
 _ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
 
@@ -145,23 +140,51 @@ def _settled(stack: Stack) -> bool:
     return True
 
 
-def settings_in_effect(env: dict[str, str]) -> dict[str, str]:
-    from app.settings import VARIABLES
+HELD = 'punctual_runs_total{outcome="held"}'
 
-    return {v.name: env.get(v.name, v.default) for v in VARIABLES}
+
+def scrape_counter(port: int, series: str) -> float:
+    """One series of a worker's metrics (its main process serves the sum over its children)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(series + " "))
+
+
+def wait_serving_metrics(worker, port: int, timeout_s: float = 60) -> None:
+    """Fail before the burst, not after it, if the worker serves no metrics."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            scrape_counter(port, HELD)
+            return
+        except OSError:
+            if not worker.alive() or time.monotonic() > deadline:
+                tail = worker.tail()
+                raise SystemExit(f"bench: the worker serves no metrics on :{port}:\n{tail}") from None
+            time.sleep(0.3)
 
 
 def run(args) -> dict:
+    from tests.e2e.processes import start_beat, start_worker, wait_ready
+
     sink = DelaySink(args.delay_ms / 1000)  # forked before any thread or connection
-    metrics_port = random.randint(20000, 40000)
+    metrics_port = free_port()
     env: dict[str, str] = {}
     if args.default_cap is not None:
         env["PUNCTUAL_TARGET_MAX_CONCURRENCY"] = str(args.default_cap)
     stack = Stack(physical=2, shards=16, broker=True, env=env)
     try:
         with stack:
-            stack.start_workers(1, args.concurrency, metrics_port)
-            stack.start_beat()
+            worker = start_worker(
+                {**stack.env, "PUNCTUAL_METRICS_PORT": str(metrics_port)},
+                stack.log_dir,
+                concurrency=args.concurrency,
+            )
+            beat = start_beat(stack.env, stack.log_dir)
+            stack.procs.extend([worker, beat])  # stopped by the stack's exit, before its databases go
+            for proc in (worker, beat):
+                wait_ready(proc, 0.5)
+            wait_serving_metrics(worker, metrics_port)
             from tests.rows import insert_jobs, job_row, webhook_target
 
             limits = {}
@@ -186,15 +209,13 @@ def run(args) -> dict:
                 f"in {due.timestamp() - time.time():.1f} s",
                 flush=True,
             )
-            roots = {
-                "workers (celery)": [w.pid for w in stack.workers],
-                "beat": [stack.beat.pid],
-                "sink": [sink.pid],
-                **{name: [pid] for name, pid in service_roots().items()},
-            }
-            ports = [metrics_port + c for c in range(args.concurrency + 1)]
+            meter = CpuMeter(
+                {"workers (celery)": [worker.pid], "beat": [beat.pid], "sink": [sink.pid]},
+                services=tuple(SERVICES),
+            )
             time.sleep(max(0.0, due.timestamp() - time.time() - stack.settings.claim_ahead_s - 2))
-            cpu_before, cpu_began = cpu_snapshot(roots), time.time()
+            meter.start()
+            cpu_began = time.time()
             load_at_t = None
             deadline = due.timestamp() + args.timeout_s
             while time.time() < deadline:
@@ -203,19 +224,16 @@ def run(args) -> dict:
                 if time.time() > due.timestamp() and _settled(stack):
                     break
                 time.sleep(0.2)
-            cpu_after, cpu_ended = cpu_snapshot(roots), time.time()
-            held = scrape_counter(ports, 'punctual_runs_total{outcome="held"}')
+            cpu_s, cpu_ended = meter.stop(), time.time()
+            held = scrape_counter(metrics_port, HELD)
             runs = _count_runs(stack)
-            settings = settings_in_effect(stack.env)
+            settings = effective_settings(stack.env)
     finally:
         arrivals, peak = sink.seen() if sink._process.is_alive() else ([], 0)
         sink.close()
 
     t0 = due.timestamp()
     started = sorted(r.started_at.timestamp() - t0 for r in runs if r.started_at is not None)
-    bins = [0] * (int(max(started)) + 1 if started else 0)
-    for x in started:
-        bins[max(0, int(x))] += 1
     expired = sum(1 for r in runs if (r.error or "").startswith("lease expired"))
     runs_per_job = Counter(r.job_id for r in runs if r.started_at is not None)
     last = started[-1] if started else float("nan")
@@ -226,21 +244,21 @@ def run(args) -> dict:
         "rate_per_s": args.rate,
         "calls_received": len(arrivals),
         "runs_started": len(started),
+        "jobs_never_started": args.jobs - len(runs_per_job),
         "jobs_started_twice": sum(1 for c in runs_per_job.values() if c > 1),
         "run_states": dict(Counter(r.state for r in runs)),
         "first_start_after_due_s": round(started[0], 3) if started else None,
         "last_start_after_due_s": round(last, 3),
         "starts_per_s": round(len(started) / last, 1) if started and last > 0 else None,
-        "start_lateness_s": {
-            "p50": round(percentile(started, 0.5), 3),
-            "p99": round(percentile(started, 0.99), 3),
-        },
+        "start_lateness_s": lateness_figures(started),
         "peak_calls_in_flight_at_sink": peak,
         "held_back_to_registry": int(held),
+        "held_counted_from": f"worker metrics port: {HELD}",
         "held_per_run": round(held / max(1, args.jobs), 3),
         "leases_expired": expired,
-        "starts_per_second": bins,
-        "cpu_s": {**cpu_delta(cpu_before, cpu_after), "window_s": round(cpu_ended - cpu_began, 1)},
+        "starts_per_second": per_second(started),
+        "cpu_s": {**cpu_s, "window_s": round(cpu_ended - cpu_began, 1)},
+        "cpu_ms_per_run": per_run_ms(cpu_s, len(started)),
         "settings": settings,
         "config": {"processes": args.concurrency, "registration": "direct insert"},
         "machine": {
@@ -252,11 +270,6 @@ def run(args) -> dict:
         window = [x for x in started if 1 <= x < 61]
         result["rate_delivered_first_minute"] = round(len(window) / 60, 2)
         result["rate_error"] = round(len(window) / 60 / args.rate - 1, 4)
-    work = sum(v for k, v in result["cpu_s"].items() if k != "window_s")
-    result["cpu_ms_per_run"] = {
-        k: round(1000 * v / max(1, len(started)), 3) for k, v in result["cpu_s"].items() if k != "window_s"
-    }
-    result["cpu_ms_per_run"]["total"] = round(1000 * work / max(1, len(started)), 3)
     return result
 
 
@@ -266,7 +279,7 @@ def summary(r: dict) -> str:
         f"{r['rate_per_s'] or '-'}, default cap {r['settings']['PUNCTUAL_TARGET_MAX_CONCURRENCY']}"
         f"  (load {r['machine']['load_average_at_due'][0]} at T)",
         f"started             {r['runs_started']:,}  (calls {r['calls_received']:,}, "
-        f"jobs twice {r['jobs_started_twice']})",
+        f"jobs never {r['jobs_never_started']}, jobs twice {r['jobs_started_twice']})",
         f"T -> first / last   {r['first_start_after_due_s']} s / {r['last_start_after_due_s']} s   "
         f"starts/s {r['starts_per_s']}",
         f"start lateness      p50 {r['start_lateness_s']['p50']} s  p99 {r['start_lateness_s']['p99']} s",
