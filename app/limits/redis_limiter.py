@@ -216,17 +216,25 @@ class RedisLimiter(Limiter):
         return [int(count) for count in pipe.execute()]
 
     def _release(self, items):
-        pipe = self._client.pipeline(transaction=False)
+        # One ZREM per cap key with all its holders: a burst's calls end by the
+        # hundred on a few keys, and each command costs the client more than a member.
+        holders: dict[str, list[str]] = {}
         for key, holder in items:
-            pipe.zrem(self.slots_key(key), holder)
+            holders.setdefault(key, []).append(holder)
+        pipe = self._client.pipeline(transaction=False)
+        for key, members in holders.items():
+            pipe.zrem(self.slots_key(key), *members)
         pipe.execute()
 
     def _renew(self, items, now, lease_s):
-        pipe = self._client.pipeline(transaction=False)
+        holders: dict[str, dict[str, float]] = {}
         for key, holder in items:
+            holders.setdefault(key, {})[holder] = now + lease_s
+        pipe = self._client.pipeline(transaction=False)
+        for key, leases in holders.items():  # one ZADD per cap key, as for releases
             # XX: a slot that already expired is not taken back behind others' backs.
             # GT: never shorten a lease.
-            pipe.zadd(self.slots_key(key), {holder: now + lease_s}, xx=True, gt=True)
+            pipe.zadd(self.slots_key(key), leases, xx=True, gt=True)
             pipe.expire(self.slots_key(key), int(lease_s + _KEY_GRACE_S) + 1, gt=True)
         pipe.execute()
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
@@ -42,6 +43,9 @@ POLL_S = 0.01
 BATCH_RUNS = 32
 # The longest a waiting run with a free slot is kept for a batch to gather.
 BATCH_WAIT_S = 0.05
+# How long the releaser lets slots of ending calls gather before one round trip gives
+# them back (SlotReleaser).
+RELEASE_LINGER_S = 0.005
 
 
 def wait_budget_s(lease_s: float) -> float:
@@ -145,6 +149,11 @@ class SlotReleaser:
         while True:
             first = self._queue.get()
             items, stopping = ([] if first is None else [first]), first is None
+            if not stopping:
+                # Let the calls ending meanwhile join this round trip: a slot comes back
+                # at most RELEASE_LINGER_S later, well inside the POLL_S a waiting run
+                # sleeps between looks, and a burst's releases travel by the dozen.
+                time.sleep(RELEASE_LINGER_S)
             while True:
                 try:
                     item = self._queue.get_nowait()
