@@ -161,9 +161,13 @@ class Dispatcher:
         named_pairs = {(run.owner, key) for run in part if (key := named_key(run.target))}
         named = self.limit_keys.lookup_many(named_pairs) if named_pairs else None
         waiting = [(run, limit_specs(run.owner, run.target, settings, named)) for run in part]
-        began = last_try = time.monotonic()
         released = self._waits.released
         calls, waiting, held, stale = self._admit_and_start(waiting, utcnow())
+        # The wait for a slot starts once the limiter has answered. A limiter slow to
+        # answer (Redis paused or reconnecting) is not time spent waiting for slots:
+        # counted as such, it used up the wait at once and made the pace of slots look
+        # near zero, so the runs put off were given turns tens of seconds late.
+        began = last_try = time.monotonic()
         unsettled[0] -= len(calls)  # their call threads give their thread slots back
         started = len(calls)
         got_slot: Counter = Counter()  # cap key -> runs that got a slot after waiting

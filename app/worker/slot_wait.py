@@ -70,12 +70,15 @@ def expected_slot_at(
     `started_per_s`: how fast this process's waiting runs got slots while it waited.
     With slots freeing at that pace, its turn comes after position + 1 of them; when
     none freed at all in `waited_s`, calls last longer than that, so each round of
-    `max_concurrency` runs is expected to take at least as long again.
+    `max_concurrency` runs is expected to take at least as long again. A turn is never
+    expected later than that: a pace read from a few slots in a wait the limiter
+    itself stalled (Redis paused) would otherwise put runs minutes out.
     """
-    if started_per_s > 0:
-        return now + timedelta(seconds=(position + 1) / started_per_s)
     rounds = position // max(1, max_concurrency) + 1
-    return now + timedelta(seconds=max(waited_s, POLL_S) * rounds)
+    no_slot_came = timedelta(seconds=max(waited_s, POLL_S) * rounds)
+    if started_per_s > 0:
+        return now + min(timedelta(seconds=(position + 1) / started_per_s), no_slot_came)
+    return now + no_slot_came
 
 
 class SlotWaits:

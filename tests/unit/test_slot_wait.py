@@ -39,6 +39,16 @@ def test_when_no_slot_freed_each_round_of_the_cap_takes_at_least_the_wait():
     assert expected_slot_at(NOW, 0, 0.0, 0.0, 4) == NOW + timedelta(seconds=POLL_S)  # never "now"
 
 
+def test_a_few_slots_in_a_stalled_wait_never_put_a_run_later_than_no_slot_at_all():
+    """Redis paused for 4 s of a 4.5 s wait: 2 slots came. At that pace the 100th run's
+    turn would be 225 s out; no later than if none had come, it is 4.5 s."""
+    pace = 2 / 4.5
+    assert expected_slot_at(NOW, 99, pace, 4.5, 200) == NOW + timedelta(seconds=4.5)
+    assert expected_slot_at(NOW, 0, pace, 4.5, 200) == NOW + timedelta(seconds=2.25)
+    # behind a cap of 4, the 100th run is 25 rounds out
+    assert expected_slot_at(NOW, 99, 0.01, 2.0, 4) == NOW + timedelta(seconds=50.0)
+
+
 def test_a_batch_is_worth_a_try_sooner_behind_a_small_cap():
     assert batch_size(waiting=500, smallest_cap=200) == BATCH_RUNS
     assert batch_size(waiting=5, smallest_cap=200) == 5  # every run waiting
