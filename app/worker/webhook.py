@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 import socket
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -92,20 +93,55 @@ def _refuse_private_peer(sock: socket.socket, host: str) -> None:
         raise PrivatePeer(f"target address {peer} of host {host!r} is not public")
 
 
-class _PublicHTTPConnection(HTTPConnection):
+# The call this thread is about to send, asked once more as its first byte goes out
+# (WebhookCall.may_send): set by WebhookCaller.call around urlopen, taken by the first
+# `send` of the request.
+_last_look = threading.local()
+
+
+def _still_may_send() -> None:
+    may_send = _last_look.__dict__.pop("may_send", None)
+    if may_send is not None and not may_send():
+        raise NotSent("call withdrawn as its first byte was about to go out")
+
+
+class _CheckedHTTPConnection(HTTPConnection):
+    # `send` is where http.client writes the request's bytes: the last moment a call
+    # whose lease ran out meanwhile (its process was stopped or starved after the
+    # first look) can still be withdrawn, after the pool, the connect and the headers.
+    def send(self, data: Any) -> None:
+        _still_may_send()
+        super().send(data)
+
+
+class _CheckedHTTPSConnection(HTTPSConnection):
+    def send(self, data: Any) -> None:
+        _still_may_send()
+        super().send(data)
+
+
+class _PublicHTTPConnection(_CheckedHTTPConnection):
     def _new_conn(self) -> socket.socket:
         sock = super()._new_conn()
         _refuse_private_peer(sock, self.host)
         return sock
 
 
-class _PublicHTTPSConnection(HTTPSConnection):
+class _PublicHTTPSConnection(_CheckedHTTPSConnection):
     # HTTPSConnection.connect() gets its raw socket from _new_conn() too, so the
     # check runs before the TLS handshake.
     def _new_conn(self) -> socket.socket:
         sock = super()._new_conn()
         _refuse_private_peer(sock, self.host)
         return sock
+
+
+class _CheckedHTTPConnectionPool(HTTPConnectionPool):
+    ConnectionCls = _CheckedHTTPConnection
+
+
+class _CheckedHTTPSConnectionPool(HTTPSConnectionPool):
+    ConnectionCls = _CheckedHTTPSConnection
 
 
 class _PublicHTTPConnectionPool(HTTPConnectionPool):
@@ -130,11 +166,11 @@ class WebhookCaller:
         self._pool = urllib3.PoolManager(
             num_pools=_HOST_POOLS, maxsize=pool_maxsize, block=False, retries=False
         )
-        if not allow_private:
-            self._pool.pool_classes_by_scheme = {
-                "http": _PublicHTTPConnectionPool,
-                "https": _PublicHTTPSConnectionPool,
-            }
+        self._pool.pool_classes_by_scheme = (
+            {"http": _CheckedHTTPConnectionPool, "https": _CheckedHTTPSConnectionPool}
+            if allow_private
+            else {"http": _PublicHTTPConnectionPool, "https": _PublicHTTPSConnectionPool}
+        )
         self._origins = _Origins(self._pool)
         self._timeouts: dict[float, urllib3.Timeout] = {}
 
@@ -165,6 +201,7 @@ class WebhookCaller:
             return CallOutcome(error=f"invalid request: {url!r} is not an http(s) URL", retryable_error=False)
         if call.may_send is not None and not call.may_send():
             raise NotSent(f"call of job {call.job_id} attempt {call.attempt} withdrawn")
+        _last_look.may_send = call.may_send
         try:
             pool, request_target = self._origins.route(url)
             response = pool.urlopen(
@@ -179,6 +216,8 @@ class WebhookCaller:
                 preload_content=False,
                 release_conn=False,
             )
+        except NotSent:
+            raise
         except PrivatePeer as exc:
             return CallOutcome(error=str(exc), retryable_error=False)
         except NewConnectionError as exc:  # before timeouts: urllib3 makes it a ConnectTimeoutError subclass
@@ -191,6 +230,8 @@ class WebhookCaller:
             return CallOutcome(error=_connection_error_text(exc))
         except Exception as exc:  # the contract: a CallOutcome, whatever the target did
             return CallOutcome(error=f"{type(exc).__name__}: {exc}")
+        finally:
+            _last_look.__dict__.pop("may_send", None)  # not sent at all (a connect error)
         try:
             return CallOutcome(status_code=response.status, retry_after=response.headers.get("Retry-After"))
         finally:

@@ -149,6 +149,18 @@ def test_a_call_withdrawn_as_it_is_about_to_go_out_sends_nothing():
             call(lambda: False)
         assert call(lambda: True).status_code == 200
         assert len(sink.calls("/w")) == 1
+
+        # The process stalled after the first look (its lease ran out meanwhile): the
+        # look again as the first byte is about to go out withdraws it, on a pooled
+        # connection and on a new one alike.
+        for fresh in (False, True):
+            if fresh:
+                caller.close()
+            looks = iter([True, False])
+            with pytest.raises(NotSent):
+                call(lambda: next(looks))
+        assert len(sink.calls("/w")) == 1
+        assert call(lambda: True).status_code == 200  # nothing left over for the next call
     finally:
         caller.close()
         sink.close()
