@@ -158,7 +158,7 @@ def test_a_call_withdrawn_as_it_is_about_to_go_out_sends_nothing():
                 caller.close()
             looks = iter([True, False])
             with pytest.raises(NotSent):
-                call(lambda: next(looks))
+                call(lambda looks=looks: next(looks))
         assert len(sink.calls("/w")) == 1
         assert call(lambda: True).status_code == 200  # nothing left over for the next call
     finally:
