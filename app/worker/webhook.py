@@ -79,7 +79,7 @@ class WebhookCall:
 
 
 class NotSent(Exception):
-    """The call was withdrawn before a byte of it was sent (WebhookCall.may_send)."""
+    """The call was withdrawn before its request was written whole (WebhookCall.may_send)."""
 
 
 class PrivatePeer(PrivateAddress):
@@ -93,31 +93,43 @@ def _refuse_private_peer(sock: socket.socket, host: str) -> None:
         raise PrivatePeer(f"target address {peer} of host {host!r} is not public")
 
 
-# The call this thread is about to send, asked once more as its first byte goes out
-# (WebhookCall.may_send): set by WebhookCaller.call around urlopen, taken by the first
-# `send` of the request.
+# The call this thread is sending (WebhookCall.may_send, whether a body follows its
+# header block, and that block while it is held): set by WebhookCaller.call around
+# urlopen, read by `_last_write`.
 _last_look = threading.local()
 
 
-def _still_may_send() -> None:
-    may_send = _last_look.__dict__.pop("may_send", None)
+def _last_write(data: Any) -> Any:
+    """What to write now for `data`, one of the request's writes, or None to hold it.
+
+    http.client writes the header block and then the body. Stopped between the two,
+    a process would send the body when it woke, and the target would get the whole
+    request then: an older attempt after a newer one. So the header block of a
+    request with a body is held and written with the body, in one write, and the
+    lease is looked at once more right before it (WebhookCall.may_send)."""
+    look = _last_look
+    if getattr(look, "body_follows", False) and getattr(look, "headers", None) is None:
+        look.headers = bytes(data)
+        return None
+    may_send = getattr(look, "may_send", None)
     if may_send is not None and not may_send():
-        raise NotSent("call withdrawn as its first byte was about to go out")
+        raise NotSent("call withdrawn as its request was about to be written")
+    held, look.headers = getattr(look, "headers", None), None
+    return held + bytes(data) if held is not None else data
 
 
 class _CheckedHTTPConnection(HTTPConnection):
-    # `send` is where http.client writes the request's bytes: the last moment a call
-    # whose lease ran out meanwhile (its process was stopped or starved after the
-    # first look) can still be withdrawn, after the pool, the connect and the headers.
     def send(self, data: Any) -> None:
-        _still_may_send()
-        super().send(data)
+        data = _last_write(data)
+        if data is not None:
+            super().send(data)
 
 
 class _CheckedHTTPSConnection(HTTPSConnection):
     def send(self, data: Any) -> None:
-        _still_may_send()
-        super().send(data)
+        data = _last_write(data)
+        if data is not None:
+            super().send(data)
 
 
 class _PublicHTTPConnection(_CheckedHTTPConnection):
@@ -201,7 +213,7 @@ class WebhookCaller:
             return CallOutcome(error=f"invalid request: {url!r} is not an http(s) URL", retryable_error=False)
         if call.may_send is not None and not call.may_send():
             raise NotSent(f"call of job {call.job_id} attempt {call.attempt} withdrawn")
-        _last_look.may_send = call.may_send
+        _last_look.may_send, _last_look.body_follows, _last_look.headers = call.may_send, bool(body), None
         try:
             pool, request_target = self._origins.route(url)
             response = pool.urlopen(
@@ -231,7 +243,7 @@ class WebhookCaller:
         except Exception as exc:  # the contract: a CallOutcome, whatever the target did
             return CallOutcome(error=f"{type(exc).__name__}: {exc}")
         finally:
-            _last_look.__dict__.pop("may_send", None)  # not sent at all (a connect error)
+            _last_look.may_send, _last_look.body_follows, _last_look.headers = None, False, None
         try:
             return CallOutcome(status_code=response.status, retry_after=response.headers.get("Retry-After"))
         finally:

@@ -141,8 +141,8 @@ def test_a_call_withdrawn_as_it_is_about_to_go_out_sends_nothing():
     sink, caller = Sink(), WebhookCaller(allow_private=True)
     try:
 
-        def call(may_send):
-            target = webhook_target(sink.url("/w"))
+        def call(may_send, method="POST"):
+            target = {**webhook_target(sink.url("/w")), "method": method}
             return caller.call(WebhookCall("j", utcnow(), 1, target, {"n": 1}, "s3cret", may_send=may_send))
 
         with pytest.raises(NotSent):
@@ -151,14 +151,16 @@ def test_a_call_withdrawn_as_it_is_about_to_go_out_sends_nothing():
         assert len(sink.calls("/w")) == 1
 
         # The process stalled after the first look (its lease ran out meanwhile): the
-        # look again as the first byte is about to go out withdraws it, on a pooled
-        # connection and on a new one alike.
-        for fresh in (False, True):
-            if fresh:
-                caller.close()
-            looks = iter([True, False])
-            with pytest.raises(NotSent):
-                call(lambda looks=looks: next(looks))
+        # look again as the request is about to be written (headers and body in one
+        # write) withdraws it, on a pooled connection and on a new one alike, with a
+        # body or without; the target gets nothing, not even the headers.
+        for method in ("POST", "GET"):
+            for fresh in (False, True):
+                if fresh:
+                    caller.close()
+                looks = iter([True, False])
+                with pytest.raises(NotSent):
+                    call(lambda looks=looks: next(looks), method)
         assert len(sink.calls("/w")) == 1
         assert call(lambda: True).status_code == 200  # nothing left over for the next call
     finally:
