@@ -23,9 +23,10 @@
    stopped or starved) is renewed first with one fenced UPDATE, and a run that a
    heartbeat or that renewal found taken back is not called at all. The webhook
    caller asks once more (in memory, no round trip) after the headers are built and
-   signed, and again as the request's first byte is written to the socket (after
-   the pool and the connect), so a process stopped in between sends nothing stale
-   either: a target does not get an older attempt after a newer one.
+   signed, and again right before the request is written to the socket, headers and
+   body in one write (after the pool and the connect), so a process stopped in
+   between sends nothing stale either: a target does not get an older attempt after
+   a newer one.
 
 Transient registry and Redis failures of the admission and the start are retried in
 place (app.registry.transient); when they last beyond the retry budget the dispatch
