@@ -52,7 +52,9 @@ def _started(stack: Stack) -> list:
     rows = []
     for engine in stack.registry.engines:
         with engine.connect() as conn:
-            query = sa.select(runs.c.job_id, runs.c.owner, runs.c.scheduled_for, runs.c.started_at)
+            query = sa.select(
+                runs.c.job_id, runs.c.owner, runs.c.scheduled_for, runs.c.started_at, runs.c.created_at
+            )
             rows += conn.execute(query.where(runs.c.started_at.isnot(None))).all()
     return rows
 
@@ -81,6 +83,15 @@ def _figures(values: list[float]) -> dict:
         "p99_s": round(percentile(values, 0.99), 3),
         "max_s": round(max(values), 3),
     }
+
+
+def _per_window(offsets: list[float], window_s: float) -> list[int]:
+    """How many of `offsets` (seconds from T) fall in each window from T on (earlier
+    ones count in the first)."""
+    counts = [0] * (int(max(offsets, default=0.0) // window_s) + 1)
+    for offset in offsets:
+        counts[int(max(0.0, offset) // window_s)] += 1
+    return counts
 
 
 def run(args) -> dict:
@@ -156,6 +167,10 @@ def run(args) -> dict:
         "jobs": total,
         "overall": _figures(every),
         "drain_s": round(max(x for values in starts.values() for x in values), 3),
+        # When the claim made the runs, from T (negative: claimed ahead), and the starts
+        # in each 10 s from T: a drain held back by its claim shows here.
+        "claimed_s": _figures([(row.created_at - due).total_seconds() for row in runs]),
+        "starts_per_10s": _per_window([x for values in starts.values() for x in values], 10.0),
         "settings": settings,
         "machine": {**machine(), "load_average_at_t": [round(x, 2) for x in load_at_t]},
     }
@@ -189,6 +204,11 @@ def run(args) -> dict:
             f"max {worst:.2f} s = {result['worst_owner_p99_over_overall_p99']}x overall (goal <= 1.2x); "
             f"drained {result['drain_s']:.1f} s after T"
         )
+    claimed = result["claimed_s"]
+    print(
+        f"claimed from T: p50 {claimed['p50_s']:.1f} s, max {claimed['max_s']:.1f} s; "
+        f"starts per 10 s: {result['starts_per_10s']}"
+    )
     return result
 
 
