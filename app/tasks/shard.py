@@ -7,9 +7,8 @@ outbox rows that are due (triggered and replayed runs, off-schedule retries, run
 crashed poller left unpublished), so those wait at most about one poll interval.
 
 sweep (slower, see app.pollers.beat): the janitor takes back expired leases, the
-relay sweep runs once more, retention deletes history older than
-PUNCTUAL_HISTORY_DAYS (app.pollers.retention), and the planner's statistics are
-refreshed where autovacuum has not (app.registry.statistics).
+relay sweep runs once more, and retention deletes history older than
+PUNCTUAL_HISTORY_DAYS (app.pollers.retention).
 
 While a move fences the shard (app.registry.mover) both do nothing: the map says
 so, and a tick that started before the map did is refused by the database's fence
@@ -30,7 +29,6 @@ from app.logs import log_context
 from app.pollers import janitor, relay, retention
 from app.pollers.beat import POLL_TASK, SWEEP_TASK
 from app.pollers.claim import claim_batch
-from app.registry import statistics
 from app.registry.engines import is_fence_error
 from app.registry.transient import retrying
 from app.settings import Settings
@@ -62,17 +60,11 @@ def poll_shard(settings: Settings, engine, shard: int, send, weights: dict[str, 
 
 
 def sweep_shard(settings: Settings, engine, shard: int, send) -> dict:
-    """One sweep of one shard: expired leases, the outbox, old history, then the
-    planner's statistics of the shard's database if they fell behind."""
+    """One sweep of one shard: expired leases, the outbox, then old history."""
     expired = janitor.expire(engine, shard, utcnow(), settings)
     swept = relay.sweep(engine, shard, utcnow(), send)
     pruned = retention.prune(engine, shard, utcnow(), settings.history_days)
-    try:
-        analyzed = statistics.analyze_if_stale(engine)
-    except sa.exc.DBAPIError:  # autovacuum's job after all; the next sweep tries again
-        log.warning("refreshing the planner's statistics failed", exc_info=True)
-        analyzed = []
-    return {"shard": shard, "expired": expired, "swept": swept, "pruned": pruned, "analyzed": analyzed}
+    return {"shard": shard, "expired": expired, "swept": swept, "pruned": pruned}
 
 
 def _unless_fenced(registry, shard: int, tick):
