@@ -73,7 +73,7 @@ from app.pollers.shares import fair_shares
 from app.registry.bulk import insert_many, update_many
 from app.registry.dialect import is_postgres, locks_rows
 from app.registry.records import Row, retry_of, run_row
-from app.registry.schema import jobs, runs
+from app.registry.schema import DUE_INDEX_BOUND, jobs, runs
 from app.settings import Settings
 
 
@@ -82,7 +82,14 @@ def due_jobs(shard: int, horizon: datetime, limit: int, lock: bool = True) -> sa
     claim-ahead window), locked, skipping locked ones."""
     stmt = (
         sa.select(jobs)
-        .where(jobs.c.shard == shard, jobs.c.state == "scheduled", jobs.c.next_run_at <= horizon)
+        .where(
+            jobs.c.shard == shard,
+            jobs.c.state == "scheduled",
+            # ix_jobs_due's own bound (true of every row): only a query that states it
+            # can use that index (app.registry.schema, migration 0007).
+            jobs.c.next_run_at > DUE_INDEX_BOUND,
+            jobs.c.next_run_at <= horizon,
+        )
         .order_by(jobs.c.next_run_at)
         .limit(limit)
     )
