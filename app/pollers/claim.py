@@ -26,10 +26,13 @@ round-robin), a range scan of the same index per owner, locked, skipping locked 
         ORDER BY next_run_at LIMIT share.take FOR UPDATE SKIP LOCKED) AS due
 
 With one owner due this is `due_jobs`, the claim before fairness, a range scan of
-ix_jobs_due (shard, next_run_at) WHERE state = 'scheduled' (invariant 5):
+ix_jobs_due (shard, next_run_at) WHERE state = 'scheduled' AND next_run_at >
+'0001-01-01' (invariant 5; the bound, true of every row, keeps the per-owner probe
+above off this index: docs/design.md "The fair claim"):
 
     SELECT ... FROM jobs
-    WHERE shard = :s AND state = 'scheduled' AND next_run_at <= :now + ahead
+    WHERE shard = :s AND state = 'scheduled'
+    AND next_run_at > '0001-01-01' AND next_run_at <= :now + ahead
     ORDER BY next_run_at LIMIT :n
     FOR UPDATE SKIP LOCKED
 
