@@ -238,7 +238,22 @@ def machine() -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "note": "Postgres, RabbitMQ, Redis, the API, beat, the workers, the sink and the bench share one box",
+        "postgres_autovacuum": postgres_setting("autovacuum"),
     }
+
+
+def postgres_setting(name: str) -> str | None:
+    """A setting of the PostgreSQL server the bench uses (None if it cannot be read).
+    Autovacuum matters: without it a fresh database is never analyzed, and the planner
+    works from the empty tables `punctual migrate` made (bench/README.md)."""
+    import psycopg
+
+    try:
+        dsn = PG_ADMIN.replace("postgresql+psycopg://", "postgresql://")
+        with psycopg.connect(dsn, connect_timeout=5) as conn:
+            return conn.execute("SELECT current_setting(%s)", (name,)).fetchone()[0]
+    except psycopg.Error:
+        return None
 
 
 def stamp() -> str:

@@ -18,6 +18,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench.common import postgres_setting
 from bench.cpu import OWN_BACKENDS, SERVICES, CpuMeter, per_run_ms
 from bench.figures import burst_figures
 from bench.nginx import NginxSink
@@ -73,6 +74,7 @@ def machine() -> dict:
         "platform": platform.platform(),
         "note": "one box: Postgres, RabbitMQ, Redis, nginx, the system measured and the bench share its "
         "cores; Postgres, RabbitMQ and Redis are shared with whatever else runs on it",
+        "postgres_autovacuum": postgres_setting("autovacuum"),
     }
 
 
