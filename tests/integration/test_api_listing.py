@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from app.core.timefmt import parse_instant
 from tests.integration.api_fixtures import job_row, set_job
 
 pytestmark = pytest.mark.integration
@@ -34,7 +35,9 @@ def test_250_jobs_over_every_shard_are_each_listed_exactly_once(alice, api_setti
     ids = [j["id"] for j in listed]
     assert len(ids) == len(set(ids)) == 250
     assert set(ids) == set(created)
-    keys = [(j["created_at"], j["id"]) for j in listed]
+    # Instants, not their strings: the wire form drops trailing zeros of the fraction
+    # (".993Z" for .993000), so two instants in one millisecond do not sort as text.
+    keys = [(parse_instant(j["created_at"]), j["id"]) for j in listed]
     assert keys == sorted(keys, reverse=True)  # newest first, ties broken by id
     assert ids[:3] == created[::-1][:3]
 
