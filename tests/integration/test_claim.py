@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 import threading
 from datetime import timedelta
 
@@ -16,11 +15,10 @@ from app.registry.engines import registry_for
 from app.registry.migrate import migrate_all
 from app.registry.schema import runs
 from app.settings import Settings
+from tests.integration.plans import PLAIN_DUE_INDEX
 from tests.rows import insert_jobs, job, job_row, runs_of
 
 pytestmark = pytest.mark.integration
-
-PLAIN_DUE_INDEX = re.compile(r"\bix_jobs_due\b")  # not ix_jobs_due_by_owner
 
 
 @pytest.fixture

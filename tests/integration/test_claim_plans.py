@@ -5,7 +5,6 @@ last ANALYZE looks like to the planner."""
 
 from __future__ import annotations
 
-import re
 from datetime import timedelta
 
 import pytest
@@ -13,11 +12,11 @@ import pytest
 from app.core.timefmt import utcnow
 from app.pollers.claim import due_jobs, due_owners, fair_due_jobs
 from app.registry.engines import registry_for
+from tests.integration.plans import PLAIN_DUE_INDEX
 from tests.rows import insert_jobs, job_row
 
 pytestmark = pytest.mark.integration
 
-PLAIN_DUE_INDEX = re.compile(r"\bix_jobs_due\b")  # not ix_jobs_due_by_owner
 
 SHARD = 3
 OWNERS = 1000

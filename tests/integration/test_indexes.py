@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 from app.registry.engines import create_engine_for
+from tests.integration.plans import PLAIN_DUE_INDEX
 
 pytestmark = pytest.mark.integration
 
-PLAIN_DUE_INDEX = re.compile(r"\bix_jobs_due\b")  # not ix_jobs_due_by_owner
 
 ROWS = 200_000
 
