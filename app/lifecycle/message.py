@@ -174,7 +174,8 @@ def to_messages(
 ) -> list[tuple[datetime | None, list[dict]]]:
     """The messages that carry `runs`: (eta, entries) pairs, the ones due now first.
 
-    Runs are grouped by eta and by lane (recurring runs apart from one-offs, and first);
+    Runs are grouped by eta and by lane (recurring runs apart from one-offs, and first;
+    fewer than OWN_MESSAGE_RUNS one-offs of an eta join that eta's recurring runs);
     within a group an owner with OWN_MESSAGE_RUNS runs or more gets messages of its own,
     and the owners with fewer share messages, taking turns (`round_robin`); all in
     slices of at most `size`. A worker serves messages by lane and then fairly by owner
@@ -183,6 +184,13 @@ def to_messages(
     groups: dict[tuple[datetime | None, bool], list[DispatchRun]] = {}
     for run in runs:
         groups.setdefault((eta_of(run.fire_at, now), not run.recurring), []).append(run)
+    for eta, one_off in list(groups):
+        # A few one-off runs sharing an eta with recurring runs ride in their messages
+        # (and lane) rather than in messages of their own: at a steady load most groups
+        # hold a run or two, and a message costs the same work whatever it carries.
+        # A burst's one-offs are never this few, so they still queue in their own lane.
+        if one_off and len(groups[(eta, True)]) < OWN_MESSAGE_RUNS and (eta, False) in groups:
+            groups[(eta, False)].extend(groups.pop((eta, True)))
     order = sorted(groups, key=lambda group: (group[0] is not None, group[0] or now, group[1]))
     messages: list[tuple[datetime | None, list[dict]]] = []
     for eta, one_off in order:

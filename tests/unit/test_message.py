@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.lifecycle.message import ETA_STEP, DispatchRun, chunks, eta_of, to_messages
+from app.lifecycle.message import ETA_STEP, DispatchRun, chunks, eta_of, message_headers, to_messages
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -108,3 +108,22 @@ def test_runs_are_grouped_by_eta_and_the_due_ones_go_first():
     assert sorted(e["run_id"] for _, entries in messages for e in entries) == sorted(
         str(r.run_id) for r in runs
     )
+
+
+def test_a_few_one_offs_ride_with_the_recurring_runs_of_their_eta_but_a_burst_does_not():
+    """At a steady load a step holds a run or two of each lane: one message, not two.
+    A burst's one-offs keep a lane of their own, so a recurring job never waits behind them."""
+    later = NOW + timedelta(seconds=3)
+    few = [run(owner="a", fire_at=later) for _ in range(2)] + [run(owner="b", fire_at=later, recurring=True)]
+    messages = to_messages(few, NOW)
+    assert [(eta, len(entries)) for eta, entries in messages] == [(later, 3)]
+    assert message_headers(messages[0][1])["punctual_lane"] == "recurring"
+
+    burst = [run(owner="a", fire_at=later) for _ in range(20)] + [
+        run(owner="b", fire_at=later, recurring=True)
+    ]
+    lanes = [message_headers(entries)["punctual_lane"] for _, entries in to_messages(burst, NOW)]
+    assert lanes == ["recurring", "one-off"]
+
+    alone = [run(owner="a", fire_at=later) for _ in range(2)]  # no recurring run to ride with
+    assert [message_headers(e)["punctual_lane"] for _, e in to_messages(alone, NOW)] == ["one-off"]
