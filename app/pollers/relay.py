@@ -10,9 +10,10 @@ twice is harmless: starting a run is fenced (invariant 4), which is also why a
 publish or a mark that meets a transient broker or database failure is simply sent
 again (app.registry.transient).
 
-`send(shard, entries, eta)` is injected: in a worker it is the dispatch task's
-apply_async (with publisher confirms); tests pass a recorder. `eta` is None, or the
-instant the runs of a message claimed ahead may start (app.lifecycle.message).
+`send(shard, messages)` is injected: in a worker it publishes the batch's dispatch
+messages and waits for the broker's confirms of them all (app.tasks.dispatch
+send_dispatches); tests pass a recorder. Each message is (eta, entries): eta is None,
+or the instant the runs of a message claimed ahead may start (app.lifecycle.message).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from app.registry.dialect import locks_rows
 from app.registry.schema import jobs, runs
 from app.registry.transient import retrying
 
-Send = Callable[[int, list[dict], datetime | None], None]
+# send(shard, [(eta, entries), ...]): one batch's messages, all published when it returns.
+Send = Callable[[int, list[tuple[datetime | None, list[dict]]]], None]
 
 SWEEP_BATCH = 500
 
@@ -98,12 +100,12 @@ def sweep(engine: sa.Engine, shard: int, now: datetime, send: Send, limit: int =
 
 def _send_all(shard: int, found: Sequence[DispatchRun], send: Send) -> int:
     messages = to_messages(found, utcnow())
-    for eta, entries in messages:
-        # A broker that drops the connection is reconnected to by the send itself; a
-        # publish sent twice is a duplicate message, whose start is fenced.
-        retrying(
-            functools.partial(send, shard, entries, eta), f"publishing {len(entries)} runs of shard {shard}"
-        )
+    # A broker that drops the connection is reconnected to by the next try; the batch
+    # is sent again whole, and a message sent twice is a duplicate whose start is fenced.
+    retrying(
+        functools.partial(send, shard, messages),
+        f"publishing {len(found)} runs of shard {shard} in {len(messages)} messages",
+    )
     metrics.PUBLISHED.labels(str(shard)).inc(len(messages))
     return len(messages)
 

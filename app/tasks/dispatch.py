@@ -17,6 +17,8 @@ come back through the lease and the janitor.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from datetime import datetime
 
 from celery import shared_task
@@ -29,6 +31,7 @@ from app.pollers.beat import DISPATCH_TASK
 from app.registry.engines import is_fence_error
 from app.registry.sharding import queue_name
 from app.registry.transient import is_transient
+from app.tasks.batch_publisher import BatchPublisher
 from app.worker.context import get_context
 
 log = get_task_logger("punctual.dispatch")
@@ -53,18 +56,41 @@ def dispatch(shard: int, runs: list[dict]) -> dict:
     return {"shard": shard, "started": report.started, "held": report.held, "stale": report.stale}
 
 
-def send_dispatch(shard: int, entries: list[dict], eta: datetime | None = None) -> None:
-    """The relay's `send`: one dispatch message to the shard's queue (confirmed by
-    the broker). With an `eta` (runs claimed ahead) the worker that receives it
-    keeps it, unacknowledged, and runs it at that instant; if that worker dies the
-    broker hands the message to another, which does the same."""
+def send_dispatch(shard: int, entries: list[dict], eta: datetime | None = None, producer=None) -> None:
+    """One dispatch message to the shard's queue (confirmed by the broker). With an
+    `eta` (runs claimed ahead) the worker that receives it keeps it, unacknowledged,
+    and runs it at that instant; if that worker dies the broker hands the message to
+    another, which does the same. With a `producer` (BatchPublisher's) the message is
+    sent once, unconfirmed here: the batch waits for its confirms."""
     dispatch.apply_async(
         kwargs={"shard": shard, "runs": entries},
         eta=eta,
         shadow=shown_name(shard, len(entries)),
         # Read by the worker's gate (app.tasks.gate) to take turns without the body.
         headers=message_headers(entries),
+        **({"producer": producer, "retry": False} if producer is not None else {}),
     )
+
+
+_publisher: BatchPublisher | None = None
+
+
+def send_dispatches(shard: int, messages: Sequence[tuple[datetime | None, list[dict]]]) -> None:
+    """The relay's `send`: a batch's dispatch messages. On RabbitMQ they are published
+    together and their confirms awaited once (app.tasks.batch_publisher); on the
+    embedded broker of `punctual dev`, which has no confirms, one by one."""
+    global _publisher
+    if not dispatch.app.conf.broker_transport_options.get("confirm_publish"):
+        for eta, entries in messages:
+            send_dispatch(shard, entries, eta)
+        return
+    if _publisher is None:
+        _publisher = BatchPublisher(dispatch.app)
+    _publisher.publish([functools.partial(_send_one, shard, entries, eta) for eta, entries in messages])
+
+
+def _send_one(shard: int, entries: list[dict], eta: datetime | None, producer) -> None:
+    send_dispatch(shard, entries, eta, producer=producer)
 
 
 def shown_name(shard: int, runs: int) -> str:

@@ -85,14 +85,14 @@ def _unless_fenced(registry, shard: int, tick):
 @shared_task(name=POLL_TASK, acks_late=False, ignore_result=True, max_retries=0, send_events=False)
 def poll(shard: int) -> dict:
     # acks_late off: a poll lost with its worker is replaced by the next tick.
-    from app.tasks.dispatch import send_dispatch
+    from app.tasks.dispatch import send_dispatches
 
     context = get_context()
     with log_context(shard=shard):
         return _unless_fenced(
             context.registry,
             shard,
-            lambda engine: poll_shard(context.settings, engine, shard, send_dispatch, _weights(context)),
+            lambda engine: poll_shard(context.settings, engine, shard, send_dispatches, _weights(context)),
         )
 
 
@@ -106,9 +106,9 @@ def _weights(context) -> dict[str, int]:
 
 @shared_task(name=SWEEP_TASK, acks_late=False, ignore_result=True, max_retries=0, send_events=False)
 def sweep(shard: int) -> dict:
-    from app.tasks.dispatch import send_dispatch
+    from app.tasks.dispatch import send_dispatches
 
     context = get_context()
     return _unless_fenced(
-        context.registry, shard, lambda engine: sweep_shard(context.settings, engine, shard, send_dispatch)
+        context.registry, shard, lambda engine: sweep_shard(context.settings, engine, shard, send_dispatches)
     )

@@ -98,7 +98,7 @@ class QueuePublisher:
             # A PooledConnection that sees an exception inside `with` is closed
             # and replaced, so a broken connection is never handed out again.
             with self._pool.acquire(block=True, timeout=self._acquire_timeout_s) as connection:
-                if _went_stale(connection):
+                if went_stale(connection):
                     connection.collect()  # default_channel below opens a fresh one
                 producer = Producer(connection.default_channel, exchange=EXCHANGE, auto_declare=False)
                 producer.publish(
@@ -120,7 +120,7 @@ class QueuePublisher:
         return CallOutcome(status_code=None)
 
 
-def _went_stale(connection: Connection) -> bool:
+def went_stale(connection: Connection) -> bool:
     """True when the broker spoke while this open connection sat idle in the pool.
 
     Between two confirmed publishes the broker owes a publisher nothing, so anything

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from datetime import timedelta
 
@@ -16,6 +17,7 @@ from app.pollers import relay
 from app.pollers.beat import DISPATCH_TASK, route_task, shard_queues
 from app.pollers.claim import claim_batch, relay_grace_s
 from app.registry.engines import registry_for
+from app.tasks.batch_publisher import BatchPublisher
 from tests.rows import insert_jobs, job, job_row, runs_of
 
 pytestmark = pytest.mark.integration
@@ -42,8 +44,22 @@ def broker(amqp_url, pg_settings):
         task_queues=[Queue(q, Exchange(q, type="direct"), routing_key=q) for q in shard_queues(pg_settings)],
     )
 
-    def send(shard: int, entries: list[dict], eta=None) -> None:
-        app.send_task(DISPATCH_TASK, kwargs={"shard": shard, "runs": entries}, eta=eta)
+    # The worker's way: a batch's messages published together, their confirms awaited once.
+    publisher = BatchPublisher(app)
+
+    def send(shard: int, messages: list) -> None:
+        publisher.publish(
+            [
+                functools.partial(
+                    app.send_task,
+                    DISPATCH_TASK,
+                    kwargs={"shard": shard, "runs": entries},
+                    eta=eta,
+                    retry=False,
+                )
+                for eta, entries in messages
+            ]
+        )
 
     def drain(queue: str) -> list[dict]:
         bodies = []
@@ -67,6 +83,7 @@ def broker(amqp_url, pg_settings):
         for queue in app.amqp.queues.values():
             queue(conn.default_channel).declare()
     yield send, drain
+    publisher.close()
     app.close()
 
 
