@@ -86,11 +86,7 @@ def send_dispatches(shard: int, messages: Sequence[tuple[datetime | None, list[d
         return
     if _publisher is None:
         _publisher = BatchPublisher(dispatch.app)
-    _publisher.publish([functools.partial(_send_one, shard, entries, eta) for eta, entries in messages])
-
-
-def _send_one(shard: int, entries: list[dict], eta: datetime | None, producer) -> None:
-    send_dispatch(shard, entries, eta, producer=producer)
+    _publisher.publish([functools.partial(send_dispatch, shard, entries, eta) for eta, entries in messages])
 
 
 def shown_name(shard: int, runs: int) -> str:
