@@ -301,14 +301,12 @@ class OwnerDirectory:
         """The secrets that sign the owner's calls: the current one, then the previous
         one while its rotation window lasts. Empty for an unknown owner."""
         cached = self._cached(self._secrets, owner)
-        stored = cached[0] if cached is not None else self._read_secrets([owner])[owner]
-        if stored is None:
-            return ()
-        current, previous, until = stored
-        # The window is judged at signing time, not at caching time: it ends on the second.
-        if previous is not None and until is not None and utcnow() < until:
-            return (current, previous)
-        return (current,)
+        return _in_effect(cached[0] if cached is not None else self._read_secrets([owner])[owner])
+
+    def cached_signing_secrets(self, owner: str) -> tuple[str, ...] | None:
+        """signing_secrets(owner) if they are cached (no round trip), else None."""
+        cached = self._cached(self._secrets, owner)
+        return _in_effect(cached[0]) if cached is not None else None
 
     def prefetch_secrets(self, names: Iterable[str]) -> None:
         """Read the signing secrets of every owner in `names` that is not cached, in one
@@ -359,3 +357,14 @@ class OwnerDirectory:
     def _store(self, table: dict, key: str, value: Any, ttl_s: float) -> None:
         with self._lock:
             table[key] = (time.monotonic() + ttl_s, value)
+
+
+def _in_effect(stored: tuple | None) -> tuple[str, ...]:
+    """The secrets that sign now, of an owner's stored (current, previous, until)."""
+    if stored is None:
+        return ()
+    current, previous, until = stored
+    # The window is judged at signing time, not at caching time: it ends on the second.
+    if previous is not None and until is not None and utcnow() < until:
+        return (current, previous)
+    return (current,)
