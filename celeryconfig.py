@@ -76,7 +76,7 @@ task_routes = (route_task,)
 task_create_missing_queues = False
 
 # Acknowledgement. A dispatch task returns once its runs are *started* (the fenced
-# claimed -> running UPDATE) and handed to the process's call threads; it does not
+# claimed -> running UPDATE) and handed to the process's event loop; it does not
 # wait for the calls. So acks_late acknowledges exactly when the message has done
 # its job: a crash before that redelivers it, and the redelivery is harmless because
 # starting is fenced (a run already started is skipped). After the start, recovery
@@ -97,8 +97,8 @@ worker_prefetch_multiplier = 1
 # prefetch count by one for each, so they do not block other work), and if the
 # worker dies RabbitMQ hands them to another, which waits for the same instant.
 
-# The pool: prefork. Each process runs its own pool of PUNCTUAL_DISPATCH_THREADS
-# call threads (app/worker/engine.py), so hundreds of calls are in flight per
+# The pool: prefork. Each process runs up to PUNCTUAL_DISPATCH_THREADS calls at once
+# on its own event loop (app/worker/engine.py), so hundreds of calls are in flight per
 # process while the Celery task itself only starts runs and returns; prefork spreads
 # the Python work (HTTP, JSON, HMAC) over the cores, which one threaded process under
 # the GIL cannot. One process more than cores: a process is GIL-bound but also waits
@@ -108,7 +108,7 @@ worker_prefetch_multiplier = 1
 # `-c N` on the command line overrides it.
 worker_pool = "prefork"
 worker_concurrency = (os.cpu_count() or 1) + 1
-# Keep the processes: their call threads and pooled HTTP connections are the point.
+# Keep the processes: their event loops and pooled HTTP connections are the point.
 worker_max_tasks_per_child = None
 worker_hijack_root_logger = False
 worker_send_task_events = False

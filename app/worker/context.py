@@ -46,8 +46,9 @@ class WorkerContext:
     def webhooks(self):
         from app.worker.webhook import WebhookCaller
 
+        # A queue target's publish blocks, on one of the loop's threads: as many as calls.
         return WebhookCaller(
-            allow_private=self.settings.allow_private_targets, pool_maxsize=self.settings.dispatch_threads
+            allow_private=self.settings.allow_private_targets, blocking_threads=self.settings.dispatch_threads
         )
 
     @cached_property

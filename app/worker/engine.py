@@ -12,12 +12,14 @@
 2. start: one fenced UPDATE for the admitted runs; a run it does not return was
    started already (a duplicated message) or lost its lease: nothing is called
    and its slot goes back;
-3. call: each started run is handed to the process's pool of
-   PUNCTUAL_DISPATCH_THREADS threads, and dispatch returns. The calls finish in
-   the background; a call's concurrency slots go back the moment it ends (a cap
-   bounds calls in flight), its completion is written in batches by the completion
-   buffer, and its lease is extended by the heartbeat until then.
-4. lease check: right before its call, a thread makes sure the run's lease still
+3. call: each started run becomes a task on the process's event loop
+   (app.worker.event_loop), and dispatch returns. The calls finish in the
+   background; a call's concurrency slots go back the moment it ends (a cap bounds
+   calls in flight), its completion is written in batches by the completion buffer,
+   and its lease is extended by the heartbeat until then. What blocks (a renewal of
+   the lease, an owner's secrets not cached, a publish to a queue target) runs on the
+   loop's threads, not on the loop.
+4. lease check: right before its call, the task makes sure the run's lease still
    holds. The worker knows until when it does (from the start and from each
    heartbeat that extended it); a run whose lease may have run out (the process was
    stopped or starved) is renewed first with one fenced UPDATE, and a run that a
@@ -32,16 +34,16 @@ Transient registry and Redis failures of the admission and the start are retried
 place (app.registry.transient); when they last beyond the retry budget the dispatch
 task gives its message back to the broker instead of sitting on its runs.
 
-Back-pressure: a semaphore of PUNCTUAL_DISPATCH_THREADS slots is taken before a run
-is started, so a busy process stops taking messages (prefetch 1) instead of
-queueing calls it cannot make.
+Back-pressure: a semaphore of PUNCTUAL_DISPATCH_THREADS slots (calls in flight) is
+taken before a run is started, so a busy process stops taking messages (prefetch 1)
+instead of queueing calls it cannot make.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
-import queue
 import threading
 import time
 from collections import Counter
@@ -130,7 +132,8 @@ class Dispatcher:
         self._queues = queues
         self.capacity = settings.dispatch_threads
         self._slots = threading.BoundedSemaphore(self.capacity)
-        self._calls = _CallThreads(self.capacity, self._call)
+        self._loop = webhooks.loop  # the calls' loop: the webhook session lives on it
+        self._tasks: set[asyncio.Task] = set()  # the loop keeps only weak references
         self._inflight: InFlight[_Call] = InFlight(self._heartbeat, settings.heartbeat_s)
         self._buffer: CompletionBuffer[Finished] = CompletionBuffer(self._flush)
         self._waits = SlotWaits()
@@ -262,7 +265,8 @@ class Dispatcher:
                 metrics.RUNS_STARTED.labels(str(call.run.shard)).inc()
         for call in calls:
             self._inflight.add(call.run.run_id, call)
-            self._calls.put(call)
+        if calls:
+            self._loop.call_soon(self._start_calls, calls)
         unstarted = [
             (call.specs, str(call.run.run_id)) for call in admitted if call.run.run_id not in started_ids
         ]
@@ -284,14 +288,27 @@ class Dispatcher:
         except Exception:  # a slot's lease runs out on its own
             log.exception("releasing %d concurrency slots failed", len(slots))
 
-    def _call(self, call: _Call) -> None:
+    def _start_calls(self, calls: list[_Call]) -> None:
+        """On the loop: one task a call."""
+        for call in calls:
+            task = asyncio.ensure_future(self._call(call))
+            self._tasks.add(task)
+            task.add_done_callback(self._call_done)
+
+    def _call_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            # _call settles every outcome; this only makes a bug visible
+            log.error("a call task failed", exc_info=exc)
+
+    async def _call(self, call: _Call) -> None:
         run = call.run
-        if not self._still_leased(call):
+        if not self._lease_known(call) and not await asyncio.to_thread(self._still_leased, call):
             self._slots.release()
-            self._withdraw(call)
+            await asyncio.to_thread(self._withdraw, call)
             return
         # Every line logged while this run is called (here, in the webhook caller, the
-        # limiter, the libraries) names it (app.logs).
+        # limiter, the libraries) names it (app.logs; the task has its own context).
         with log_context(
             job_id=str(run.job_id),
             run_id=str(run.run_id),
@@ -300,9 +317,9 @@ class Dispatcher:
             owner=run.owner,
         ):
             try:
-                outcome = self._attempt(call)
+                outcome = await self._attempt(call)
             except NotSent:  # the process stalled between the check and the request (slot: finally)
-                self._withdraw(call)
+                await asyncio.to_thread(self._withdraw, call)
                 return
             except Exception as exc:  # a bug here must still settle the run, as a retryable failure
                 log.exception("call of run %s failed", run.run_id)
@@ -323,13 +340,17 @@ class Dispatcher:
         metrics.STALE_COMPLETIONS.inc()
         log.warning("run %s lost its lease before its call; not called", call.run.run_id)
 
+    def _lease_known(self, call: _Call) -> bool:
+        """Whether `call`'s lease is known to hold for a while yet (no round trip)."""
+        return not call.lost and time.monotonic() + self.settings.heartbeat_s < call.lease_until
+
     def _still_leased(self, call: _Call) -> bool:
         """Whether this worker may still call `call`: its lease is known to hold for a
         while yet, or a fenced renewal (one round trip, only for a run that waited
-        long) says it does."""
+        long) says it does. (It may block: the loop runs it on a thread.)"""
         if call.lost:
             return False
-        if time.monotonic() + self.settings.heartbeat_s < call.lease_until:
+        if self._lease_known(call):
             return True
         sent = time.monotonic()
         try:
@@ -342,13 +363,16 @@ class Dispatcher:
         call.lease_until = sent + self.settings.lease_s
         return True
 
-    def _attempt(self, call: _Call) -> CallOutcome:
+    async def _attempt(self, call: _Call) -> CallOutcome:
         run = call.run
-        signing_secrets = self.owners.signing_secrets(run.owner)
+        signing_secrets = self.owners.cached_signing_secrets(run.owner)
+        if signing_secrets is None:  # read on a thread: the registry is not the loop's to wait for
+            signing_secrets = await asyncio.to_thread(self.owners.signing_secrets, run.owner)
         if not signing_secrets:
             return CallOutcome(error=f"owner {run.owner!r} has no signing secret", retryable_error=False)
         if run.target.get("type") == "queue":
-            return self._queues().publish(
+            return await asyncio.to_thread(
+                self._queues().publish,
                 QueueCall(
                     str(run.job_id),
                     run.scheduled_for,
@@ -356,9 +380,9 @@ class Dispatcher:
                     run.target["topic"],
                     run.payload,
                     signing_secrets,
-                )
+                ),
             )
-        return self.webhooks.call(
+        return await self.webhooks.send(
             WebhookCall(
                 str(run.job_id),
                 run.scheduled_for,
@@ -396,45 +420,4 @@ class Dispatcher:
         self._inflight.wait_empty(timeout_s)
         self._buffer.close(max(0.1, deadline - time.monotonic()))
         self._inflight.stop()
-        self._calls.stop()
         self._releaser.stop()
-
-
-class _CallThreads:
-    """`size` long-lived threads that take calls from one queue.
-
-    Not a ThreadPoolExecutor: its submit builds a Future (with a Condition) per call
-    that nobody reads, which was ~6% of a worker process's CPU under the burst
-    (py-spy); a SimpleQueue put is one C call. The threads start on first use.
-    """
-
-    def __init__(self, size: int, run):
-        self._size = size
-        self._run = run
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._threads: list[threading.Thread] = []
-        self._start_lock = threading.Lock()
-
-    def put(self, call: _Call) -> None:
-        if not self._threads:
-            self._start()
-        self._queue.put(call)
-
-    def stop(self) -> None:
-        """Let the threads end once the calls queued before this are done."""
-        for _ in self._threads:
-            self._queue.put(None)
-
-    def _start(self) -> None:
-        with self._start_lock:
-            while len(self._threads) < self._size:
-                thread = threading.Thread(target=self._loop, name=f"call-{len(self._threads)}", daemon=True)
-                thread.start()
-                self._threads.append(thread)
-
-    def _loop(self) -> None:
-        while (call := self._queue.get()) is not None:
-            try:
-                self._run(call)
-            except Exception:  # _call settles every outcome; this keeps the thread alive regardless
-                log.exception("a call thread failed")

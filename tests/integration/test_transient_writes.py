@@ -172,7 +172,7 @@ def test_a_withdrawn_call_gives_its_slot_back_once_and_records_nothing(registry,
     from app.worker.webhook import NotSent
 
     class Withdrawn:
-        def call(self, call):
+        async def send(self, call):
             raise NotSent("withdrawn")
 
         def close(self):
@@ -192,8 +192,8 @@ def test_a_withdrawn_call_gives_its_slot_back_once_and_records_nothing(registry,
                 time.sleep(0.05)
         assert dispatcher.in_flight() == 0 and dispatcher._slots._value == dispatcher.capacity
         # Each slot went back once: a second release of the BoundedSemaphore would have
-        # raised in the call thread, which logs it.
-        assert not [r for r in caplog.records if "a call thread failed" in r.getMessage()]
+        # raised in the call's task, which logs it.
+        assert not [r for r in caplog.records if "a call task failed" in r.getMessage()]
         assert len([r for r in caplog.records if "not called" in r.getMessage()]) == 3
         assert all(runs_of(registry, run.job_id)[0]["state"] == "running" for run in runs)
     finally:
