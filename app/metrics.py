@@ -31,6 +31,10 @@ STALE_COMPLETIONS = Counter(
     "punctual_stale_completions_total",
     "Completions or starts refused because the lease token no longer matched",
 )
+SLOTS_HANDED_OVER = Counter(
+    "punctual_slots_handed_over_total",
+    "Concurrency slots passed straight from a call that ended to a run waiting in the same process",
+)
 DEAD_LETTERS = Counter("punctual_dead_letters_total", "Runs that became dead")
 LEASES_EXPIRED = Counter("punctual_leases_expired_total", "Leases the janitor took back", ["shard"])
 PUBLISHED = Counter("punctual_dispatch_messages_total", "Dispatch messages published", ["shard"])

@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import secrets
 import threading
 import time
 from collections import Counter
@@ -69,12 +70,14 @@ from app.worker.inflight import InFlight
 from app.worker.queue_publisher import QueueCall, QueuePublisher
 from app.worker.slot_wait import (
     BATCH_WAIT_S,
+    HANDED_GATHER_S,
     POLL_S,
+    Handed,
+    Slot,
     SlotReleaser,
     SlotWaits,
     batch_size,
     expected_slot_at,
-    pick_runs,
     wait_budget_s,
 )
 from app.worker.webhook import NotSent, WebhookCall, WebhookCaller
@@ -93,17 +96,32 @@ class DispatchReport:
 class _Call:
     run: DispatchRun
     specs: list
-    capped: bool = False  # holds concurrency slots, given back when the call ends
+    # The concurrency slot it holds (None: no cap), given back or handed on when the
+    # call ends; shared with the runs it was handed from and to.
+    slot: Slot | None = None
     # Until when (time.monotonic) the registry is known to hold this run's lease for
     # us: set from the start, moved on by each heartbeat that extended it.
     lease_until: float = 0.0
     lost: bool = False  # a heartbeat found the token gone: the janitor took the run back
+
+    @property
+    def holder(self) -> str:
+        """The name of its slots in the limiter: the run that acquired them."""
+        return self.slot.holder if self.slot is not None else str(self.run.run_id)
 
 
 def _reserver(run: DispatchRun) -> str:
     """Who owns a run's rate reservation across a hold: a schedule run is made anew
     by the next claim, so its job; an off-schedule run keeps its row."""
     return str(run.run_id if run.off_schedule else run.job_id)
+
+
+def _holder_name(run: DispatchRun) -> str:
+    """A name for the slots one admission takes: the run's id, so an operator can tell
+    whose they are, and a few random bytes, unique to this admission. A slot passed on
+    to other runs keeps its name while the run it was admitted for may be admitted
+    again (a retry, a duplicated message); under one name the two would be one slot."""
+    return f"{run.run_id}.{secrets.token_hex(4)}"
 
 
 def _cap_of(specs: list):
@@ -165,40 +183,69 @@ class Dispatcher:
         named_pairs = {(run.owner, key) for run in part if (key := named_key(run.target))}
         named = self.limit_keys.lookup_many(named_pairs) if named_pairs else None
         waiting = [(run, limit_specs(run.owner, run.target, settings, named)) for run in part]
-        released = self._waits.released
+        waits = self._waits
+        released = waits.released
         calls, waiting, held, stale = self._admit_and_start(waiting, utcnow())
         # The wait for a slot starts once the limiter has answered. A limiter slow to
         # answer (Redis paused or reconnecting) is not time spent waiting for slots:
         # counted as such, it used up the wait at once and made the pace of slots look
         # near zero, so the runs put off were given turns tens of seconds late.
         began = last_try = time.monotonic()
-        unsettled[0] -= len(calls)  # their call threads give their thread slots back
+        unsettled[0] -= len(calls)  # their calls give their thread slots back
         started = len(calls)
         got_slot: Counter = Counter()  # cap key -> runs that got a slot after waiting
-        while waiting:
-            left = began + self.wait_s - time.monotonic()
-            if left <= 0:
-                break
-            # Woken once this process's calls gave back enough slots for a batch, or
-            # after POLL_S for slots freed by other processes (app.worker.slot_wait).
-            caps = {
-                spec.key: spec.max_concurrency
-                for _, specs in waiting
-                for spec in specs
-                if spec.max_concurrency
-            }
-            batch = batch_size(len(waiting), min(caps.values()))
-            released = self._waits.wait(released, min(POLL_S, left), enough=batch)
-            free = retrying(functools.partial(self._free_slots, caps), "free slots")
-            ready, rest = pick_runs(waiting, free)
-            if not ready or (len(ready) < batch and time.monotonic() - last_try < BATCH_WAIT_S):
-                continue
-            last_try = time.monotonic()
-            calls, still, held_now, stale_now = self._admit_and_start(ready, utcnow())
-            waiting = still + rest
+        if not waiting:
+            return DispatchReport(started, held, stale)
+        line = waits.open(waiting)  # calls ending in this process may hand their slots to these
+        try:
+            while True:
+                if line.handed:
+                    # Let the calls ending meanwhile join this one fenced start.
+                    time.sleep(HANDED_GATHER_S)
+                    calls, stale_now = self._start_handed(waits.take_handed(line))
+                    got_slot.update(cap.key for call in calls if (cap := _cap_of(call.specs)))
+                    unsettled[0] -= len(calls)
+                    started, stale = started + len(calls), stale + stale_now
+                entries = waits.entries(line)
+                left = began + self.wait_s - time.monotonic()
+                if not entries or left <= 0:
+                    break
+                # Woken once a call of this process handed its slot to one of these runs,
+                # or gave back enough slots for a batch, or after POLL_S for slots freed
+                # by other processes (app.worker.slot_wait).
+                caps = {
+                    spec.key: spec.max_concurrency
+                    for _, specs in entries
+                    for spec in specs
+                    if spec.max_concurrency
+                }
+                batch = batch_size(len(entries), min(caps.values()))
+                released = waits.wait(released, min(POLL_S, left), enough=batch, waiting=line)
+                if line.handed:
+                    continue
+                free = retrying(functools.partial(self._free_slots, caps), "free slots")
+                ready = waits.take(line, free)
+                if not ready:
+                    continue
+                if len(ready) < batch and time.monotonic() - last_try < BATCH_WAIT_S:
+                    waits.put_back(line, ready)
+                    continue
+                last_try = time.monotonic()
+                calls, still, held_now, stale_now = self._admit_and_start(ready, utcnow())
+                waits.put_back(line, still)
+                got_slot.update(cap.key for call in calls if (cap := _cap_of(call.specs)))
+                unsettled[0] -= len(calls)
+                started, held, stale = started + len(calls), held + held_now, stale + stale_now
+        except BaseException:  # the message goes back: slots handed to its runs go back too
+            handed, _ = waits.close(line)
+            self._release_quietly([(h.entry[1], h.slot.holder) for h in handed])
+            raise
+        handed, waiting = waits.close(line)
+        if handed:  # handed a slot after the last look: they start like the others
+            calls, stale_now = self._start_handed(handed)
             got_slot.update(cap.key for call in calls if (cap := _cap_of(call.specs)))
             unsettled[0] -= len(calls)
-            started, held, stale = started + len(calls), held + held_now, stale + stale_now
+            started, stale = started + len(calls), stale + stale_now
         if waiting:
             held += self._put_off(waiting, got_slot, time.monotonic() - began)
         return DispatchReport(started, held, stale)
@@ -236,25 +283,55 @@ class Dispatcher:
         """One limiter round trip and one fenced start for `entries`: (calls started,
         (run, specs) still waiting for a slot, runs put off by a rate, stale runs)."""
         settings = self.settings
+        acquired = time.monotonic()
+        holders = {run.run_id: _holder_name(run) for run, _ in entries}
         admissions = retrying(
             lambda: self.limiter.acquire_many(
-                [(specs, str(run.run_id), _reserver(run)) for run, specs in entries], now, settings.lease_s
+                [(specs, holders[run.run_id], _reserver(run)) for run, specs in entries],
+                now,
+                settings.lease_s,
             ),
             f"admission of {len(entries)} runs",
         )
         admitted, waiting, held = [], [], []
         for (run, specs), admission in zip(entries, admissions, strict=True):
             if admission.admitted:
-                admitted.append(_Call(run, specs, any(s.max_concurrency for s in specs)))
+                capped = any(s.max_concurrency for s in specs)
+                # The slot's lease runs from `now` (the limiter's clock): a second less,
+                # for the two clocks and the round trip.
+                slot = (
+                    Slot(holders[run.run_id], acquired, acquired + settings.lease_s - 1.0) if capped else None
+                )
+                admitted.append(_Call(run, specs, slot))
             elif admission.reason == CAP:
                 waiting.append((run, specs))
             else:  # a rate: its start is reserved at retry_at
                 held.append((run, admission.retry_instant()))
+        calls, stale = self._start(admitted, now)
+        if held:
+            try:
+                metrics.RUNS.labels("held").inc(lease.hold(self.registry, held, now))
+            except Exception:  # the started runs are called regardless; the held ones wait for their lease
+                log.exception("holding %d runs failed; their leases will bring them back", len(held))
+            metrics.count_by_owner("held", (run.owner for run, _ in held))
+        return calls, waiting, len(held), stale
+
+    def _start_handed(self, handed: list[Handed]) -> tuple[list[_Call], int]:
+        """Start runs that were handed the slot of a call that ended (admitted already)."""
+        metrics.SLOTS_HANDED_OVER.inc(len(handed))
+        return self._start([_Call(h.entry[0], h.entry[1], h.slot) for h in handed], utcnow())
+
+    def _start(self, admitted: list[_Call], now) -> tuple[list[_Call], int]:
+        """One fenced start for admitted runs, then their calls: (calls started, stale
+        runs, whose slots go back)."""
+        if not admitted:
+            return [], 0
+        settings = self.settings
         sent = time.monotonic()
         try:
-            started_ids = lease.start(self.registry, [c.run for c in admitted], now) if admitted else set()
+            started_ids = lease.start(self.registry, [c.run for c in admitted], now)
         except Exception:  # the registry stayed away: the message goes back (app.tasks.dispatch)
-            self._release_quietly([(call.specs, str(call.run.run_id)) for call in admitted])
+            self._release_quietly([(call.specs, call.holder) for call in admitted])
             raise
         calls = []
         for call in admitted:
@@ -267,20 +344,12 @@ class Dispatcher:
             self._inflight.add(call.run.run_id, call)
         if calls:
             self._loop.call_soon(self._start_calls, calls)
-        unstarted = [
-            (call.specs, str(call.run.run_id)) for call in admitted if call.run.run_id not in started_ids
-        ]
+        unstarted = [(call.specs, call.holder) for call in admitted if call.run.run_id not in started_ids]
         if unstarted:  # a duplicated message, or a lease lost before the start: nothing is called
             self._releaser.put_many(unstarted)
             metrics.STALE_COMPLETIONS.inc(len(unstarted))
-        if held:
-            try:
-                metrics.RUNS.labels("held").inc(lease.hold(self.registry, held, now))
-            except Exception:  # the started runs are called regardless; the held ones wait for their lease
-                log.exception("holding %d runs failed; their leases will bring them back", len(held))
-            metrics.count_by_owner("held", (run.owner for run, _ in held))
         metrics.count_by_owner("started", (call.run.owner for call in calls))
-        return calls, waiting, len(held), len(unstarted)
+        return calls, len(unstarted)
 
     def _release_quietly(self, slots: list) -> None:
         try:
@@ -325,18 +394,26 @@ class Dispatcher:
                 log.exception("call of run %s failed", run.run_id)
                 outcome = CallOutcome(error=f"internal error: {type(exc).__name__}: {exc}")
             finally:
-                if call.capped:  # the call is over: its slots go back now, not when it is recorded
-                    self._releaser.put((call.specs, str(run.run_id)))
+                self._slot_free(call)
                 self._slots.release()
             log.debug("run %s called: status %s, error %s", run.run_id, outcome.status_code, outcome.error)
         self._buffer.add(Finished(run, outcome, utcnow()))
+
+    def _slot_free(self, call: _Call) -> None:
+        """The call is over: its slot goes to a run waiting for one in this process, or
+        back to the limiter, now, not once the outcome is recorded."""
+        slot = call.slot
+        if slot is not None and not self._waits.hand_over(
+            call.specs, slot, time.monotonic(), self.settings.heartbeat_s
+        ):
+            self._releaser.put((call.specs, slot.holder))
 
     def _withdraw(self, call: _Call) -> None:
         """The janitor took the run back (this process was stopped, or starved, past its
         lease) and another attempt may be under way: call nothing, record nothing. (The
         caller gives back the thread slot.)"""
         self._inflight.pop_many([call.run.run_id])
-        self._release_quietly([(call.specs, str(call.run.run_id))])
+        self._release_quietly([(call.specs, call.holder)])
         metrics.STALE_COMPLETIONS.inc()
         log.warning("run %s lost its lease before its call; not called", call.run.run_id)
 
@@ -409,7 +486,13 @@ class Dispatcher:
                 call.lease_until = sent + self.settings.lease_s
             else:  # taken back (or already completed): a call not yet made must not start
                 call.lost = True
-        self.limiter.renew_many([(call.specs, str(call.run.run_id)) for call in calls], self.settings.lease_s)
+        renewing = time.monotonic()
+        self.limiter.renew_many([(call.specs, call.holder) for call in calls], self.settings.lease_s)
+        for call in calls:
+            # A slot whose lease had run out is not taken back by a renewal (the limiter's
+            # contract): only a live one is known to run on.
+            if call.slot is not None and call.slot.until > renewing:
+                call.slot.until = max(call.slot.until, renewing + self.settings.lease_s - 1.0)
 
     def in_flight(self) -> int:
         return len(self._inflight)

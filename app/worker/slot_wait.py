@@ -18,6 +18,17 @@ admission costs a limiter call and a fenced start, whatever its size, so a burst
 behind a busy cap is started in batches rather than run by run, while a run behind
 a small cap still starts as soon as a slot frees.
 
+A slot can also pass straight from a call that ended to a run waiting in the same
+process (`SlotWaits.hand_over`): no release, no look, no admission, so the slot is
+idle only until the waiting run's fenced start, not for a round trip to Redis and a
+poll. Only a run whose caps are exactly the ending call's and that has no rate can
+take one (a rate must see each start), and only while the slot's lease is known to
+hold well past the waiting run's first heartbeat. The slot keeps its holder name in
+the limiter (the name given at its admission): the limiter sees one slot held all
+along, renewed by whichever run uses it, released by the last. A slot goes back to
+the limiter all the same once it has been passed on for HAND_OVER_FOR_S since it was
+admitted, so the runs waiting in other processes still get their turns.
+
 Only a run still waiting after `wait_s` is held back to the registry, once, with
 next_run_at when a slot is expected (`expected_slot_at`). A wait costs no registry
 write; a retry costs the limiter one script call for all the runs waiting.
@@ -29,7 +40,9 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 log = logging.getLogger("punctual.limits")
@@ -48,6 +61,11 @@ BATCH_WAIT_S = 0.01
 # How long the releaser lets slots of ending calls gather before one round trip gives
 # them back (SlotReleaser).
 RELEASE_LINGER_S = 0.005
+# How long a slot may pass from call to call inside one process (since the limiter
+# admitted it) before it goes back to the limiter for every process to compete for.
+HAND_OVER_FOR_S = 1.0
+# How long handed-over runs may gather before their fenced start (one UPDATE for all).
+HANDED_GATHER_S = 0.002
 
 
 def wait_budget_s(lease_s: float) -> float:
@@ -83,12 +101,60 @@ def expected_slot_at(
     return now + no_slot_came
 
 
+def cap_keys(specs: Sequence) -> frozenset[str]:
+    """The keys of the caps among a run's limit specs."""
+    return frozenset(spec.key for spec in specs if spec.max_concurrency)
+
+
+def takes_handed_slots(specs: Sequence) -> frozenset[str] | None:
+    """The caps under which a waiting run can take a slot straight from a call that
+    ended (one with exactly these caps), or None: a run under a rate must be admitted
+    by the limiter, and a run without a cap never waits."""
+    if any(spec.rate_per_s for spec in specs):
+        return None
+    return cap_keys(specs) or None
+
+
+@dataclass
+class Slot:
+    """A concurrency slot a run holds: under which name the limiter knows it, since
+    when (time.monotonic) it is this process's, and until when its lease is known to
+    run at least."""
+
+    holder: str
+    since: float
+    until: float
+
+
+@dataclass
+class Handed:
+    """A waiting run that was given the slot of a call that ended."""
+
+    entry: tuple  # (run, specs), as it waited
+    slot: Slot
+
+
+class Waiting:
+    """One dispatch's runs waiting for a slot, in order, and those handed one meanwhile.
+
+    Read and changed only through its SlotWaits (under its lock)."""
+
+    def __init__(self, entries: Iterable[tuple]):
+        self.entries: list[tuple] = list(entries)
+        self.handed: list[Handed] = []
+        self.takers: Counter = Counter(
+            keys for _, specs in self.entries if (keys := takes_handed_slots(specs))
+        )
+
+
 class SlotWaits:
-    """A count of slots released by this process, and a condition to wait on it."""
+    """A count of slots released by this process, the runs of this process waiting
+    for a slot (each dispatch's `Waiting`), and a condition to wait on both."""
 
     def __init__(self):
         self._cond = threading.Condition()
         self._released = 0
+        self._open: list[Waiting] = []
 
     @property
     def released(self) -> int:
@@ -100,12 +166,78 @@ class SlotWaits:
             self._released += count
             self._cond.notify_all()
 
-    def wait(self, since: int, timeout_s: float, enough: int = 1) -> int:
-        """Sleep until `enough` slots were released after the count `since`, or for
-        `timeout_s`; returns the count then."""
+    def wait(self, since: int, timeout_s: float, enough: int = 1, waiting: Waiting | None = None) -> int:
+        """Sleep until `enough` slots were released after the count `since`, or a run of
+        `waiting` was handed a slot, or for `timeout_s`; returns the count then."""
         with self._cond:
-            self._cond.wait_for(lambda: self._released - since >= enough, timeout_s)
+            self._cond.wait_for(
+                lambda: self._released - since >= enough or (waiting is not None and bool(waiting.handed)),
+                timeout_s,
+            )
             return self._released
+
+    # -- runs waiting, and slots handed to them -----------------------------------
+
+    def open(self, entries: Iterable[tuple]) -> Waiting:
+        """Offer these (run, specs) to calls that end in this process."""
+        waiting = Waiting(entries)
+        with self._cond:
+            self._open.append(waiting)
+        return waiting
+
+    def close(self, waiting: Waiting) -> tuple[list[Handed], list[tuple]]:
+        """Stop offering `waiting`'s runs: (those handed a slot, those still waiting)."""
+        with self._cond:
+            self._open.remove(waiting)
+            handed, waiting.handed = waiting.handed, []
+            entries, waiting.entries = waiting.entries, []
+            waiting.takers.clear()
+            return handed, entries
+
+    def hand_over(self, specs: Sequence, slot: Slot, now: float, margin_s: float) -> bool:
+        """A call under `specs` ended holding `slot`: give it to the first run waiting
+        under exactly the same caps, if there is one, the slot's lease is known to run
+        past `now` + `margin_s`, and the slot has not been passed on for too long.
+        False: nobody took it, and it goes back to the limiter."""
+        if slot.until <= now + margin_s or now - slot.since >= HAND_OVER_FOR_S:
+            return False
+        keys = cap_keys(specs)
+        with self._cond:
+            for waiting in self._open:
+                if not waiting.takers[keys]:
+                    continue
+                for i, entry in enumerate(waiting.entries):
+                    if takes_handed_slots(entry[1]) == keys:
+                        del waiting.entries[i]
+                        waiting.takers[keys] -= 1
+                        waiting.handed.append(Handed(entry, slot))
+                        self._cond.notify_all()
+                        return True
+        return False
+
+    def take_handed(self, waiting: Waiting) -> list[Handed]:
+        with self._cond:
+            handed, waiting.handed = waiting.handed, []
+            return handed
+
+    def take(self, waiting: Waiting, free: dict[str, int]) -> list[tuple]:
+        """Take out the runs to try now (pick_runs over what still waits)."""
+        with self._cond:
+            ready, waiting.entries = pick_runs(waiting.entries, free)
+            waiting.takers.subtract(keys for _, specs in ready if (keys := takes_handed_slots(specs)))
+            return ready
+
+    def put_back(self, waiting: Waiting, entries: list[tuple]) -> None:
+        """Runs taken out that still wait, ahead of the rest (they waited longer)."""
+        if not entries:
+            return
+        with self._cond:
+            waiting.entries[:0] = entries
+            waiting.takers.update(keys for _, specs in entries if (keys := takes_handed_slots(specs)))
+
+    def entries(self, waiting: Waiting) -> list[tuple]:
+        with self._cond:
+            return list(waiting.entries)
 
 
 def pick_runs(waiting: list, free: dict[str, int]) -> tuple[list, list]:

@@ -10,7 +10,9 @@ from datetime import timedelta
 
 import pytest
 
+from app import metrics
 from app.core.timefmt import utcnow
+from app.limits import limit_specs
 from app.pollers.claim import claim_batch
 from app.pollers.janitor import expire
 from app.registry.engines import registry_for
@@ -86,6 +88,61 @@ def test_a_cap_bounds_calls_in_flight_and_the_next_run_starts_when_one_ends(
     ):
         time.sleep(0.05)
     assert all(len(runs_of(registry, r["job_id"])) == 1 for r in rows)
+
+
+def test_a_slot_passes_from_a_call_that_ended_to_a_run_waiting_in_the_same_process(
+    pg_settings, truncate, sink, contexts
+):
+    """Behind a cap of 2, eight runs of 0.1 s: the six that wait take the slots of the
+    calls that end, straight, with no release and no admission in between; the cap
+    still bounds calls in flight, and every slot is back in Redis at the end."""
+    context, registry = make_env(pg_settings, truncate, lease_s=30.0)
+    contexts.append(context)
+    call_s = 0.1
+    sink.script("/pass", [Answer(200, delay_s=call_s)])
+    rows = [
+        job_row(16, run_at=utcnow() - timedelta(seconds=1), target=capped(sink, "/pass", 2)) for _ in range(8)
+    ]
+    due_now(registry, rows)
+    handed_before = metrics.SLOTS_HANDED_OVER._value.get()
+
+    report = context.dispatcher.dispatch(claim_due(registry))
+
+    assert (report.started, report.held) == (8, 0)
+    assert metrics.SLOTS_HANDED_OVER._value.get() - handed_before == 6
+    arrivals = sorted(call.at for call in sink.wait_for(8, "/pass"))
+    assert all(later >= earlier + call_s for earlier, later in zip(arrivals, arrivals[2:], strict=False))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(
+        job(registry, r["job_id"])["state"] != "completed" for r in rows
+    ):
+        time.sleep(0.05)
+    assert all(len(runs_of(registry, r["job_id"])) == 1 for r in rows)
+    [cap] = limit_specs("tests", rows[0]["target"], context.settings)
+    held = context.limiter.free_slots({cap.key: 2}, utcnow())
+    deadline = time.monotonic() + 5
+    while held[cap.key] != 2 and time.monotonic() < deadline:
+        time.sleep(0.02)  # the last slot goes back as its call ends
+        held = context.limiter.free_slots({cap.key: 2}, utcnow())
+    assert held == {cap.key: 2}
+
+
+def test_a_run_under_a_rate_never_takes_a_handed_slot(pg_settings, truncate, sink, contexts):
+    context, registry = make_env(pg_settings, truncate, lease_s=30.0, claim_ahead_s=0.0)
+    contexts.append(context)
+    sink.script("/rated", [Answer(200, delay_s=0.1)])
+    rows = [
+        job_row(16, run_at=utcnow() - timedelta(seconds=1), target=capped(sink, "/rated", 1, rate_per_s=100))
+        for _ in range(3)
+    ]
+    due_now(registry, rows)
+    handed_before = metrics.SLOTS_HANDED_OVER._value.get()
+
+    report = context.dispatcher.dispatch(claim_due(registry))
+
+    assert (report.started, report.held) == (3, 0)  # each admitted by the limiter as a slot came back
+    assert metrics.SLOTS_HANDED_OVER._value.get() == handed_before
+    assert len(sink.wait_for(3, "/rated")) == 3
 
 
 def test_runs_still_waiting_for_a_slot_are_put_off_once_without_spending_an_attempt(

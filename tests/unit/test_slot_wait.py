@@ -9,13 +9,16 @@ from datetime import UTC, datetime, timedelta
 from app.limits import LimitSpec
 from app.worker.slot_wait import (
     BATCH_RUNS,
+    HAND_OVER_FOR_S,
     MAX_WAIT_S,
     POLL_S,
+    Slot,
     SlotReleaser,
     SlotWaits,
     batch_size,
     expected_slot_at,
     pick_runs,
+    takes_handed_slots,
     wait_budget_s,
 )
 
@@ -128,3 +131,91 @@ def test_a_failed_release_still_wakes_the_waiters():
     releaser.put("slot")
     assert waits.wait(seen, 10) > seen
     releaser.stop()
+
+
+# -- a slot handed from a call that ended to a run waiting in the same process -------
+
+OWN, SHARED = LimitSpec("own", max_concurrency=2), LimitSpec("all", max_concurrency=10)
+RATED = LimitSpec("own", max_concurrency=2, rate_per_s=5)
+MARGIN_S = 5.0
+
+
+def live_slot(now: float = 100.0, holder: str = "r0.ab") -> Slot:
+    return Slot(holder, since=now, until=now + 30)
+
+
+def test_only_a_run_without_a_rate_and_with_a_cap_takes_handed_slots():
+    assert takes_handed_slots([OWN, SHARED]) == {"own", "all"}
+    assert takes_handed_slots([OWN, LimitSpec("b", rate_per_s=1)]) is None  # a rate sees every start
+    assert takes_handed_slots([RATED]) is None
+    assert takes_handed_slots([]) is None  # no cap: it never waits
+
+
+def test_a_slot_goes_to_the_first_run_waiting_under_exactly_the_same_caps():
+    waits = SlotWaits()
+    line = waits.open(
+        [("only-own", [OWN]), ("rated", [RATED, SHARED]), ("a", [OWN, SHARED]), ("b", [SHARED, OWN])]
+    )
+    slot = live_slot()
+    assert waits.hand_over([OWN, SHARED], slot, 100.0, MARGIN_S)
+    assert waits.hand_over([SHARED, OWN], slot, 100.0, MARGIN_S)  # the order of specs does not matter
+    assert not waits.hand_over([OWN, SHARED], slot, 100.0, MARGIN_S)  # nobody else waits under both
+    handed = waits.take_handed(line)
+    assert [(h.entry[0], h.slot) for h in handed] == [("a", slot), ("b", slot)]
+    assert [name for name, _ in waits.entries(line)] == ["only-own", "rated"]
+    assert waits.take_handed(line) == []
+
+
+def test_a_slot_near_its_lease_end_or_passed_on_for_long_goes_back_to_the_limiter():
+    waits = SlotWaits()
+    line = waits.open([("a", [OWN])])
+    ending = Slot("r0.ab", since=100.0, until=100.0 + MARGIN_S)  # would run out before a's first heartbeat
+    assert not waits.hand_over([OWN], ending, 100.0, MARGIN_S)
+    old = Slot("r0.ab", since=100.0, until=200.0)
+    assert not waits.hand_over([OWN], old, 100.0 + HAND_OVER_FOR_S, MARGIN_S)  # other processes' turn
+    assert waits.hand_over([OWN], old, 100.0 + HAND_OVER_FOR_S / 2, MARGIN_S)
+    assert [h.entry[0] for h in waits.take_handed(line)] == ["a"]
+
+
+def test_runs_taken_out_to_be_tried_are_not_handed_a_slot_until_put_back():
+    waits = SlotWaits()
+    line = waits.open([("a", [OWN]), ("b", [OWN])])
+    tried = waits.take(line, {"own": 1})
+    assert [name for name, _ in tried] == ["a"]
+    assert waits.hand_over([OWN], live_slot(), 100.0, MARGIN_S)  # b
+    assert not waits.hand_over([OWN], live_slot(), 100.0, MARGIN_S)  # a is being tried: not offered
+    waits.put_back(line, tried)  # still waiting (the limiter said the cap is full)
+    assert waits.hand_over([OWN], live_slot(), 100.0, MARGIN_S)
+    assert [h.entry[0] for h in waits.take_handed(line)] == ["b", "a"]
+
+
+def test_a_closed_line_is_offered_nothing_and_gives_back_what_it_had():
+    waits = SlotWaits()
+    line = waits.open([("a", [OWN]), ("b", [OWN]), ("c", [SHARED])])
+    assert waits.hand_over([OWN], live_slot(), 100.0, MARGIN_S)
+    handed, left = waits.close(line)
+    assert [h.entry[0] for h in handed] == ["a"]
+    assert [name for name, _ in left] == ["b", "c"]
+    assert not waits.hand_over([OWN], live_slot(), 100.0, MARGIN_S)  # b waits no more here
+
+
+def test_a_waiter_wakes_when_one_of_its_runs_is_handed_a_slot():
+    waits = SlotWaits()
+    line = waits.open([("a", [OWN])])
+    other = waits.open([("x", [SHARED])])
+    seen = waits.released
+    assert waits.wait(seen, 0.01, waiting=line) == seen  # nothing for it: it slept its timeout
+    woke = threading.Event()
+
+    def waiter():
+        waits.wait(seen, 30, enough=BATCH_RUNS, waiting=line)
+        woke.set()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    assert waits.hand_over([SHARED], live_slot(), 100.0, MARGIN_S)  # to the other line: no wake-up
+    assert not woke.wait(0.05)
+    assert waits.hand_over([OWN], live_slot(), 100.0, MARGIN_S)
+    assert woke.wait(10)
+    thread.join()
+    assert [h.entry[0] for h in waits.take_handed(other)] == ["x"]
