@@ -25,7 +25,7 @@ from celery import shared_task
 from celery.exceptions import Reject
 from celery.utils.log import get_task_logger
 
-from app.lifecycle.message import DispatchRun, message_headers
+from app.lifecycle.message import DispatchRun, decode_runs, encode_runs, message_headers
 from app.logs import log_context
 from app.pollers.beat import DISPATCH_TASK
 from app.registry.engines import is_fence_error
@@ -38,8 +38,8 @@ log = get_task_logger("punctual.dispatch")
 
 
 @shared_task(name=DISPATCH_TASK, acks_late=True, ignore_result=True, max_retries=0)
-def dispatch(shard: int, runs: list[dict]) -> dict:
-    batch = [DispatchRun.from_message(entry) for entry in runs]
+def dispatch(shard: int, runs: str | list[dict]) -> dict:
+    batch = [DispatchRun.from_message(entry) for entry in decode_runs(runs)]
     with log_context(shard=shard):
         try:
             report = get_context().dispatcher.dispatch(batch)
@@ -63,7 +63,7 @@ def send_dispatch(shard: int, entries: list[dict], eta: datetime | None = None, 
     another, which does the same. With a `producer` (BatchPublisher's) the message is
     sent once, unconfirmed here: the batch waits for its confirms."""
     dispatch.apply_async(
-        kwargs={"shard": shard, "runs": entries},
+        kwargs={"shard": shard, "runs": encode_runs(entries)},
         eta=eta,
         shadow=shown_name(shard, len(entries)),
         # Read by the worker's gate (app.tasks.gate) to take turns without the body.

@@ -12,7 +12,7 @@ from celery import Celery
 from kombu import Connection
 
 from app.core.timefmt import parse_instant, utcnow
-from app.lifecycle.message import DispatchRun
+from app.lifecycle.message import DispatchRun, decode_runs, encode_runs
 from app.pollers import relay
 from app.pollers.beat import DISPATCH_TASK, route_task, shard_queues
 from app.pollers.claim import claim_batch, relay_grace_s
@@ -53,7 +53,7 @@ def broker(amqp_url, pg_settings):
                 functools.partial(
                     app.send_task,
                     DISPATCH_TASK,
-                    kwargs={"shard": shard, "runs": entries},
+                    kwargs={"shard": shard, "runs": encode_runs(entries)},
                     eta=eta,
                     retry=False,
                 )
@@ -74,7 +74,10 @@ def broker(amqp_url, pg_settings):
                 assert message.content_type == "application/json"
                 assert message.headers["task"] == DISPATCH_TASK
                 kwargs = json.loads(message.body)[1]  # [args, kwargs, embed]
-                bodies.append({**kwargs, "eta": message.headers.get("eta")})
+                assert isinstance(kwargs["runs"], str)  # one JSON text (app.lifecycle.message)
+                bodies.append(
+                    {**kwargs, "runs": decode_runs(kwargs["runs"]), "eta": message.headers.get("eta")}
+                )
                 message.ack()
             simple.close()
         return bodies

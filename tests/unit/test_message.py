@@ -9,7 +9,16 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.lifecycle.message import ETA_STEP, DispatchRun, chunks, eta_of, message_headers, to_messages
+from app.lifecycle.message import (
+    ETA_STEP,
+    DispatchRun,
+    chunks,
+    decode_runs,
+    encode_runs,
+    eta_of,
+    message_headers,
+    to_messages,
+)
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -37,6 +46,16 @@ def test_an_entry_survives_json_both_ways():
     entry = json.loads(json.dumps(original.to_message()))
     assert entry["scheduled_for"] == "2026-12-01T00:00:00.123Z"
     assert DispatchRun.from_message(entry) == original
+
+
+def test_a_messages_runs_travel_as_one_json_text_and_a_plain_list_still_reads():
+    originals = [run(), run(recurring=True, payload=None), run(fire_at=NOW)]
+    entries = [r.to_message() for r in originals]
+    text = encode_runs(entries)
+    assert isinstance(text, str) and json.loads(text) == entries
+    assert [DispatchRun.from_message(e) for e in decode_runs(text)] == originals
+    # A message sent before the runs travelled as text: its runs are Celery's own list.
+    assert [DispatchRun.from_message(e) for e in decode_runs(json.loads(text))] == originals
 
 
 def test_a_recurring_run_survives_json_and_a_one_off_carries_no_flag():
