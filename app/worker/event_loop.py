@@ -1,9 +1,8 @@
 """An asyncio event loop in a thread of its own: where a worker process makes its calls.
 
 One loop a process carries every webhook call of that process: a call is a task on
-it, not a thread blocked on a socket. With calls on threads, a 2-core box spent
-most of a call's CPU handing the GIL between hundreds of threads and in http.client's
-pure-Python parsing; on one loop the same call costs a fraction of that (bench/README.md).
+it, not a thread blocked on a socket, so a hundred calls in flight do not mean a
+hundred threads taking turns at the GIL (app.worker.webhook says what it saved).
 
 The thread starts on first use, so a loop made before a fork (Celery's prefork pool)
 is started anew in the child, where the parent's thread does not exist. Work that
