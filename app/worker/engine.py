@@ -403,8 +403,10 @@ class Dispatcher:
         """The call is over: its slot goes to a run waiting for one in this process, or
         back to the limiter, now, not once the outcome is recorded."""
         slot = call.slot
-        if slot is not None and not self._waits.hand_over(
-            call.specs, slot, time.monotonic(), self.settings.heartbeat_s
+        # A lost call's slot went back already (_withdraw): its name is not to be handed on.
+        if slot is not None and (
+            call.lost
+            or not self._waits.hand_over(call.specs, slot, time.monotonic(), self.settings.heartbeat_s)
         ):
             self._releaser.put((call.specs, slot.holder))
 
@@ -412,6 +414,7 @@ class Dispatcher:
         """The janitor took the run back (this process was stopped, or starved, past its
         lease) and another attempt may be under way: call nothing, record nothing. (The
         caller gives back the thread slot.)"""
+        call.lost = True
         self._inflight.pop_many([call.run.run_id])
         self._release_quietly([(call.specs, call.holder)])
         metrics.STALE_COMPLETIONS.inc()

@@ -145,6 +145,40 @@ def test_a_run_under_a_rate_never_takes_a_handed_slot(pg_settings, truncate, sin
     assert len(sink.wait_for(3, "/rated")) == 3
 
 
+def test_a_withdrawn_calls_slot_goes_back_to_redis_and_never_to_a_waiting_run(
+    pg_settings, truncate, sink, contexts
+):
+    """A call withdrawn at its last look (its lease may be gone) gave its slot back to
+    Redis already: handing that name on too would let a run call without a slot."""
+    from app.worker.webhook import NotSent
+
+    class Withdrawn:
+        async def send(self, call):
+            raise NotSent("withdrawn")
+
+        def close(self):
+            pass
+
+    context, registry = make_env(pg_settings, truncate, lease_s=30.0)
+    contexts.append(context)
+    context.dispatcher.webhooks = Withdrawn()
+    rows = [
+        job_row(16, run_at=utcnow() - timedelta(seconds=1), target=capped(sink, "/gone", 1)) for _ in range(3)
+    ]
+    due_now(registry, rows)
+    handed_before = metrics.SLOTS_HANDED_OVER._value.get()
+
+    report = context.dispatcher.dispatch(claim_due(registry))
+
+    assert (report.started, report.held) == (3, 0)  # one after the other, each through Redis
+    assert metrics.SLOTS_HANDED_OVER._value.get() == handed_before
+    [cap] = limit_specs("tests", rows[0]["target"], context.settings)
+    deadline = time.monotonic() + 5
+    while context.limiter.free_slots({cap.key: 1}, utcnow())[cap.key] != 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert context.limiter.free_slots({cap.key: 1}, utcnow()) == {cap.key: 1}
+
+
 def test_runs_still_waiting_for_a_slot_are_put_off_once_without_spending_an_attempt(
     pg_settings, truncate, sink, contexts
 ):
