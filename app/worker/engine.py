@@ -70,7 +70,6 @@ from app.worker.inflight import InFlight
 from app.worker.queue_publisher import QueueCall, QueuePublisher
 from app.worker.slot_wait import (
     BATCH_WAIT_S,
-    HANDED_GATHER_S,
     POLL_S,
     Handed,
     Slot,
@@ -199,27 +198,28 @@ class Dispatcher:
         line = waits.open(waiting)  # calls ending in this process may hand their slots to these
         try:
             while True:
+                entries = waits.entries(line)
+                caps = {
+                    spec.key: spec.max_concurrency
+                    for _, specs in entries + [h.entry for h in line.handed]
+                    for spec in specs
+                    if spec.max_concurrency
+                }
+                batch = batch_size(len(entries) + len(line.handed), min(caps.values(), default=1))
                 if line.handed:
-                    # Let the calls ending meanwhile join this one fenced start.
-                    time.sleep(HANDED_GATHER_S)
-                    calls, stale_now = self._start_handed(waits.take_handed(line))
+                    # The calls ending meanwhile join this one fenced start: a batch, or
+                    # what came in BATCH_WAIT_S (its slots idle meanwhile).
+                    calls, stale_now = self._start_handed(waits.take_handed(line, batch, BATCH_WAIT_S))
                     got_slot.update(cap.key for call in calls if (cap := _cap_of(call.specs)))
                     unsettled[0] -= len(calls)
                     started, stale = started + len(calls), stale + stale_now
-                entries = waits.entries(line)
+                    entries = waits.entries(line)
                 left = began + self.wait_s - time.monotonic()
                 if not entries or left <= 0:
                     break
                 # Woken once a call of this process handed its slot to one of these runs,
                 # or gave back enough slots for a batch, or after POLL_S for slots freed
                 # by other processes (app.worker.slot_wait).
-                caps = {
-                    spec.key: spec.max_concurrency
-                    for _, specs in entries
-                    for spec in specs
-                    if spec.max_concurrency
-                }
-                batch = batch_size(len(entries), min(caps.values()))
                 released = waits.wait(released, min(POLL_S, left), enough=batch, waiting=line)
                 if line.handed:
                     continue

@@ -20,13 +20,14 @@ a small cap still starts as soon as a slot frees.
 
 A slot can also pass straight from a call that ended to a run waiting in the same
 process (`SlotWaits.hand_over`): no release, no look, no admission, so the slot is
-idle only until the waiting run's fenced start, not for a round trip to Redis and a
-poll. Only a run whose caps are exactly the ending call's and that has no rate can
-take one (a rate must see each start), and only while the slot's lease is known to
-hold well past the waiting run's first heartbeat. The slot keeps its holder name in
-the limiter (the name given at its admission): the limiter sees one slot held all
-along, renewed by whichever run uses it, released by the last. A slot goes back to
-the limiter all the same once it has been passed on for HAND_OVER_FOR_S since it was
+idle only until the waiting run's fenced start (gathered like the admissions above:
+a batch, or BATCH_WAIT_S), not for a round trip to Redis and a poll. Only a run
+whose caps are exactly the ending call's and that has no rate can take one (a rate
+must see each start), and only while the slot's lease is known to hold well past
+the waiting run's first heartbeat. The slot keeps its holder name in the limiter
+(the name given at its admission): the limiter sees one slot held all along,
+renewed by whichever run uses it, released by the last. A slot goes back to the
+limiter all the same once it has been passed on for HAND_OVER_FOR_S since it was
 admitted, so the runs waiting in other processes still get their turns.
 
 Only a run still waiting after `wait_s` is held back to the registry, once, with
@@ -64,8 +65,6 @@ RELEASE_LINGER_S = 0.005
 # How long a slot may pass from call to call inside one process (since the limiter
 # admitted it) before it goes back to the limiter for every process to compete for.
 HAND_OVER_FOR_S = 1.0
-# How long handed-over runs may gather before their fenced start (one UPDATE for all).
-HANDED_GATHER_S = 0.002
 
 
 def wait_budget_s(lease_s: float) -> float:
@@ -215,8 +214,13 @@ class SlotWaits:
                         return True
         return False
 
-    def take_handed(self, waiting: Waiting) -> list[Handed]:
+    def take_handed(self, waiting: Waiting, enough: int = 1, timeout_s: float = 0.0) -> list[Handed]:
+        """The runs of `waiting` handed a slot, once there are `enough` of them or after
+        `timeout_s` (each costs a fenced start, one statement for all: a burst's calls
+        end by the dozen, and starting each alone cost the registry more per run)."""
         with self._cond:
+            if timeout_s > 0:
+                self._cond.wait_for(lambda: len(waiting.handed) >= enough, timeout_s)
             handed, waiting.handed = waiting.handed, []
             return handed
 

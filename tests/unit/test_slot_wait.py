@@ -219,3 +219,21 @@ def test_a_waiter_wakes_when_one_of_its_runs_is_handed_a_slot():
     assert woke.wait(10)
     thread.join()
     assert [h.entry[0] for h in waits.take_handed(other)] == ["x"]
+
+
+def test_handed_runs_gather_into_one_start_until_a_batch_or_the_timeout():
+    waits = SlotWaits()
+    line = waits.open([(f"r{i}", [OWN]) for i in range(4)])
+    assert waits.hand_over([OWN], live_slot(), 100.0, MARGIN_S)
+    # Fewer than a batch: it waits out its timeout, then takes what came.
+    assert [h.entry[0] for h in waits.take_handed(line, enough=3, timeout_s=0.01)] == ["r0"]
+
+    def end_two_calls():
+        for _ in range(2):
+            assert waits.hand_over([OWN], live_slot(), 100.0, MARGIN_S)
+
+    thread = threading.Thread(target=end_two_calls)
+    thread.start()
+    # A batch's worth: it returns as soon as the second slot is in, long before 30 s.
+    assert [h.entry[0] for h in waits.take_handed(line, enough=2, timeout_s=30)] == ["r1", "r2"]
+    thread.join()
