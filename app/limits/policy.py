@@ -11,7 +11,7 @@ A run is subject to at most three specs:
   Punctual as a whole, on top of whatever the owners chose;
 - the owner's quota (PUNCTUAL_OWNER_MAX_IN_FLIGHT, 0 = none): a concurrency cap on
   all of the owner's calls, whatever the target, so that one owner's burst leaves
-  the workers' call threads to the others.
+  the workers' calls in flight to the others.
 
 A run is admitted only when every spec admits it (app.limits.limiter).
 """

@@ -311,7 +311,7 @@ class OwnerDirectory:
     def prefetch_secrets(self, names: Iterable[str]) -> None:
         """Read the signing secrets of every owner in `names` that is not cached, in one
         query: a worker asks for the owners of a dispatch message before its calls, so
-        that its call threads find them cached instead of each asking the home database
+        that its calls find them cached instead of each asking the home database
         (with a thousand owners, that was a query per call and a connection pool
         overflowing into new connections)."""
         now = time.monotonic()

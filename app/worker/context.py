@@ -2,7 +2,7 @@
 
 The registry's engine pools, the owner directory (signing secrets, cached), the
 limiter, the pooled HTTP session, the AMQP publisher for queue targets and the
-dispatcher with its call threads must never cross a fork: a prefork child starts
+dispatcher with its event loop must never cross a fork: a prefork child starts
 with none (`reset_after_fork`) and builds its own on first use.
 """
 

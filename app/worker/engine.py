@@ -162,7 +162,7 @@ class Dispatcher:
         for part in chunks(list(batch), self.capacity):
             for _ in part:
                 self._slots.acquire()
-            unsettled = [len(part)]  # thread slots still taken by runs not handed to a call thread
+            unsettled = [len(part)]  # call slots still taken by runs not handed to the loop
             try:
                 report = self._dispatch_part(part, unsettled)
             finally:
