@@ -63,26 +63,8 @@ def capped(sink, path: str, cap: int, **limits) -> dict:
     return webhook_target(sink.url(path), limits={"key": path, "max_concurrency": cap, **limits})
 
 
-def test_a_cap_bounds_calls_in_flight_and_the_next_run_starts_when_one_ends(
-    pg_settings, truncate, sink, contexts
-):
-    context, registry = make_env(pg_settings, truncate, lease_s=30.0)  # waits up to 2 s for a slot
-    contexts.append(context)
-    call_s = 0.1
-    sink.script("/cap2", [Answer(200, delay_s=call_s)])
-    rows = [
-        job_row(16, run_at=utcnow() - timedelta(seconds=1), target=capped(sink, "/cap2", 2)) for _ in range(6)
-    ]
-    due_now(registry, rows)
-
-    report = context.dispatcher.dispatch(claim_due(registry))
-
-    # Every run started in this dispatch: none was put off, none waited for a schedule.
-    assert (report.started, report.held) == (6, 0)
-    arrivals = sorted(call.at for call in sink.wait_for(6, "/cap2"))
-    # Never more than 2 in flight: the third call arrives only after the first answered.
-    assert all(later >= earlier + call_s for earlier, later in zip(arrivals, arrivals[2:], strict=False))
-    deadline = time.monotonic() + 20
+def assert_each_completed_once(registry, rows, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and any(
         job(registry, r["job_id"])["state"] != "completed" for r in rows
     ):
@@ -90,41 +72,45 @@ def test_a_cap_bounds_calls_in_flight_and_the_next_run_starts_when_one_ends(
     assert all(len(runs_of(registry, r["job_id"])) == 1 for r in rows)
 
 
-def test_a_slot_passes_from_a_call_that_ended_to_a_run_waiting_in_the_same_process(
+def assert_every_slot_back(context, target: dict, cap: int, timeout_s: float = 5) -> None:
+    """Every slot of the target's own cap is free in Redis again (the last one goes back
+    as its call ends)."""
+    [spec] = limit_specs("tests", target, context.settings)
+    deadline = time.monotonic() + timeout_s
+    while (
+        context.limiter.free_slots({spec.key: cap}, utcnow())[spec.key] != cap and time.monotonic() < deadline
+    ):
+        time.sleep(0.02)
+    assert context.limiter.free_slots({spec.key: cap}, utcnow()) == {spec.key: cap}
+
+
+def test_a_cap_bounds_calls_in_flight_and_the_next_run_starts_when_one_ends(
     pg_settings, truncate, sink, contexts
 ):
-    """Behind a cap of 2, eight runs of 0.1 s: the six that wait take the slots of the
-    calls that end, straight, with no release and no admission in between; the cap
-    still bounds calls in flight, and every slot is back in Redis at the end."""
-    context, registry = make_env(pg_settings, truncate, lease_s=30.0)
+    """Behind a cap of 2, eight runs of 0.1 s, all in one dispatch: the six that wait
+    take the slots of the calls that end, straight (no release and no admission in
+    between), the cap still bounds calls in flight, and every slot is back in Redis at
+    the end."""
+    context, registry = make_env(pg_settings, truncate, lease_s=30.0)  # waits up to 2 s for a slot
     contexts.append(context)
     call_s = 0.1
-    sink.script("/pass", [Answer(200, delay_s=call_s)])
+    sink.script("/cap2", [Answer(200, delay_s=call_s)])
     rows = [
-        job_row(16, run_at=utcnow() - timedelta(seconds=1), target=capped(sink, "/pass", 2)) for _ in range(8)
+        job_row(16, run_at=utcnow() - timedelta(seconds=1), target=capped(sink, "/cap2", 2)) for _ in range(8)
     ]
     due_now(registry, rows)
     handed_before = metrics.SLOTS_HANDED_OVER._value.get()
 
     report = context.dispatcher.dispatch(claim_due(registry))
 
+    # Every run started in this dispatch: none was put off, none waited for a schedule.
     assert (report.started, report.held) == (8, 0)
     assert metrics.SLOTS_HANDED_OVER._value.get() - handed_before == 6
-    arrivals = sorted(call.at for call in sink.wait_for(8, "/pass"))
+    arrivals = sorted(call.at for call in sink.wait_for(8, "/cap2"))
+    # Never more than 2 in flight: the third call arrives only after the first answered.
     assert all(later >= earlier + call_s for earlier, later in zip(arrivals, arrivals[2:], strict=False))
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and any(
-        job(registry, r["job_id"])["state"] != "completed" for r in rows
-    ):
-        time.sleep(0.05)
-    assert all(len(runs_of(registry, r["job_id"])) == 1 for r in rows)
-    [cap] = limit_specs("tests", rows[0]["target"], context.settings)
-    held = context.limiter.free_slots({cap.key: 2}, utcnow())
-    deadline = time.monotonic() + 5
-    while held[cap.key] != 2 and time.monotonic() < deadline:
-        time.sleep(0.02)  # the last slot goes back as its call ends
-        held = context.limiter.free_slots({cap.key: 2}, utcnow())
-    assert held == {cap.key: 2}
+    assert_each_completed_once(registry, rows)
+    assert_every_slot_back(context, rows[0]["target"], 2)
 
 
 def test_a_run_under_a_rate_never_takes_a_handed_slot(pg_settings, truncate, sink, contexts):
@@ -172,11 +158,7 @@ def test_a_withdrawn_calls_slot_goes_back_to_redis_and_never_to_a_waiting_run(
 
     assert (report.started, report.held) == (3, 0)  # one after the other, each through Redis
     assert metrics.SLOTS_HANDED_OVER._value.get() == handed_before
-    [cap] = limit_specs("tests", rows[0]["target"], context.settings)
-    deadline = time.monotonic() + 5
-    while context.limiter.free_slots({cap.key: 1}, utcnow())[cap.key] != 1 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert context.limiter.free_slots({cap.key: 1}, utcnow()) == {cap.key: 1}
+    assert_every_slot_back(context, rows[0]["target"], 1)
 
 
 def test_runs_still_waiting_for_a_slot_are_put_off_once_without_spending_an_attempt(
