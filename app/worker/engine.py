@@ -105,7 +105,7 @@ class _Call:
 
     @property
     def holder(self) -> str:
-        """The name of its slots in the limiter: the run that acquired them."""
+        """The name of its slots in the limiter, given at their admission (_holder_name)."""
         return self.slot.holder if self.slot is not None else str(self.run.run_id)
 
 
@@ -190,7 +190,7 @@ class Dispatcher:
         # counted as such, it used up the wait at once and made the pace of slots look
         # near zero, so the runs put off were given turns tens of seconds late.
         began = last_try = time.monotonic()
-        unsettled[0] -= len(calls)  # their calls give their thread slots back
+        unsettled[0] -= len(calls)  # their calls give their call slots back
         started = len(calls)
         got_slot: Counter = Counter()  # cap key -> runs that got a slot after waiting
         if not waiting:
