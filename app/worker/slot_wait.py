@@ -141,9 +141,19 @@ class Waiting:
     def __init__(self, entries: Iterable[tuple]):
         self.entries: list[tuple] = list(entries)
         self.handed: list[Handed] = []
-        self.takers: Counter = Counter(
-            keys for _, specs in self.entries if (keys := takes_handed_slots(specs))
-        )
+        # Each run's caps for a handed slot, worked out once (by the run object's
+        # identity: a run moves between lists in new tuples), not at every call's end.
+        self._caps = {id(run): takes_handed_slots(specs) for run, specs in self.entries}
+        self.takers: Counter = Counter(keys for keys in self._caps.values() if keys)
+
+    def caps_of(self, entry: tuple) -> frozenset[str] | None:
+        return self._caps[id(entry[0])]
+
+    def count(self, entries: Iterable[tuple], sign: int) -> None:
+        """Add (sign 1) or take out (-1) these runs from the count of takers."""
+        for entry in entries:
+            if keys := self.caps_of(entry):
+                self.takers[keys] += sign
 
 
 class SlotWaits:
@@ -206,7 +216,7 @@ class SlotWaits:
                 if not waiting.takers[keys]:
                     continue
                 for i, entry in enumerate(waiting.entries):
-                    if takes_handed_slots(entry[1]) == keys:
+                    if waiting.caps_of(entry) == keys:
                         del waiting.entries[i]
                         waiting.takers[keys] -= 1
                         waiting.handed.append(Handed(entry, slot))
@@ -228,7 +238,7 @@ class SlotWaits:
         """Take out the runs to try now (pick_runs over what still waits)."""
         with self._cond:
             ready, waiting.entries = pick_runs(waiting.entries, free)
-            waiting.takers.subtract(keys for _, specs in ready if (keys := takes_handed_slots(specs)))
+            waiting.count(ready, -1)
             return ready
 
     def put_back(self, waiting: Waiting, entries: list[tuple]) -> None:
@@ -237,7 +247,7 @@ class SlotWaits:
             return
         with self._cond:
             waiting.entries[:0] = entries
-            waiting.takers.update(keys for _, specs in entries if (keys := takes_handed_slots(specs)))
+            waiting.count(entries, 1)
 
     def entries(self, waiting: Waiting) -> list[tuple]:
         with self._cond:
