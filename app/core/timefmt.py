@@ -8,6 +8,7 @@ a fraction only when the instant has one, so `Idempotency-Key`,
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import UTC, datetime, timedelta, timezone
 
@@ -24,6 +25,19 @@ def parse_instant(text: object) -> datetime:
     """
     if not isinstance(text, str):
         raise ValueError("must be an RFC 3339 date-time string")
+    return _parse_text(text)
+
+
+# A burst's runs share a handful of instants (their scheduled_for, their fire_at), and
+# each one's instants are parsed from its dispatch message and printed into its
+# headers and writes: cached, that is a dictionary lookup rather than a regex and a
+# strftime per run. Only valid texts and UTC datetimes are cached (an error is not),
+# and both are immutable, so an entry never goes stale.
+_CACHED_INSTANTS = 4096
+
+
+@functools.lru_cache(maxsize=_CACHED_INSTANTS)
+def _parse_text(text: str) -> datetime:
     match = _RFC3339.match(text)
     if not match:
         if re.match(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?$", text):
@@ -58,7 +72,13 @@ def format_instant(moment: datetime) -> str:
     """
     if moment.tzinfo is None:
         raise ValueError("naive datetime: every instant in Punctual is aware UTC")
-    moment = moment.astimezone(UTC)
+    # Converted before the cache looks: two aware datetimes of one zone compare equal by
+    # their wall time alone, even when a fold makes them different instants.
+    return _format_utc(moment.astimezone(UTC))
+
+
+@functools.lru_cache(maxsize=_CACHED_INSTANTS)
+def _format_utc(moment: datetime) -> str:
     # Not strftime("%Y"): glibc does not pad years below 1000 to four digits.
     text = f"{moment.year:04d}-{moment:%m-%dT%H:%M:%S}"
     if moment.microsecond:

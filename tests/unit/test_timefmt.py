@@ -63,6 +63,30 @@ def test_the_printed_form_has_a_fraction_only_when_the_instant_has_one():
         format_instant(datetime(2026, 12, 1))
 
 
+def test_the_two_instants_of_a_fold_print_apart_however_often_each_is_printed():
+    # One zone's two 01:30s of a fall-back night compare equal by wall time; the cache
+    # of printed instants must still tell them apart.
+    new_york = ZoneInfo("America/New_York")
+    first = datetime(2026, 11, 1, 1, 30, tzinfo=new_york)
+    second = datetime(2026, 11, 1, 1, 30, fold=1, tzinfo=new_york)
+    assert first == second  # same tzinfo: compared by wall time
+    for _ in range(2):
+        assert format_instant(first) == "2026-11-01T05:30:00Z"
+        assert format_instant(second) == "2026-11-01T06:30:00Z"
+
+
+def test_a_refused_text_is_refused_every_time_and_an_accepted_one_reads_the_same():
+    for _ in range(2):
+        with pytest.raises(ValueError, match="offset"):
+            parse_instant("2026-12-01T00:00:00")
+        assert parse_instant("2026-12-01T01:00:00+01:00") == datetime(2026, 12, 1, tzinfo=UTC)
+        assert parse_instant("2026-12-01T01:00:00+01:00").tzinfo is UTC
+    with pytest.raises(ValueError):
+        format_instant(datetime(2026, 12, 1))
+    with pytest.raises(ValueError):  # a naive twin of a printed instant is still refused
+        format_instant(datetime(2026, 12, 1))
+
+
 def test_local_form_keeps_the_zones_offset():
     berlin = ZoneInfo("Europe/Berlin")
     assert format_local(datetime(2026, 10, 25, 2, 30, tzinfo=berlin)) == "2026-10-25T02:30:00+02:00"
