@@ -18,6 +18,8 @@ A run is admitted only when every spec admits it (app.limits.limiter).
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +56,18 @@ def target_origin(target: Mapping[str, Any]) -> str:
     if target.get("type") == "queue":
         return f"topic:{target.get('topic', '')}"
     url = str(target.get("url", ""))
+    # Every run's limits are keyed by its origin, and a burst calls a few origins many
+    # times, each job often at a path of its own: the origin is parsed once per
+    # scheme://authority, the part of the URL before its path, query or fragment.
+    authority = _AUTHORITY.match(url)
+    return _url_origin(authority.group(0)) if authority else _url_origin.__wrapped__(url)
+
+
+_AUTHORITY = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*")
+
+
+@functools.lru_cache(maxsize=1024)
+def _url_origin(url: str) -> str:
     try:
         parts = urlsplit(url)
         scheme, host = parts.scheme.lower(), (parts.hostname or "").rstrip(".")

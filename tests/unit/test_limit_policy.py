@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from app.limits.policy import LimitSpec, limit_specs, target_origin
 
@@ -41,6 +44,41 @@ def webhook(url: str, **limits) -> dict:
 )
 def test_origin_always_writes_the_port(url, origin):
     assert target_origin(webhook(url)) == origin
+
+
+def _origin_of_whole_url(url: str, authority: str) -> str:
+    """The origin as urlsplit reads it from the whole URL; a URL it cannot read (the
+    API never accepts one) is keyed by its scheme://authority as written."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme.lower(), 0)
+    except ValueError:
+        return authority
+    host = (parts.hostname or "").rstrip(".")
+    return f"{parts.scheme.lower()}://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.sampled_from(["http", "https", "HTTP", "ftp"]),
+    st.text(alphabet="abcAB.-:@[]19\t%", max_size=16),
+    st.sampled_from(["", "/", "/hook/1", "?a=1", "#f", "/x?y#z", "/p:8080/q"]),
+)
+def test_origin_read_from_the_authority_alone_is_the_whole_urls(scheme, authority, rest):
+    # The origin is worked out once per scheme://authority; for any URL that must be
+    # what the whole URL gives.
+    url = f"{scheme}://{authority}{rest}"
+    try:
+        expected = _origin_of_whole_url(url, f"{scheme}://{authority}")
+    except ValueError:  # an unbalanced [ in the authority
+        expected = f"{scheme}://{authority}"
+    assert target_origin(webhook(url)) == expected
+    assert target_origin(webhook(url)) == expected  # and again, from the cache
+
+
+def test_many_paths_of_one_host_share_its_origin():
+    origins = {target_origin(webhook(f"https://api.example/hook/{i}")) for i in range(2000)}
+    assert origins == {"https://api.example:443"}
 
 
 def test_origin_of_a_queue_target_is_its_topic():
