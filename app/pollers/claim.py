@@ -59,6 +59,7 @@ poller and takes the write lock at BEGIN.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -83,18 +84,26 @@ from app.settings import Settings
 def due_jobs(shard: int, horizon: datetime, limit: int, lock: bool = True) -> sa.Select:
     """The claim query: the oldest rows of one shard due by `horizon` (now + the
     claim-ahead window), locked, skipping locked ones."""
+    return _due_jobs_statement(lock).params(shard=shard, horizon=horizon, limit=limit)
+
+
+# The claim's statements are built once, their values bound at each execution: a
+# poll tick runs them every batch, and building a statement (and its cache key) anew
+# each time was a few per cent of the worker's CPU on a burst.
+@functools.cache
+def _due_jobs_statement(lock: bool) -> sa.Select:
     stmt = (
         sa.select(jobs)
         .where(
-            jobs.c.shard == shard,
+            jobs.c.shard == sa.bindparam("shard"),
             jobs.c.state == "scheduled",
             # ix_jobs_due's own bound (true of every row): only a query that states it
             # can use that index (app.registry.schema, migration 0007).
             jobs.c.next_run_at > DUE_INDEX_BOUND,
-            jobs.c.next_run_at <= horizon,
+            jobs.c.next_run_at <= sa.bindparam("horizon"),
         )
         .order_by(jobs.c.next_run_at)
-        .limit(limit)
+        .limit(sa.bindparam("limit", type_=sa.Integer))
     )
     return stmt.with_for_update(skip_locked=True) if lock else stmt
 
@@ -119,7 +128,12 @@ def due_owners(shard: int, horizon: datetime) -> sa.Select:
     """The owners of `shard` with rows due by `horizon`, each with its oldest due
     instant: a loose index scan (one probe of ix_jobs_due_by_owner per owner of the
     shard, due or not). PostgreSQL; SQLite groups instead (`_due_owners_grouped`)."""
-    scheduled = (jobs.c.shard == shard, jobs.c.state == "scheduled")
+    return _due_owners_statement().params(shard=shard, horizon=horizon)
+
+
+@functools.cache
+def _due_owners_statement() -> sa.Select:
+    scheduled = (jobs.c.shard == sa.bindparam("shard"), jobs.c.state == "scheduled")
     first = (
         sa.select(jobs.c.owner, jobs.c.next_run_at)
         .where(*scheduled)
@@ -137,7 +151,9 @@ def due_owners(shard: int, horizon: datetime) -> sa.Select:
     found = found.union_all(
         sa.select(following.c.owner, following.c.next_run_at).select_from(found).join(following, sa.true())
     )
-    return sa.select(found.c.owner, found.c.next_run_at).where(found.c.next_run_at <= horizon)
+    return sa.select(found.c.owner, found.c.next_run_at).where(
+        found.c.next_run_at <= sa.bindparam("horizon", type_=jobs.c.next_run_at.type)
+    )
 
 
 def _due_owners_grouped(shard: int, horizon: datetime) -> sa.Select:
@@ -190,10 +206,15 @@ def _select_due(
 ) -> tuple[Sequence[Row], bool]:
     """The due rows this batch takes, fairly between owners, and whether more may be
     due (the batch, or some owner's share, came back full)."""
-    owners_stmt = due_owners(shard, horizon) if is_postgres(conn) else _due_owners_grouped(shard, horizon)
-    found = conn.execute(owners_stmt).scalars().all()
+    bound = {"shard": shard, "horizon": horizon}
+    if is_postgres(conn):
+        found = conn.execute(_due_owners_statement(), bound).scalars().all()
+    else:
+        found = conn.execute(_due_owners_grouped(shard, horizon)).scalars().all()
     if len(found) <= 1:  # one owner: the whole batch is its share, the plain range scan
-        rows = conn.execute(due_jobs(shard, horizon, limit, lock)).mappings().all() if found else []
+        if not found:
+            return [], False
+        rows = conn.execute(_due_jobs_statement(lock), {**bound, "limit": limit}).mappings().all()
         return rows, len(rows) >= limit
     turns = (conn.engine.url.render_as_string(), shard)
     shares, turn_ends = fair_shares(found, weights, limit, after=_last_served.get(turns))

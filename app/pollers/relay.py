@@ -54,10 +54,14 @@ def publish_claimed(engine: sa.Engine, shard: int, claimed: Sequence[DispatchRun
     return sent
 
 
-def outbox_due(shard: int, now: datetime, limit: int, lock: bool = True) -> sa.Select:
+@functools.cache
+def outbox_due(lock: bool = True) -> sa.Select:
     """Unpublished claimed runs of a shard whose due_at has passed (ix_runs_outbox),
     with their job's payload (runs do not copy it) and, for a schedule run, its fire
-    instant: the job's next_run_at while the job holds that run's lease."""
+    instant: the job's next_run_at while the job holds that run's lease.
+
+    Built once (every poll tick sweeps); `shard`, `now` and `limit` are bound at each
+    execution."""
     fire_at = sa.case(
         (sa.and_(runs.c.origin == "schedule", jobs.c.lease_token == runs.c.lease_token), jobs.c.next_run_at),
         else_=sa.null(),
@@ -66,13 +70,13 @@ def outbox_due(shard: int, now: datetime, limit: int, lock: bool = True) -> sa.S
         sa.select(runs, jobs.c.payload, fire_at)
         .join(jobs, jobs.c.job_id == runs.c.job_id)
         .where(
-            runs.c.shard == shard,
+            runs.c.shard == sa.bindparam("shard"),
             runs.c.published == sa.false(),
-            runs.c.due_at <= now,
+            runs.c.due_at <= sa.bindparam("now"),
             runs.c.state == "claimed",
         )
         .order_by(runs.c.due_at)
-        .limit(limit)
+        .limit(sa.bindparam("limit", type_=sa.Integer))
     )
     return stmt.with_for_update(of=runs, skip_locked=True) if lock else stmt
 
@@ -87,7 +91,9 @@ def sweep(engine: sa.Engine, shard: int, now: datetime, send: Send, limit: int =
     total = 0
     while True:
         with engine.begin() as conn:
-            rows = conn.execute(outbox_due(shard, now, limit, lock)).mappings().all()
+            rows = (
+                conn.execute(outbox_due(lock), {"shard": shard, "now": now, "limit": limit}).mappings().all()
+            )
             if not rows:
                 return total
             found = [DispatchRun.from_row(row, row["payload"], row["fire_at"]) for row in rows]
