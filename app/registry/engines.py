@@ -132,10 +132,11 @@ def refuse_moved_shards(conn: sa.Connection, shards: Iterable[int]) -> None:
     SELECT punctual_refuse_fenced(CAST(:shards AS smallint[]))
     """
     if conn.dialect.name == "postgresql":
-        conn.execute(_REFUSE_FENCED, {"shards": sorted(set(shards))})
+        # To the driver as it is: it opens every write transaction of a worker.
+        conn.exec_driver_sql(_REFUSE_FENCED, {"shards": sorted(set(shards))})
 
 
-_REFUSE_FENCED = sa.text("SELECT punctual_refuse_fenced(CAST(:shards AS smallint[]))")
+_REFUSE_FENCED = "SELECT punctual_refuse_fenced(CAST(%(shards)s AS smallint[]))"
 
 
 class Registry:

@@ -1,0 +1,136 @@
+"""Bulk writes on PostgreSQL (app.registry.bulk): what goes in comes back out.
+
+The statements go to the driver as they are, each batch's shared values bound once,
+cast to their column's type; so every type the registry writes is sent both ways
+here (per row in the JSON recordset and once for the batch) and read back, and a
+naive datetime is refused either way before anything is written.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+import sqlalchemy as sa
+
+from app.registry.bulk import insert_many, insert_new, update_many
+from app.registry.engines import create_engine_for
+from app.registry.schema import JSONType, UTCDateTime
+
+probe = sa.Table(
+    "bulk_probe",
+    sa.MetaData(),
+    sa.Column("id", sa.Uuid(), primary_key=True),
+    sa.Column("token", sa.Uuid()),
+    sa.Column("at", UTCDateTime()),
+    sa.Column("flag", sa.Boolean()),
+    sa.Column("n", sa.SmallInteger()),
+    sa.Column("label", sa.Text()),
+    sa.Column("doc", JSONType),
+)
+
+AT = datetime(2026, 12, 2, 3, 4, 5, 678901, tzinfo=UTC)
+
+
+@pytest.fixture
+def engine(pg_dsns):
+    engine = create_engine_for(pg_dsns[0], pool_size=1)
+    probe.create(engine)
+    yield engine
+    probe.drop(engine)
+    engine.dispose()
+
+
+def _rows(count: int, **values) -> list[dict]:
+    base = {"token": None, "at": AT, "flag": True, "n": 7, "label": "x", "doc": {"k": [1, "ü"]}}
+    return [{"id": uuid.uuid4(), **base, **values} for _ in range(count)]
+
+
+def _read(engine) -> dict:
+    with engine.connect() as conn:
+        return {row["id"]: dict(row) for row in conn.execute(sa.select(probe)).mappings()}
+
+
+def _insert(engine, rows: list[dict]) -> None:
+    """INSERT INTO bulk_probe (id, token, at, flag, n, label, doc) SELECT v.id, v.token, v.at, v.flag,
+    v.n, v.label, v.doc FROM jsonb_to_recordset(:rows) AS v(id uuid, token uuid, at timestamptz,
+    flag boolean, n smallint, label text, doc jsonb);
+    """
+    with engine.begin() as conn:
+        insert_many(conn, probe, rows)
+
+
+def _insert_new(engine, rows: list[dict]) -> set:
+    """INSERT INTO bulk_probe (id, token, at, flag, n, label, doc) SELECT v.id, v.token, v.at, v.flag,
+    v.n, v.label, v.doc FROM jsonb_to_recordset(:rows) AS v(id uuid, token uuid, at timestamptz,
+    flag boolean, n smallint, label text, doc jsonb) ON CONFLICT (id) DO NOTHING RETURNING id;
+    """
+    with engine.begin() as conn:
+        return insert_new(conn, probe, rows, "id")
+
+
+def _update(engine, rows: list[dict], constants: dict) -> list:
+    """UPDATE bulk_probe SET label = v.label, n = v.n, at = :at, flag = :flag, token = :token FROM
+    jsonb_to_recordset(:rows) AS v(id uuid, label text, n smallint) WHERE bulk_probe.id = v.id
+    RETURNING bulk_probe.id;
+    """
+    with engine.begin() as conn:
+        return update_many(
+            conn, probe, rows, match=("id",), columns=("label", "n"), constants=constants, returning="id"
+        )
+
+
+def test_values_shared_by_the_batch_and_values_per_row_come_back_as_written(engine):
+    shared = _rows(3)  # every scalar the same: bound once for the batch
+    varied = [
+        {**_rows(1)[0], "token": uuid.uuid4(), "at": AT + timedelta(seconds=i), "flag": i == 0, "n": i}
+        for i in range(3)
+    ]
+    _insert(engine, shared + varied)
+    found = _read(engine)
+    assert len(found) == 6
+    for row in shared + varied:
+        assert found[row["id"]] == row
+    assert all(found[row["id"]]["at"].tzinfo is UTC for row in shared + varied)
+
+
+def test_an_update_sets_per_row_columns_and_batch_constants_of_every_type(engine):
+    rows = _rows(4)
+    _insert(engine, rows)
+    token = uuid.uuid4()
+    berlin = timezone(timedelta(hours=1))
+    changes = [{"id": row["id"], "label": f"label {i}", "n": i} for i, row in enumerate(rows[:3])]
+    written = _update(engine, changes, {"at": AT.astimezone(berlin), "flag": False, "token": token})
+    assert sorted(written) == sorted(row["id"] for row in rows[:3])
+    found = _read(engine)
+    for i, row in enumerate(rows[:3]):
+        expected = {**row, "label": f"label {i}", "n": i, "at": AT, "flag": False, "token": token}
+        assert found[row["id"]] == expected
+    assert found[rows[3]["id"]] == rows[3]  # not in the batch: untouched
+    # None as a batch constant clears the column.
+    _update(engine, changes[:1], {"at": None, "flag": None, "token": None})
+    assert _read(engine)[rows[0]["id"]]["at"] is None
+
+
+def test_insert_new_returns_only_the_keys_it_inserted(engine):
+    first = _rows(2)
+    assert _insert_new(engine, first) == {row["id"] for row in first}
+    second = _rows(1)
+    assert _insert_new(engine, first + second) == {second[0]["id"]}
+    assert len(_read(engine)) == 3
+
+
+def test_a_naive_datetime_is_refused_per_row_or_for_the_batch_and_nothing_is_written(engine):
+    naive = datetime(2026, 12, 2, 3, 4, 5)
+    with pytest.raises(ValueError, match="naive"):
+        _insert(engine, _rows(1, at=naive) + _rows(1))
+    with pytest.raises(ValueError, match="naive"):
+        _insert(engine, _rows(3, at=naive))  # shared by every row: the batch constant
+    assert _read(engine) == {}
+    rows = _rows(2)
+    _insert(engine, rows)
+    with pytest.raises(ValueError, match="naive"):
+        change = [{"id": rows[0]["id"], "label": "y", "n": 1}]
+        _update(engine, change, {"at": naive, "flag": True, "token": None})
+    assert _read(engine)[rows[0]["id"]] == rows[0]
