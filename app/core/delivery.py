@@ -39,9 +39,13 @@ def is_reserved_header(name: str) -> bool:
     return lowered in RESERVED_HEADERS or lowered.startswith(RESERVED_HEADER_PREFIX)
 
 
+# One encoder for every call: json.dumps with options of its own builds a new one per call.
+_PAYLOAD_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def encode_payload(payload: object) -> bytes:
     """The payload as compact UTF-8 JSON: the exact body that is signed and sent."""
-    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return _PAYLOAD_ENCODER.encode(payload).encode("utf-8")
 
 
 def idempotency_key(job_id: str, scheduled_for: datetime) -> str:
