@@ -28,6 +28,7 @@ against its caller's docstring (tests/conftest.py, `observe`).
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -53,6 +54,7 @@ _PG_TYPES = {
 }
 
 
+@functools.cache  # a table's columns live as long as the process; every batch asks again
 def _pg_type(column: sa.Column) -> str:
     kind = column.type
     impl = getattr(kind, "impl", kind)
@@ -67,11 +69,15 @@ def _pg_type(column: sa.Column) -> str:
     raise TypeError(f"no PostgreSQL type for column {column.name} ({kind!r})")
 
 
+def _refuse_naive(value: datetime) -> datetime:
+    if value.tzinfo is None:
+        raise ValueError("naive datetime given to the registry; instants must be aware UTC")
+    return value
+
+
 def _json_default(value: Any) -> str:
     if isinstance(value, datetime):
-        if value.tzinfo is None:
-            raise ValueError("naive datetime given to the registry; instants must be aware UTC")
-        return value.isoformat()
+        return _refuse_naive(value).isoformat()
     if isinstance(value, uuid.UUID):
         return str(value)
     raise TypeError(f"cannot send {type(value).__name__} in a bulk write")
@@ -97,8 +103,8 @@ def _constant(table: sa.Table, name: str, index: int, value: Any, params: dict) 
     """A value bound once for the whole batch: its placeholder, cast to the column's
     type, and its parameter (a datetime must be aware, as the column type demands)."""
     pg_type = _pg_type(table.c[name])
-    if isinstance(value, datetime) and value.tzinfo is None:
-        raise ValueError("naive datetime given to the registry; instants must be aware UTC")
+    if isinstance(value, datetime):
+        _refuse_naive(value)
     params[f"k{index}"] = Jsonb(value) if pg_type == "jsonb" and value is not None else value
     return f"CAST(%(k{index})s AS {pg_type})"
 
