@@ -43,9 +43,9 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 
 from app.lifecycle.message import DispatchRun
-from app.registry.bulk import update_many
+from app.registry.bulk import Update, update_together
 from app.registry.dialect import locks_rows
-from app.registry.engines import LEASE_FENCE_WAIT_S, Registry, refuse_moved_shards
+from app.registry.engines import LEASE_FENCE_WAIT_S, Registry, refuse_moved_shards, statement_connection
 from app.registry.schema import jobs, runs
 from app.registry.transient import retrying
 
@@ -109,8 +109,9 @@ def _start_on(
     now: datetime,
     retried: bool,
 ) -> list:
-    """One try of a start on one DSN: refused first if a move took these shards away
-    (refuse_moved_shards). Job rows are written before run rows, the janitor's lock
+    """One try of a start on one DSN, one statement (app.registry.bulk.update_together:
+    in autocommit, behind the move fence, refused if a move took these shards away,
+    refuse_moved_shards). Job rows are written before run rows, the janitor's lock
     order, so the two never deadlock:
 
     UPDATE jobs SET leased_until = :leased_until FROM jsonb_to_recordset(:rows) AS v(job_id uuid,
@@ -121,18 +122,22 @@ def _start_on(
     uuid, lease_token uuid, lateness_ms bigint, leased_until timestamptz) WHERE runs.run_id =
     v.run_id AND runs.lease_token = v.lease_token AND runs.state = 'claimed' RETURNING runs.run_id;
     """
-    with engine.begin() as conn:
-        refuse_moved_shards(conn, shards)
-        update_many(conn, jobs, on_jobs, match=("job_id", "lease_token"), constants={"leased_until": until})
-        ids = update_many(
+    with statement_connection(engine) as conn:
+        _, ids = update_together(
             conn,
-            runs,
-            rows,
-            match=("run_id", "lease_token"),
-            columns=("lateness_ms", "leased_until"),
-            constants={"state": "running", "started_at": now, "updated_at": now},
-            where="runs.state = 'claimed'",
-            returning="run_id",
+            [
+                Update(jobs, on_jobs, match=("job_id", "lease_token"), constants={"leased_until": until}),
+                Update(
+                    runs,
+                    rows,
+                    match=("run_id", "lease_token"),
+                    columns=("lateness_ms", "leased_until"),
+                    constants={"state": "running", "started_at": now, "updated_at": now},
+                    where="runs.state = 'claimed'",
+                    returning="run_id",
+                ),
+            ],
+            refuse_moved=shards,
         )
         if retried:
             # The connection may have broken after an earlier try committed: the runs it
@@ -286,9 +291,9 @@ def heartbeat(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -
 def _heartbeat_on(
     engine, shards: set[int], on_jobs: list[dict], on_runs: list[dict], until: dict
 ) -> tuple[list, list]:
-    """One try of a heartbeat on one DSN, refused first if a move took the shards away.
-    Schedule runs hold their lease on the job, off-schedule runs on the run; each
-    statement returns the leases it extended:
+    """One try of a heartbeat on one DSN, one statement behind the move fence (as
+    _start_on's). Schedule runs hold their lease on the job, off-schedule runs on the
+    run; each update returns the leases it extended:
 
     UPDATE jobs SET leased_until = :leased_until FROM jsonb_to_recordset(:rows) AS v(job_id uuid,
     lease_token uuid) WHERE jobs.job_id = v.job_id AND jobs.lease_token = v.lease_token
@@ -298,18 +303,20 @@ def _heartbeat_on(
     lease_token uuid) WHERE runs.run_id = v.run_id AND runs.lease_token = v.lease_token AND
     runs.state = 'running' RETURNING runs.run_id;
     """
-    with engine.begin() as conn:
-        refuse_moved_shards(conn, shards)
-        job_ids = update_many(
-            conn, jobs, on_jobs, match=("job_id", "lease_token"), constants=until, returning="job_id"
-        )
-        run_ids = update_many(
+    with statement_connection(engine) as conn:
+        job_ids, run_ids = update_together(
             conn,
-            runs,
-            on_runs,
-            match=("run_id", "lease_token"),
-            constants=until,
-            where="runs.state = 'running'",
-            returning="run_id",
+            [
+                Update(jobs, on_jobs, match=("job_id", "lease_token"), constants=until, returning="job_id"),
+                Update(
+                    runs,
+                    on_runs,
+                    match=("run_id", "lease_token"),
+                    constants=until,
+                    where="runs.state = 'running'",
+                    returning="run_id",
+                ),
+            ],
+            refuse_moved=shards,
         )
     return job_ids, run_ids

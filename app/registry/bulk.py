@@ -31,8 +31,9 @@ from __future__ import annotations
 import functools
 import json
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -41,6 +42,7 @@ from psycopg.types.json import Jsonb
 from sqlalchemy.dialects import postgresql, sqlite
 
 from app.registry.dialect import is_postgres
+from app.registry.engines import REFUSE_FENCED_CALL
 
 _PG_TYPES = {
     sa.Uuid: "uuid",
@@ -84,9 +86,10 @@ def _json_default(value: Any) -> str:
 
 
 def _recordset(
-    table: sa.Table, columns: Sequence[str], rows: Sequence[Mapping[str, Any]]
+    table: sa.Table, columns: Sequence[str], rows: Sequence[Mapping[str, Any]], prefix: str = ""
 ) -> tuple[str, dict]:
-    """The `jsonb_to_recordset(...) AS v(col type, ...)` source of a batch and its one parameter.
+    """The `jsonb_to_recordset(...) AS v(col type, ...)` source of a batch and its one
+    parameter (named `rows`, after `prefix`: several statements may share parameters).
 
     The whole batch travels as one JSON document: json.dumps is C, and Postgres
     parses it into typed columns faster than a driver can bind row after row.
@@ -96,17 +99,17 @@ def _recordset(
     payload = json.dumps(
         [{c: row[c] for c in columns if row[c] is not None} for row in rows], default=_json_default
     )
-    return f"jsonb_to_recordset(CAST(%(rows)s AS jsonb)) AS v({spec})", {"rows": payload}
+    return f"jsonb_to_recordset(CAST(%({prefix}rows)s AS jsonb)) AS v({spec})", {f"{prefix}rows": payload}
 
 
-def _constant(table: sa.Table, name: str, index: int, value: Any, params: dict) -> str:
+def _constant(table: sa.Table, name: str, index: int, value: Any, params: dict, prefix: str = "") -> str:
     """A value bound once for the whole batch: its placeholder, cast to the column's
     type, and its parameter (a datetime must be aware, as the column type demands)."""
     pg_type = _pg_type(table.c[name])
     if isinstance(value, datetime):
         _refuse_naive(value)
-    params[f"k{index}"] = Jsonb(value) if pg_type == "jsonb" and value is not None else value
-    return f"CAST(%(k{index})s AS {pg_type})"
+    params[f"{prefix}k{index}"] = Jsonb(value) if pg_type == "jsonb" and value is not None else value
+    return f"CAST(%({prefix}k{index})s AS {pg_type})"
 
 
 def update_sql(
@@ -164,6 +167,24 @@ def _observed(sql: str) -> None:
         callback(sql)
 
 
+@dataclass(frozen=True)
+class Update:
+    """One bulk UPDATE: `update_many`'s arguments, for `update_together`."""
+
+    table: sa.Table
+    rows: Sequence[Mapping[str, Any]]
+    match: Sequence[str]
+    columns: Sequence[str] = ()
+    constants: Mapping[str, Any] = field(default_factory=dict)
+    where: str | None = None
+    returning: str | None = None
+
+    def documented(self) -> str:
+        return update_sql(
+            self.table, self.match, self.columns, list(self.constants), self.where, self.returning
+        )
+
+
 def update_many(
     conn: sa.Connection,
     table: sa.Table,
@@ -179,27 +200,83 @@ def update_many(
     `where` is an extra SQL condition on the table (e.g. "runs.state = 'claimed'");
     `returning` a column of the table to return for the rows updated.
     """
-    constants = dict(constants or {})
+    update = Update(table, rows, match, columns, dict(constants or {}), where, returning)
     if not rows:
         return []
     if _observers:
-        _observed(update_sql(table, match, columns, list(constants), where, returning))
+        _observed(update.documented())
     if not is_postgres(conn):
-        return _update_each(conn, table, rows, match, columns, constants, where, returning)
-    shared = _shared_scalars(table, [c for c in columns if c not in match], rows)
-    varying = [c for c in columns if c not in shared]
-    constants = {**shared, **constants}
-    names = list(match) + [c for c in varying if c not in match]
-    source, params = _recordset(table, names, rows)
-    sets = [f"{c} = v.{c}" for c in varying]
-    for i, (name, value) in enumerate(constants.items()):
-        sets.append(f"{name} = {_constant(table, name, i, value, params)}")
-    conditions = [f"{table.name}.{k} = v.{k}" for k in match] + ([where] if where else [])
-    sql = f"UPDATE {table.name} SET {', '.join(sets)} FROM {source} WHERE {' AND '.join(conditions)}"
-    if returning:
-        sql += f" RETURNING {table.name}.{returning}"
+        return _update_each(conn, update)
+    sql, params = _update_statement(update)
     result = conn.exec_driver_sql(sql, params)
     return list(result.scalars()) if returning else []
+
+
+def update_together(
+    conn: sa.Connection, updates: Sequence[Update], refuse_moved: Iterable[int] = ()
+) -> list[list]:
+    """Several bulk UPDATEs as ONE statement on PostgreSQL, behind the move fence of
+    the shards in `refuse_moved` (app.registry.engines.refuse_moved_shards); returns
+    each update's `returning` values ([] for one without). A worker's start and
+    heartbeat write a few rows of jobs and of runs each time, and at a steady load one
+    round trip each for BEGIN, the fence, every UPDATE and COMMIT was most of a
+    dispatch task's time: on a connection in autocommit (engines.statement_connection)
+    this is one round trip, and one transaction. Each update is a data-modifying CTE,
+    and the SELECT reads them in the order given, after the fence's refusal (which
+    aborts the whole statement):
+
+        WITH w0 AS (UPDATE jobs ... RETURNING jobs.job_id), w1 AS (UPDATE runs ... RETURNING runs.run_id)
+        SELECT punctual_refuse_fenced(CAST(%(shards)s AS smallint[])),
+               ARRAY(SELECT job_id FROM w0), ARRAY(SELECT run_id FROM w1)
+
+    PostgreSQL runs the CTEs as they are read, so rows are locked in that order (the
+    callers put jobs before runs, the janitor's lock order); were it ever otherwise, a
+    deadlock is a transient failure, and the write is sent again. On SQLite the
+    updates run one after another in the caller's transaction (no fences there).
+    """
+    if _observers:
+        for update in updates:
+            if update.rows:
+                _observed(update.documented())
+    if not is_postgres(conn):  # (the fences are PostgreSQL's only)
+        return [_update_each(conn, update) if update.rows else [] for update in updates]
+    ctes, reads, params = [], [], {}
+    shards = sorted(set(refuse_moved))
+    if shards:
+        reads.append(REFUSE_FENCED_CALL)
+        params["shards"] = shards
+    sent = [index for index, update in enumerate(updates) if update.rows]
+    for index in sent:
+        update = updates[index]
+        # Every part returns something, so that the SELECT reads (and runs) it in order.
+        returning = update.returning or update.match[0]
+        sql, part_params = _update_statement(replace(update, returning=returning), prefix=f"w{index}_")
+        ctes.append(f"w{index} AS ({sql})")
+        reads.append(f"ARRAY(SELECT {returning} FROM w{index})")
+        params.update(part_params)
+    found: dict[int, list] = {}
+    if sent:
+        row = conn.exec_driver_sql(f"WITH {', '.join(ctes)} SELECT {', '.join(reads)}", params).one()
+        found = dict(zip(sent, list(row)[1 if shards else 0 :], strict=True))
+    return [list(found.get(index, ())) if update.returning else [] for index, update in enumerate(updates)]
+
+
+def _update_statement(update: Update, prefix: str = "") -> tuple[str, dict]:
+    """The PostgreSQL statement of one bulk UPDATE and its parameters (named after `prefix`)."""
+    table, rows, match, columns = update.table, update.rows, update.match, update.columns
+    shared = _shared_scalars(table, [c for c in columns if c not in match], rows)
+    varying = [c for c in columns if c not in shared]
+    constants = {**shared, **update.constants}
+    names = list(match) + [c for c in varying if c not in match]
+    source, params = _recordset(table, names, rows, prefix)
+    sets = [f"{c} = v.{c}" for c in varying]
+    for i, (name, value) in enumerate(constants.items()):
+        sets.append(f"{name} = {_constant(table, name, i, value, params, prefix)}")
+    conditions = [f"{table.name}.{k} = v.{k}" for k in match] + ([update.where] if update.where else [])
+    sql = f"UPDATE {table.name} SET {', '.join(sets)} FROM {source} WHERE {' AND '.join(conditions)}"
+    if update.returning:
+        sql += f" RETURNING {table.name}.{update.returning}"
+    return sql, params
 
 
 def insert_many(conn: sa.Connection, table: sa.Table, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -281,13 +358,15 @@ def _shared_scalars(
     }
 
 
-def _update_each(conn, table, rows, match, columns, constants, where, returning) -> list:
+def _update_each(conn: sa.Connection, update: Update) -> list:
     """SQLite: the same update, row by row (with RETURNING when asked)."""
+    table, rows, match, columns = update.table, update.rows, update.match, update.columns
+    constants, where, returning = update.constants, update.where, update.returning
     stmt = sa.update(table).where(*[table.c[k] == sa.bindparam(f"m_{k}") for k in match])
     if where:
         stmt = stmt.where(sa.text(where))
     stmt = stmt.values({**{c: sa.bindparam(f"s_{c}") for c in columns}, **constants})
-    found = []
+    found: list = []
     params = [{**{f"m_{k}": row[k] for k in match}, **{f"s_{c}": row[c] for c in columns}} for row in rows]
     if returning:
         stmt = stmt.returning(table.c[returning])

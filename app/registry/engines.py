@@ -14,7 +14,8 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from functools import cached_property
 from typing import TypeVar
 
@@ -136,7 +137,24 @@ def refuse_moved_shards(conn: sa.Connection, shards: Iterable[int]) -> None:
         conn.exec_driver_sql(_REFUSE_FENCED, {"shards": sorted(set(shards))})
 
 
-_REFUSE_FENCED = "SELECT punctual_refuse_fenced(CAST(%(shards)s AS smallint[]))"
+@contextmanager
+def statement_connection(engine: Engine) -> Iterator[sa.Connection]:
+    """A connection for a write that is one statement (app.registry.bulk.update_together).
+    On PostgreSQL it is in autocommit: the statement is its own transaction, without
+    the BEGIN and COMMIT round trips around it (a worker's start and heartbeat are
+    each one such statement). On SQLite, a transaction as every write there: the
+    statement is several."""
+    if engine.dialect.name != "postgresql":
+        with engine.begin() as conn:
+            yield conn
+        return
+    with engine.connect() as conn:
+        yield conn.execution_options(isolation_level="AUTOCOMMIT")
+
+
+# The refusal as an expression (app.registry.bulk.update_together reads it in a SELECT).
+REFUSE_FENCED_CALL = "punctual_refuse_fenced(CAST(%(shards)s AS smallint[]))"
+_REFUSE_FENCED = f"SELECT {REFUSE_FENCED_CALL}"
 
 
 class Registry:

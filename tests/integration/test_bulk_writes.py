@@ -14,8 +14,8 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 import sqlalchemy as sa
 
-from app.registry.bulk import insert_many, insert_new, update_many
-from app.registry.engines import create_engine_for
+from app.registry.bulk import Update, insert_many, insert_new, update_many, update_together
+from app.registry.engines import create_engine_for, statement_connection
 from app.registry.schema import JSONType, UTCDateTime
 
 probe = sa.Table(
@@ -134,3 +134,41 @@ def test_a_naive_datetime_is_refused_per_row_or_for_the_batch_and_nothing_is_wri
         change = [{"id": rows[0]["id"], "label": "y", "n": 1}]
         _update(engine, change, {"at": naive, "flag": True, "token": None})
     assert _read(engine)[rows[0]["id"]] == rows[0]
+
+
+def _update_together(engine, first: list[dict], second: list[dict], third: list[dict]) -> list[list]:
+    """UPDATE bulk_probe SET label = v.label, n = :n FROM jsonb_to_recordset(:rows) AS v(id uuid,
+    label text) WHERE bulk_probe.id = v.id RETURNING bulk_probe.id;
+
+    UPDATE bulk_probe SET label = :label, n = :n FROM jsonb_to_recordset(:rows) AS v(id uuid,
+    token uuid) WHERE bulk_probe.id = v.id AND bulk_probe.token = v.token;
+    """
+    with statement_connection(engine) as conn:
+        return update_together(
+            conn,
+            [
+                Update(probe, first, match=("id",), columns=("label",), constants={"n": 1}, returning="id"),
+                Update(probe, second, match=("id",), columns=("label",), constants={"n": 2}, returning="id"),
+                Update(probe, third, match=("id", "token"), constants={"label": "third", "n": 3}),
+            ],
+        )
+
+
+def test_updates_together_are_one_statement_each_with_its_own_values_and_returning(engine):
+    rows = _rows(5, token=uuid.uuid4())
+    _insert(engine, rows)
+    first = [{"id": row["id"], "label": f"first {i}"} for i, row in enumerate(rows[:2])]
+    third = [{"id": row["id"], "token": row["token"]} for row in rows[2:4]]
+    third.append({"id": rows[4]["id"], "token": uuid.uuid4()})  # its token does not match: untouched
+    returned = _update_together(engine, first, [], third)
+    # Each part's own constants (both bind an `n`), an empty part skipped, no RETURNING: [].
+    assert sorted(returned[0]) == sorted(r["id"] for r in rows[:2]) and returned[1:] == [[], []]
+    found = _read(engine)
+    assert [(found[r["id"]]["label"], found[r["id"]]["n"]) for r in rows] == [
+        ("first 0", 1),
+        ("first 1", 1),
+        ("third", 3),
+        ("third", 3),
+        ("x", 7),
+    ]
+    assert _update_together(engine, [], [], []) == [[], [], []]

@@ -121,6 +121,31 @@ def test_a_move_copies_jobs_history_and_dead_letters_then_deletes_the_source(reg
         )
 
 
+def test_a_start_or_heartbeat_on_a_database_the_shard_left_is_refused_though_no_row_is_there(registry):
+    # A worker whose map is a moment old starts (or renews) runs of a shard on the
+    # database it left: the rows are gone, so the write would match nothing and look
+    # stale. The fence's refusal comes with the one statement regardless.
+    shard = 6
+    fill(registry, shard, 5)
+    source = registry.engine_for_shard(shard)
+    here = registry.reload_map().shard_index[shard]
+    mover.move_shard(registry, shard, next(i for i in range(len(registry.engines)) if i != here))
+    now = utcnow()
+    on_jobs = [{"job_id": uuid.uuid4(), "lease_token": uuid.uuid4()}]
+    rows = [{"run_id": uuid.uuid4(), "lease_token": uuid.uuid4(), "lateness_ms": 0, "leased_until": None}]
+    until = now + timedelta(seconds=20)
+    with pytest.raises(sa.exc.DBAPIError) as refused:
+        lease._start_on(source, {shard}, on_jobs, rows, until, now, retried=False)
+    assert is_fence_error(refused.value)
+    with pytest.raises(sa.exc.DBAPIError) as refused:
+        lease._heartbeat_on(source, {shard}, on_jobs, [], {"leased_until": until})
+    assert is_fence_error(refused.value)
+    # A shard the source still serves: the same writes go through (and match nothing).
+    kept = registry.routing().shards_of(here)[0]
+    assert lease._start_on(source, {kept}, on_jobs, rows, until, now, retried=False) == []
+    assert lease._heartbeat_on(source, {kept}, on_jobs, [], {"leased_until": until}) == ([], [])
+
+
 def test_a_shard_moves_back_onto_a_database_it_left(registry):
     fill(registry, 1, 20)
     home_of_1 = registry.reload_map().shard_index[1]
