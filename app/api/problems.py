@@ -110,7 +110,7 @@ def _http(exc: HTTPException) -> Response:
 
 # Errors that mean "a database cannot be reached now", not "this request is wrong":
 # a refused or dropped connection, a pool with no connection to give within its timeout.
-# psycopg's own OperationalError too: a reconnect inside the pool's pre-ping can raise
+# psycopg's own OperationalError too: a reconnect inside the pool's checkout can raise
 # it unwrapped.
 REGISTRY_UNAVAILABLE = (
     sa_exc.OperationalError,

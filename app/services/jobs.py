@@ -174,7 +174,7 @@ def _insert_postgres(engine: sa.Engine, row: dict[str, Any], idempotent: bool) -
     params = dict(row)
     for name in _JSON_COLUMNS:  # as SQLAlchemy's JSON type writes them: None is JSON null
         params[name] = Jsonb(params[name])
-    pooled = engine.raw_connection()  # the registry's pool: pre-ping and recycling as for Core
+    pooled = engine.raw_connection()  # the registry's pool: its liveness check and recycling as for Core
     try:
         driver = pooled.driver_connection
         assert driver is not None  # None only once the pooled connection is invalidated
