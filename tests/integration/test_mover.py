@@ -5,6 +5,7 @@ aborted to a consistent map."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -19,7 +20,8 @@ import sqlalchemy as sa
 from app.core.retries import CallOutcome
 from app.core.timefmt import utcnow
 from app.lifecycle import lease
-from app.lifecycle.completion import Finished, complete
+from app.lifecycle.completion import Finished, apply, complete
+from app.lifecycle.message import DispatchRun
 from app.pollers.claim import claim_batch
 from app.registry import mover
 from app.registry.engines import Registry, is_fence_error
@@ -139,6 +141,30 @@ def test_a_start_or_heartbeat_on_a_database_the_shard_left_is_refused_though_no_
     assert is_fence_error(refused.value)
     with pytest.raises(sa.exc.DBAPIError) as refused:
         lease._heartbeat_on(source, {shard}, on_jobs, [], {"leased_until": until})
+    assert is_fence_error(refused.value)
+    # And a completion, whose fence is read with the job rows it locks (none are there).
+    gone = DispatchRun(
+        run_id=rows[0]["run_id"],
+        job_id=on_jobs[0]["job_id"],
+        shard=shard,
+        owner="o",
+        origin="schedule",
+        lease_token=on_jobs[0]["lease_token"],
+        scheduled_for=now,
+        attempt=1,
+        target={},
+        retry={},
+        payload=None,
+    )
+    with pytest.raises(sa.exc.DBAPIError) as refused, source.begin() as conn:
+        apply(
+            conn,
+            [Finished(gone, CallOutcome(status_code=200), now)],
+            now,
+            random.random,
+            20,
+            refuse_moved={shard},
+        )
     assert is_fence_error(refused.value)
     # A shard the source still serves: the same writes go through (and match nothing).
     kept = registry.routing().shards_of(here)[0]
