@@ -10,7 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.lifecycle.message import (
+    COARSE_ETA_STEP,
     ETA_STEP,
+    SPARSE_STEP_RUNS,
     DispatchRun,
     chunks,
     decode_runs,
@@ -127,6 +129,40 @@ def test_runs_are_grouped_by_eta_and_the_due_ones_go_first():
     assert sorted(e["run_id"] for _, entries in messages for e in entries) == sorted(
         str(r.run_id) for r in runs
     )
+
+
+def test_a_steady_load_shares_messages_across_sparse_steps():
+    """A shard's claim at 200 runs a second: a dozen runs spread over a second, a run
+    or two per 100 ms step. They go in messages of a 200 ms step, never early."""
+    start = NOW + timedelta(seconds=10)
+    runs = [run(fire_at=start + timedelta(milliseconds=83 * i + 7)) for i in range(12)]
+    messages = to_messages(runs, NOW)
+    assert len(messages) <= 6  # not one a 100 ms step (11 of them)
+    for eta, entries in messages:
+        for entry in entries:
+            fire_at = datetime.fromisoformat(entry["fire_at"])
+            assert fire_at <= eta < fire_at + COARSE_ETA_STEP
+
+
+@given(
+    st.lists(st.integers(min_value=1, max_value=3_000_000), min_size=1, max_size=60),
+    st.integers(min_value=0, max_value=40),
+)
+def test_a_run_never_goes_before_its_instant_and_late_only_in_a_sparse_step(offsets_us, dense):
+    """Whatever the spread: no run's message runs before its instant; one runs at most
+    COARSE_ETA_STEP late, and at most ETA_STEP late in a step of SPARSE_STEP_RUNS or more."""
+    start = NOW + timedelta(seconds=1)
+    fire = [start + timedelta(microseconds=us) for us in offsets_us] + [start] * dense
+    messages = to_messages([run(fire_at=at) for at in fire], NOW)
+    per_step: dict = {}
+    for at in fire:
+        per_step[eta_of(at, NOW)] = per_step.get(eta_of(at, NOW), 0) + 1
+    for eta, entries in messages:
+        for entry in entries:
+            fire_at = datetime.fromisoformat(entry["fire_at"])
+            assert fire_at <= eta < fire_at + COARSE_ETA_STEP
+            if per_step[eta_of(fire_at, NOW)] >= SPARSE_STEP_RUNS:
+                assert eta < fire_at + ETA_STEP
 
 
 def test_a_few_one_offs_ride_with_the_recurring_runs_of_their_eta_but_a_burst_does_not():
