@@ -45,7 +45,8 @@ ETA_STEP = timedelta(milliseconds=100)
 # over 16 shards a step holds a run or two, and a message costs a worker the same
 # whatever it carries (its handover to a pool process, the limiter's round trip, the
 # fenced start), so the 100 ms steps made about 120 messages a second of 1.6 runs. A
-# run in a sparse step starts at most COARSE_ETA_STEP late; a burst's steps are dense.
+# run in a sparse step starts at most COARSE_ETA_STEP late; a burst's steps are dense,
+# and a lone run keeps its step (`_etas`).
 SPARSE_STEP_RUNS = 4
 COARSE_ETA_STEP = 2 * ETA_STEP
 # An owner with at least this many runs of one eta and lane gets messages of its own
@@ -185,19 +186,25 @@ def eta_of(fire_at: datetime | None, now: datetime, step: timedelta = ETA_STEP) 
 
 
 def _etas(runs: Sequence[DispatchRun], now: datetime) -> list[datetime | None]:
-    """Each run's eta: its ETA_STEP, or the next COARSE_ETA_STEP boundary when its step
-    holds fewer than SPARSE_STEP_RUNS of `runs` (a coarse boundary is a step too, so
-    the sparse runs before it join the runs of that step)."""
+    """Each run's eta: its ETA_STEP, or, when that step holds fewer than
+    SPARSE_STEP_RUNS of `runs`, the next COARSE_ETA_STEP boundary, if that gathers the
+    runs of another step too (a lone run keeps its step: moving it would save no
+    message). A coarse boundary is a step too, so sparse runs before it join the runs
+    of that step."""
     fine = [eta_of(run.fire_at, now) for run in runs]
     counts: dict[datetime | None, int] = {}
     for eta in fine:
         counts[eta] = counts.get(eta, 0) + 1
-    return [
-        eta_of(run.fire_at, now, COARSE_ETA_STEP)
-        if eta is not None and counts[eta] < SPARSE_STEP_RUNS
-        else eta
-        for run, eta in zip(runs, fine, strict=True)
-    ]
+    coarse: dict[datetime, datetime] = {}  # a sparse step -> its coarse boundary
+    gathered: dict[datetime, set] = {}  # a coarse boundary -> the steps it would take
+    for run, eta in zip(runs, fine, strict=True):
+        if eta is None or eta in coarse or counts[eta] >= SPARSE_STEP_RUNS:
+            continue
+        boundary = eta_of(run.fire_at, now, COARSE_ETA_STEP)
+        assert boundary is not None  # eta is not None: the instant is still ahead
+        coarse[eta] = boundary
+        gathered.setdefault(boundary, {boundary} if boundary in counts else set()).add(eta)
+    return [coarse[eta] if eta in coarse and len(gathered[coarse[eta]]) > 1 else eta for eta in fine]
 
 
 def to_messages(

@@ -144,6 +144,16 @@ def test_a_steady_load_shares_messages_across_sparse_steps():
             assert fire_at <= eta < fire_at + COARSE_ETA_STEP
 
 
+def test_a_lone_run_keeps_its_step():
+    """Nothing to share a message with: moving it to a coarser step would only make it later."""
+    fire = NOW + timedelta(seconds=4, milliseconds=250)
+    [(eta, _)] = to_messages([run(fire_at=fire)], NOW)
+    assert eta == NOW + timedelta(seconds=4, milliseconds=300)
+    # Two runs 100 ms apart, each alone in its step: one message, at the later boundary.
+    pair = [run(fire_at=fire), run(fire_at=fire + timedelta(milliseconds=100))]
+    assert [eta for eta, _ in to_messages(pair, NOW)] == [NOW + timedelta(seconds=4, milliseconds=400)]
+
+
 @given(
     st.lists(st.integers(min_value=1, max_value=3_000_000), min_size=1, max_size=60),
     st.integers(min_value=0, max_value=40),
