@@ -200,9 +200,9 @@ def update_many(
     `where` is an extra SQL condition on the table (e.g. "runs.state = 'claimed'");
     `returning` a column of the table to return for the rows updated.
     """
-    update = Update(table, rows, match, columns, dict(constants or {}), where, returning)
     if not rows:
         return []
+    update = Update(table, rows, match, columns, dict(constants or {}), where, returning)
     if _observers:
         _observed(update.documented())
     if not is_postgres(conn):
