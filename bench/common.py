@@ -25,6 +25,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from bench.stack import base_env
+
 RESULTS = Path(__file__).resolve().parent / "results"
 PG_ADMIN = os.environ.get(
     "PUNCTUAL_BENCH_PG", os.environ.get("PUNCTUAL_TEST_PG", "postgresql://root@127.0.0.1:5432/postgres")
@@ -196,7 +198,8 @@ class Stack:
             command += ["--workers", str(workers)]
         if threads:
             command += ["--threads", str(threads)]
-        self.server = subprocess.Popen(command, env={**os.environ, **self.env}, stderr=subprocess.DEVNULL)
+        # Only the stack's settings: the result records exactly those (bench.stack.base_env).
+        self.server = subprocess.Popen(command, env={**base_env(), **self.env}, stderr=subprocess.DEVNULL)
         self.url = f"http://127.0.0.1:{port}"
         wait_healthy(self.url)
         return self.url

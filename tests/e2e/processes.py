@@ -19,14 +19,27 @@ REPO = Path(__file__).resolve().parents[2]
 CELERY = str(Path(sys.executable).parent / "celery")
 
 
+def child_env(env: dict[str, str]) -> dict[str, str]:
+    """The environment of a child: the caller's without its PUNCTUAL_* settings, then
+    `env`. A setting exported in the shell must not reach a worker unseen: a test would
+    depend on it, and a bench would record the shipped default for a value it did
+    not run with."""
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("PUNCTUAL_")}
+    return {**inherited, **env, "PYTHONUNBUFFERED": "1"}
+
+
 class Proc:
     def __init__(self, name: str, argv: list[str], env: dict[str, str], log_dir: Path):
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "ab")
-        full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
         self.popen = subprocess.Popen(
-            argv, cwd=REPO, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+            argv,
+            cwd=REPO,
+            env=child_env(env),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     @property
