@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 
 from bench.stack import base_env
 from tests.e2e.processes import Proc, child_env
@@ -17,10 +16,7 @@ def test_a_setting_exported_in_the_shell_does_not_reach_a_child(monkeypatch, tmp
         "print(e.get('PUNCTUAL_DISPATCH_THREADS'), e['PUNCTUAL_SHARDS'], e['PATH_MARKER_FOR_TEST'])"
     )
     proc = Proc("env", [sys.executable, "-c", printer], {"PUNCTUAL_SHARDS": "16"}, tmp_path)
-    deadline = time.monotonic() + 30
-    while proc.alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert proc.popen.returncode == 0, proc.tail()
+    assert proc.popen.wait(timeout=30) == 0, proc.tail()
     assert proc.log_path.read_text().split() == ["None", "16", "kept"]
 
 
