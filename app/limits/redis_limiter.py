@@ -26,14 +26,20 @@ ADMIT_SCRIPT = (
     r"""
 -- Admit a batch of runs, each all-or-nothing across its limit specs.
 --
--- ARGV: now, lease_s, hold_s, n_runs, then per run: holder, reserver, n_specs, and per
---       spec: rate_per_s (0 = no rate), max_concurrency (0 = no cap)
--- KEYS: per spec of each run, in the same order: bucket hash, slots sorted set,
---       reservations sorted set
--- Returns one string per run: "ok" (admitted: its rate start taken or its reservation
--- used, a slot held until now + lease_s in every cap), "r<t>" (held by a rate: a start
--- is reserved for it at t, nothing else taken) or "c<t>" (every slot of a cap taken:
--- nothing taken; t is a hint).
+-- KEYS: per spec key of the batch, once: bucket hash, slots sorted set, reservations
+--       sorted set
+-- ARGV: now, lease_s, hold_s; n_keys, then per key: rate_per_s (0 = no rate),
+--       max_concurrency (0 = no cap); n_groups, then per group (the specs some runs
+--       share): n_specs, then the number of each of its keys; last, the runs as one
+--       text, a line "<group> <holder> <reserver>" per run, in order
+-- Returns one text, a word per run in order: "ok" (admitted: its rate start taken or
+-- its reservation used, a slot held until now + lease_s in every cap), "r<t>" (held
+-- by a rate: a start is reserved for it at t, nothing else taken) or "c<t>" (every
+-- slot of a cap taken: nothing taken; t is a hint).
+--
+-- A batch's runs mostly share their specs, so keys and limits travel once and a run
+-- costs one line: the client's encoding of eight arguments a run, and of an answer
+-- each, was most of what an admission cost the worker.
 --
 -- Rate: a GCRA. A start conforms when tat - tolerance <= now (tolerance: one second
 -- of burst) and moves tat on by 1/rate; a run that does not conform reserves the next
@@ -44,13 +50,29 @@ ADMIT_SCRIPT = (
 local now = tonumber(ARGV[1])
 local lease_s = tonumber(ARGV[2])
 local hold_s = tonumber(ARGV[3])
-local n_runs = tonumber(ARGV[4])
+local n_keys = tonumber(ARGV[4])
 local grace = __GRACE__
 local early = __EARLY__
 local keep = __KEEP__
-local a, k = 5, 1
 local answers = {}
 local seen, order = {}, {}
+local a = 5
+local limits = {}
+for j = 1, n_keys do
+  limits[j] = {tonumber(ARGV[a]), tonumber(ARGV[a + 1])}
+  a = a + 2
+end
+local groups = {}
+for g = 1, tonumber(ARGV[a]) do
+  a = a + 1
+  local members = {}
+  for s = 1, tonumber(ARGV[a]) do
+    members[s] = tonumber(ARGV[a + s])
+  end
+  a = a + #members
+  groups[g] = members
+end
+local runs = ARGV[a + 1]
 
 local function fmt(x)
   return string.format('%.17g', x)
@@ -60,33 +82,35 @@ local function keep_for(key, seconds)
   redis.call('PEXPIRE', key, math.ceil((math.max(seconds, 0) + grace) * 1000))
 end
 
-local function load(bucket, slots, resv, rate, cap)
-  local S = seen[bucket]
+local function load(j)
+  local S = seen[j]
   if S then return S end
-  S = {bucket = bucket, slots = slots, resv = resv, rate = rate, cap = cap}
+  local rate, cap = limits[j][1], limits[j][2]
+  S = {bucket = KEYS[3 * j - 2], slots = KEYS[3 * j - 1], resv = KEYS[3 * j], rate = rate, cap = cap}
   if rate > 0 then
-    S.tat = tonumber(redis.call('HGET', bucket, 'tat')) or 0
+    S.tat = tonumber(redis.call('HGET', S.bucket, 'tat')) or 0
     S.tat0 = S.tat
     S.tolerance = (math.max(rate, 1) - 1) / rate
-    redis.call('ZREMRANGEBYSCORE', resv, '-inf', '(' .. fmt(now - keep))
-    S.n_resv = redis.call('ZCARD', resv)
+    redis.call('ZREMRANGEBYSCORE', S.resv, '-inf', '(' .. fmt(now - keep))
+    S.n_resv = redis.call('ZCARD', S.resv)
   end
   if cap > 0 then
-    redis.call('ZREMRANGEBYSCORE', slots, '-inf', fmt(now))
-    S.count = redis.call('ZCARD', slots)
+    redis.call('ZREMRANGEBYSCORE', S.slots, '-inf', fmt(now))
+    S.count = redis.call('ZCARD', S.slots)
   end
-  seen[bucket] = S
+  seen[j] = S
   order[#order + 1] = S
   return S
 end
 
-for r = 1, n_runs do
-  local holder, reserver, n_specs = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
-  a = a + 3
+local r = 0
+for group, holder, reserver in string.gmatch(runs, '(%d+) ([^ \n]+) ([^ \n]+)') do
+  r = r + 1
+  local members = groups[tonumber(group)]
+  local n_specs = #members
   local looks, rate_at, cap_at, new_rate = {}, nil, nil, false
   for s = 1, n_specs do
-    local S = load(KEYS[k], KEYS[k + 1], KEYS[k + 2], tonumber(ARGV[a]), tonumber(ARGV[a + 1]))
-    k, a = k + 3, a + 2
+    local S = load(members[s])
     local L = {S = S}
     if S.rate > 0 then
       local reserved = S.n_resv > 0 and redis.call('ZSCORE', S.resv, reserver)
@@ -157,7 +181,7 @@ for _, S in ipairs(order) do
     keep_for(S.slots, lease_s)
   end
 end
-return answers
+return table.concat(answers, ' ')
 """.replace("__GRACE__", str(_KEY_GRACE_S))
     .replace("__EARLY__", repr(EARLY_S))
     .replace("__KEEP__", repr(RESERVATION_KEEP_S))
@@ -199,15 +223,35 @@ class RedisLimiter(Limiter):
         return found
 
     def _acquire(self, requests, now, lease_s):
+        numbers: dict[str, int] = {}  # spec key -> its number in the script (from 1)
         keys: list[str] = []
-        args: list[str | int | float] = [now, lease_s, self.hold_s, len(requests)]
+        limits: list[float | int] = []
+        groups: dict[tuple[int, ...], int] = {}  # the numbers of a run's keys -> its group
+        lines = []
         for specs, holder, reserver in requests:
-            args += [holder, reserver, len(specs)]
+            members = []
             for spec in specs:
-                keys += self._redis_keys(spec.key)
-                args += [spec.rate_per_s or 0, spec.max_concurrency or 0]
-        answers = self._admit(keys=keys, args=args)
-        return [None if answer in (b"ok", "ok") else _held(answer) for answer in answers]
+                number = numbers.get(spec.key)
+                if number is None:
+                    number = numbers[spec.key] = len(numbers) + 1
+                    keys += self._redis_keys(spec.key)
+                    limits += [spec.rate_per_s or 0, spec.max_concurrency or 0]
+                members.append(number)
+            group = groups.setdefault(tuple(members), len(groups) + 1)
+            lines.append(f"{group} {holder} {reserver}")
+        runs = "\n".join(lines)
+        # A line is three words: a holder or reserver id with a space or a line break
+        # in it would be read as another run.
+        if runs.count(" ") != 2 * len(lines) or runs.count("\n") != len(lines) - 1:
+            raise ValueError("a holder or reserver id holds a space or a line break")
+        args: list[str | int | float] = [now, lease_s, self.hold_s, len(numbers), *limits, len(groups)]
+        for members_of_group in groups:
+            args += [len(members_of_group), *members_of_group]
+        args.append(runs)
+        answers = self._admit(keys=keys, args=args).split(b" ")
+        if len(answers) != len(requests):
+            raise RuntimeError(f"the admission script answered {len(answers)} of {len(requests)} runs")
+        return [None if answer == b"ok" else _held(answer) for answer in answers]
 
     def _held(self, keys, now):
         pipe = self._client.pipeline(transaction=False)
@@ -239,6 +283,5 @@ class RedisLimiter(Limiter):
         pipe.execute()
 
 
-def _held(answer: bytes | str) -> tuple[str, float]:
-    text = answer.decode() if isinstance(answer, bytes) else answer
-    return _REASONS[text[0]], float(text[1:])
+def _held(answer: bytes) -> tuple[str, float]:
+    return _REASONS[answer[:1].decode()], float(answer[1:])

@@ -69,3 +69,33 @@ def test_limiter_for_with_redis(redis_prefix):
     assert isinstance(limiter, RedisLimiter)
     assert limiter_for(settings) is limiter
     assert limiter.bucket_key("k") == f"{redis_prefix}:bucket:k"
+
+
+def test_runs_of_several_spec_sets_are_answered_in_their_order(redis_prefix):
+    # One script call carries each spec once and each run as a line naming its group:
+    # runs of different groups, interleaved, still get their own answers, in order.
+    limiter = RedisLimiter.from_url(REDIS_URL, redis_prefix)
+    shared = LimitSpec("shared", max_concurrency=3)
+    a, b = [shared, LimitSpec("a", max_concurrency=1)], [LimitSpec("b", rate_per_s=1), shared]
+    answers = limiter.acquire_many(
+        [(a, "a1"), (b, "b1", "job-b"), (a, "a2"), (b, "b2", "job-b2"), (b, "b3", "job-b3"), ([], "free")],
+        T0,
+        LEASE_S,
+    )
+    assert [(x.admitted, x.reason) for x in answers] == [
+        (True, None),
+        (True, None),
+        (False, "cap"),  # "a" holds one slot
+        (False, "rate"),  # one start a second under "b"
+        (False, "rate"),
+        (True, None),
+    ]
+    assert limiter.free_slots({"shared": 3, "a": 1}, T0) == {"shared": 1, "a": 0}
+
+
+@pytest.mark.parametrize("holder", ["two words", "two\nlines"])
+def test_an_id_that_would_split_a_line_is_refused(redis_prefix, holder):
+    limiter = RedisLimiter.from_url(REDIS_URL, redis_prefix)
+    with pytest.raises(ValueError, match="space or a line break"):
+        limiter.acquire_many([([LimitSpec("k", max_concurrency=1)], holder)], T0, LEASE_S)
+    assert limiter.free_slots({"k": 1}, T0) == {"k": 1}
