@@ -7,9 +7,10 @@ dispatch message changes nothing (invariants 1, 3, 4):
 - start: claimed -> running, `WHERE (run_id, lease_token) IN (...) AND state =
   'claimed'`; the runs it returns are the only ones the worker may call. The lease
   is renewed with it.
-- hold: a limit said "not yet". A schedule run's row is deleted (no attempt spent)
+- hold: a limit said "not yet" (a rate before the start, or a cap the run waited its
+  while for, before its call). A schedule run's row is deleted (no attempt spent)
   and its job goes back to `scheduled` at the time the limit allows, misfire_exempt,
-  lease cleared; an off-schedule run stays `claimed` under a new token and is due
+  lease cleared; an off-schedule run is `claimed` again under a new token and is due
   (for the relay sweep) at that time.
 - heartbeat: leased_until = now + lease_s on the job (schedule runs) or the run
   (off-schedule runs) while the call is in flight.
@@ -160,6 +161,11 @@ def _started_at(conn: sa.Connection, rows: list[dict], now: datetime) -> list:
     )
 
 
+# A run is held back before its start (a rate) or after it, before its call (it
+# waited its while for a concurrency slot): either way its call was never made.
+_HOLDABLE = ("claimed", "running")
+
+
 def hold(registry: Registry, held: Sequence[tuple[DispatchRun, datetime]], now: datetime) -> int:
     """Put runs a limit held back off until their retry time; returns how many were held."""
 
@@ -205,7 +211,7 @@ def _hold_on(
                     sa.tuple_(runs.c.run_id, runs.c.lease_token).in_(
                         [(r.run_id, r.lease_token) for r, _ in scheduled]
                     ),
-                    runs.c.state == "claimed",
+                    runs.c.state.in_(_HOLDABLE),
                 )
                 .returning(runs.c.run_id, runs.c.job_id, runs.c.lease_token)
             ).all()
@@ -229,9 +235,12 @@ def _hold_on(
                 .where(
                     runs.c.run_id == run.run_id,
                     runs.c.lease_token == run.lease_token,
-                    runs.c.state == "claimed",
+                    runs.c.state.in_(_HOLDABLE),
                 )
                 .values(
+                    state="claimed",
+                    started_at=None,
+                    lateness_ms=None,
                     lease_token=uuid.uuid4(),
                     due_at=at,
                     published=False,
