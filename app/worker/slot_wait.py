@@ -1,64 +1,63 @@
 """Waiting in the worker for a concurrency slot (app.limits: a cap bounds calls in flight).
 
-A run that finds every slot of a cap taken does not go back to the registry at once:
-its message stays unacknowledged (so a dead worker's runs come back from the broker)
-and the dispatch waits up to `wait_s` (a second or two, well inside the lease) for a
-slot. It looks again:
+A run takes its concurrency slots on the calls' loop, right before its call, not
+before its start: a slot is held for the call and the few milliseconds around it,
+not for the fenced start and the loop's queue as well (held from the admission, a
+slot of a 1 ms call was taken for 120-140 ms, and the default cap of 200 became
+about 1,500 calls a second, bench/README.md 2026-12-03). The run is `running` while
+it waits, its lease kept by the heartbeat like any call in flight, so a wait costs
+no registry write and expires no lease.
 
-- as soon as enough of this process's calls ended and gave their slots back (the
-  `SlotReleaser` releases them right at the end of the call, before the outcome is
-  recorded, batched on one Redis connection, and then wakes the waiter): a batch's
-  worth (`batch_size`);
-- otherwise every POLL_S, which also finds slots freed by other processes.
+The `SlotGate` of a process (every method on its loop):
 
-Each try first asks how many slots each cap has free (`Limiter.free_slots`, one
-cheap round trip) and admits only as many waiting runs as that, and only once they
-make a batch (`batch_size`) or BATCH_WAIT_S passed since the last admission: each
-admission costs a limiter call and a fenced start, whatever its size, so a burst
-behind a busy cap is started in batches rather than run by run, while a run behind
-a small cap still starts as soon as a slot frees.
+- `take` asks the limiter for a run's slots. The runs that ask while a round trip is
+  under way go together in the next one, so a message's runs cost one script call.
+  A run that finds a cap full waits in line, behind the runs of this process that
+  wait under the same caps (first come, first served);
+- `give` hands the slot of a call that ended straight to the first run waiting under
+  exactly the same caps: no release, no poll, no admission, no start, so behind a
+  full cap the next call starts in the same turn of the loop. The slot keeps the
+  name it was admitted under: the limiter sees one slot held all along, renewed by
+  the heartbeat of whichever run uses it and released by the last. It is handed on
+  only while its lease is known to run past the next run's first heartbeat, and for
+  at most HAND_OVER_FOR_S since its admission; then it goes back to the limiter,
+  where the runs waiting in other processes compete for it;
+- every POLL_S while runs wait (and as soon as this process gave slots back), one
+  read counts the free slots of the caps waited for (`Limiter.free_slots`), and only
+  as many waiting runs as that are asked for again, in one script call;
+- a run still waiting after `wait_s` (a second or two) is put off: held back to the
+  registry once, no attempt spent, with next_run_at when its turn is expected at the
+  pace slots came to the runs waiting here (`expected_slot_at`).
 
-A slot can also pass straight from a call that ended to a run waiting in the same
-process (`SlotWaits.hand_over`): no release, no look, no admission, so the slot is
-idle only until the waiting run's fenced start (gathered like the admissions above:
-a batch, or BATCH_WAIT_S), not for a round trip to Redis and a poll. Only a run
-whose caps are exactly the ending call's and that has no rate can take one (a rate
-must see each start), and only while the slot's lease is known to hold well past
-the waiting run's first heartbeat. The slot keeps its holder name in the limiter
-(the name given at its admission): the limiter sees one slot held all along,
-renewed by whichever run uses it, released by the last. A slot goes back to the
-limiter all the same once it has been passed on for HAND_OVER_FOR_S since it was
-admitted, so the runs waiting in other processes still get their turns.
-
-Only a run still waiting after `wait_s` is held back to the registry, once, with
-next_run_at when a slot is expected (`expected_slot_at`). A wait costs no registry
-write; a retry costs the limiter one script call for all the runs waiting.
+A run's rate is not the gate's: it is admitted before the run's start (a rate must
+see each start and hold a run back before it is started), so only the caps are
+asked for here.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import queue
 import threading
 import time
-from collections import Counter
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
+
+from app import metrics
+from app.core.timefmt import utcnow
+from app.registry.transient import retrying
 
 log = logging.getLogger("punctual.limits")
 
 # The longest a run waits in the worker for a slot before it is held back (seconds).
 MAX_WAIT_S = 2.0
-# How often a waiting dispatch asks again for slots freed by other processes.
+# How often the runs waiting for a slot ask again for slots freed by other processes.
 POLL_S = 0.01
-# Free slots that make a batch worth starting at once (and local releases that wake a
-# waiting dispatch before its poll).
-BATCH_RUNS = 32
-# The longest a waiting run with a free slot is kept for a batch to gather: one poll.
-# Its slot is idle meanwhile, which calls of 200 ms behind a cap of 200 felt: 50 ms
-# gave 829-851 starts/s where 10 ms gave 866-873 (bench.limits, alternated).
-BATCH_WAIT_S = 0.01
 # How long the releaser lets slots of ending calls gather before one round trip gives
 # them back (SlotReleaser).
 RELEASE_LINGER_S = 0.005
@@ -71,13 +70,6 @@ def wait_budget_s(lease_s: float) -> float:
     """How long a run may wait in the worker for a slot: MAX_WAIT_S, and a small part
     of the lease, since the run is claimed (leased) while it waits."""
     return min(MAX_WAIT_S, lease_s / 10)
-
-
-def batch_size(waiting: int, smallest_cap: int) -> int:
-    """How many free slots make a try worth it at once: BATCH_RUNS, or every run
-    waiting, or a quarter of the smallest cap waited for (behind a cap of 4 each
-    slot counts: a batch there would only add its wait to every call)."""
-    return max(1, min(waiting, BATCH_RUNS, smallest_cap // 4))
 
 
 def expected_slot_at(
@@ -105,15 +97,6 @@ def cap_keys(specs: Sequence) -> frozenset[str]:
     return frozenset(spec.key for spec in specs if spec.max_concurrency)
 
 
-def takes_handed_slots(specs: Sequence) -> frozenset[str] | None:
-    """The caps under which a waiting run can take a slot straight from a call that
-    ended (one with exactly these caps), or None: a run under a rate must be admitted
-    by the limiter, and a run without a cap never waits."""
-    if any(spec.rate_per_s for spec in specs):
-        return None
-    return cap_keys(specs) or None
-
-
 @dataclass
 class Slot:
     """A concurrency slot a run holds: under which name the limiter knows it, since
@@ -126,132 +109,234 @@ class Slot:
 
 
 @dataclass
-class Handed:
-    """A waiting run that was given the slot of a call that ended."""
+class _Waiter:
+    """A run asking for its slots: what the gate hands back to `put_off`, its cap
+    specs, the name its slots get, and when it gives up waiting (time.monotonic)."""
 
-    entry: tuple  # (run, specs), as it waited
-    slot: Slot
-
-
-class Waiting:
-    """One dispatch's runs waiting for a slot, in order, and those handed one meanwhile.
-
-    Read and changed only through its SlotWaits (under its lock)."""
-
-    def __init__(self, entries: Iterable[tuple]):
-        self.entries: list[tuple] = list(entries)
-        self.handed: list[Handed] = []
-        # Each run's caps for a handed slot, worked out once (by the run object's
-        # identity: a run moves between lists in new tuples), not at every call's end.
-        self._caps = {id(run): takes_handed_slots(specs) for run, specs in self.entries}
-        self.takers: Counter = Counter(keys for keys in self._caps.values() if keys)
-
-    def caps_of(self, entry: tuple) -> frozenset[str] | None:
-        return self._caps[id(entry[0])]
-
-    def count(self, entries: Iterable[tuple], sign: int) -> None:
-        """Add (sign 1) or take out (-1) these runs from the count of takers."""
-        for entry in entries:
-            if keys := self.caps_of(entry):
-                self.takers[keys] += sign
+    item: Any
+    caps: tuple
+    keys: frozenset[str]
+    holder: str
+    deadline: float
+    since: float
+    future: asyncio.Future = field(repr=False)
 
 
-class SlotWaits:
-    """A count of slots released by this process, the runs of this process waiting
-    for a slot (each dispatch's `Waiting`), and a condition to wait on both."""
+class SlotGate:
+    """Where the runs of one process take their concurrency slots (module doc).
 
-    def __init__(self):
-        self._cond = threading.Condition()
-        self._released = 0
-        self._open: list[Waiting] = []
+    `put_off(items)` is called on a thread with (item, when its turn is expected)
+    for the runs that waited their while; `take` answers None for those.
+    `release(items)` gives (caps, holder) slots back without blocking (a
+    SlotReleaser's put_many).
+    """
+
+    def __init__(
+        self,
+        limiter,
+        lease_s: float,
+        margin_s: float,
+        wait_s: float,
+        put_off: Callable[[list[tuple[Any, datetime]]], None],
+        release: Callable[[list], None],
+    ):
+        self._limiter = limiter
+        self._release = release  # (caps, holder) items; must not block
+        self._lease_s = lease_s
+        self._margin_s = margin_s  # a handed slot's lease must run this much longer
+        self.wait_s = wait_s
+        self._put_off = put_off
+        self._new: list[_Waiter] = []  # to be asked for in the next round trip
+        self._lines: dict[frozenset[str], deque[_Waiter]] = {}  # waiting, by caps
+        self._granted: dict[str, deque[float]] = {}  # cap key -> when waiters got a slot
+        self._driver: asyncio.Task | None = None
+        self._wake: asyncio.Event | None = None
+        self._tasks: set[asyncio.Task] = set()
 
     @property
-    def released(self) -> int:
-        with self._cond:
-            return self._released
+    def waiting(self) -> int:
+        return len(self._new) + sum(len(line) for line in self._lines.values())
 
-    def notify(self, count: int = 1) -> None:
-        with self._cond:
-            self._released += count
-            self._cond.notify_all()
+    async def take(self, caps: Sequence, holder: str, item: Any) -> Slot | None:
+        """The run's slot under every cap of `caps` (all at once), or None: it waited
+        `wait_s` and is put off."""
+        now = time.monotonic()
+        keys = cap_keys(caps)
+        waiter = _Waiter(
+            item,
+            tuple(caps),
+            keys,
+            holder,
+            now + self.wait_s,
+            now,
+            asyncio.get_running_loop().create_future(),
+        )
+        line = self._lines.get(keys)
+        if line:  # behind the runs of this process waiting already under these caps
+            line.append(waiter)
+        else:
+            self._new.append(waiter)
+        self._kick()
+        return await waiter.future
 
-    def wait(self, since: int, timeout_s: float, enough: int = 1, waiting: Waiting | None = None) -> int:
-        """Sleep until `enough` slots were released after the count `since`, or a run of
-        `waiting` was handed a slot, or for `timeout_s`; returns the count then."""
-        with self._cond:
-            self._cond.wait_for(
-                lambda: self._released - since >= enough or (waiting is not None and bool(waiting.handed)),
-                timeout_s,
-            )
-            return self._released
-
-    # -- runs waiting, and slots handed to them -----------------------------------
-
-    def open(self, entries: Iterable[tuple]) -> Waiting:
-        """Offer these (run, specs) to calls that end in this process."""
-        waiting = Waiting(entries)
-        with self._cond:
-            self._open.append(waiting)
-        return waiting
-
-    def close(self, waiting: Waiting) -> tuple[list[Handed], list[tuple]]:
-        """Stop offering `waiting`'s runs: (those handed a slot, those still waiting)."""
-        with self._cond:
-            self._open.remove(waiting)
-            handed, waiting.handed = waiting.handed, []
-            entries, waiting.entries = waiting.entries, []
-            waiting.takers.clear()
-            return handed, entries
-
-    def hand_over(self, specs: Sequence, slot: Slot, now: float, margin_s: float) -> bool:
-        """A call under `specs` ended holding `slot`: give it to the first run waiting
-        under exactly the same caps, if there is one, the slot's lease is known to run
-        past `now` + `margin_s`, and the slot has not been passed on for too long.
-        False: nobody took it, and it goes back to the limiter."""
-        if slot.until <= now + margin_s or now - slot.since >= HAND_OVER_FOR_S:
+    def give(self, caps: Sequence, slot: Slot) -> bool:
+        """A call under `caps` ended holding `slot`: hand it to the first run waiting
+        under exactly the same caps. False: nobody took it; it goes back to the limiter."""
+        now = time.monotonic()
+        if slot.until <= now + self._margin_s or now - slot.since >= HAND_OVER_FOR_S:
             return False
-        keys = cap_keys(specs)
-        with self._cond:
-            for waiting in self._open:
-                if not waiting.takers[keys]:
-                    continue
-                for i, entry in enumerate(waiting.entries):
-                    if waiting.caps_of(entry) == keys:
-                        del waiting.entries[i]
-                        waiting.takers[keys] -= 1
-                        waiting.handed.append(Handed(entry, slot))
-                        self._cond.notify_all()
-                        return True
+        line = self._lines.get(cap_keys(caps))
+        while line:
+            waiter = line.popleft()
+            if not waiter.future.done():  # (a cancelled waiter is skipped)
+                self._grant(waiter, slot, now)
+                metrics.SLOTS_HANDED_OVER.inc()
+                return True
         return False
 
-    def take_handed(self, waiting: Waiting, enough: int = 1, timeout_s: float = 0.0) -> list[Handed]:
-        """The runs of `waiting` handed a slot, once there are `enough` of them or after
-        `timeout_s` (each costs a fenced start, one statement for all: a burst's calls
-        end by the dozen, and starting each alone cost the registry more per run)."""
-        with self._cond:
-            if timeout_s > 0:
-                self._cond.wait_for(lambda: len(waiting.handed) >= enough, timeout_s)
-            handed, waiting.handed = waiting.handed, []
-            return handed
+    async def settled(self) -> None:
+        """Wait until the runs put off so far are written back."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def take(self, waiting: Waiting, free: dict[str, int]) -> list[tuple]:
-        """Take out the runs to try now (pick_runs over what still waits)."""
-        with self._cond:
-            ready, waiting.entries = pick_runs(waiting.entries, free)
-            waiting.count(ready, -1)
-            return ready
+    def wake(self) -> None:
+        """Slots were given back by this process: look for free ones now, not at the poll."""
+        if self._wake is not None:
+            self._wake.set()
 
-    def put_back(self, waiting: Waiting, entries: list[tuple]) -> None:
-        """Runs taken out that still wait, ahead of the rest (they waited longer)."""
-        if not entries:
+    def _kick(self) -> None:
+        if self._driver is None:
+            self._wake = asyncio.Event()
+            self._driver = asyncio.get_running_loop().create_task(self._drive())
+        elif self._new and self._wake is not None:
+            self._wake.set()
+
+    def _grant(self, waiter: _Waiter, slot: Slot, now: float) -> None:
+        if now > waiter.since + POLL_S:  # it waited: count the pace slots come at
+            for key in waiter.keys:
+                self._granted.setdefault(key, deque()).append(now)
+        waiter.future.set_result(slot)
+
+    async def _drive(self) -> None:
+        """Ask for the newcomers' slots, then for the waiting runs' as slots free, until
+        nobody waits. Whatever fails, no waiter is left without an answer."""
+        try:
+            while True:
+                if self._new:
+                    batch, self._new = self._new, []
+                    await self._ask(batch)
+                    continue
+                self._expire()
+                if not self.waiting:
+                    return
+                assert self._wake is not None
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), POLL_S)
+                if self._new:
+                    continue
+                await self._ask_free()
+        except BaseException:
+            log.exception("the slot gate failed; the runs waiting for a slot are put off")
+            self._expire(everyone=True)
+            raise
+        finally:
+            self._driver = None
+
+    async def _ask(self, batch: list[_Waiter], again: bool = False) -> None:
+        """One admission for `batch`; the runs not admitted wait in line (a run asked
+        for again keeps its place at the front)."""
+        asked = time.monotonic()
+        try:
+            admissions = await asyncio.to_thread(
+                retrying,
+                lambda: self._limiter.acquire_many(
+                    [(w.caps, w.holder) for w in batch], time.time(), self._lease_s
+                ),
+                f"slots of {len(batch)} runs",
+            )
+        except Exception:  # the limiter stayed away: they wait, and are put off in time
+            log.exception("asking for the slots of %d runs failed", len(batch))
+            admissions = [None] * len(batch)
+        now = time.monotonic()
+        late = []
+        for waiter, admission in zip(batch, admissions, strict=True):
+            if admission is not None and admission.admitted:
+                # The slot's lease runs from the limiter's clock: a second less, for the
+                # two clocks and the round trip.
+                slot = Slot(waiter.holder, asked, asked + self._lease_s - 1.0)
+                if waiter.future.done():  # cancelled meanwhile: its slot goes straight back
+                    self._release([(waiter.caps, slot.holder)])
+                else:
+                    self._grant(waiter, slot, now)
+            elif not waiter.future.done():
+                late.append(waiter)
+        by_line: dict[frozenset[str], list[_Waiter]] = {}
+        for waiter in late:
+            by_line.setdefault(waiter.keys, []).append(waiter)
+        for keys, waiters in by_line.items():
+            line = self._lines.setdefault(keys, deque())
+            if again:
+                line.extendleft(reversed(waiters))
+            else:
+                line.extend(waiters)
+
+    async def _ask_free(self) -> None:
+        """Ask again for as many waiting runs as their caps have free slots."""
+        caps = {
+            spec.key: spec.max_concurrency for line in self._lines.values() if line for spec in line[0].caps
+        }
+        try:
+            free = await asyncio.to_thread(self._limiter.free_slots, caps, time.time())
+        except Exception:
+            log.warning("counting free slots failed", exc_info=True)
             return
-        with self._cond:
-            waiting.entries[:0] = entries
-            waiting.count(entries, 1)
+        ready: list[_Waiter] = []
+        for line in self._lines.values():
+            picked, _ = pick_runs([(w, w.caps) for w in line], free)
+            for waiter, _caps in picked:
+                line.remove(waiter)
+                for spec in waiter.caps:
+                    free[spec.key] -= 1
+                ready.append(waiter)
+        if ready:
+            await self._ask(ready, again=True)
 
-    def entries(self, waiting: Waiting) -> list[tuple]:
-        with self._cond:
-            return list(waiting.entries)
+    def _expire(self, everyone: bool = False) -> None:
+        """Put off the runs that waited their while (all of them: `everyone`)."""
+        now = time.monotonic()
+        expired: list[_Waiter] = []
+        for keys in list(self._lines):
+            line = self._lines[keys]
+            while line and (everyone or line[0].deadline <= now or line[0].future.done()):
+                waiter = line.popleft()
+                if not waiter.future.done():
+                    expired.append(waiter)
+            if not line:
+                del self._lines[keys]
+        if everyone:
+            expired += [w for w in self._new if not w.future.done()]
+            self._new = []
+        for granted in self._granted.values():
+            while granted and granted[0] < now - self.wait_s:
+                granted.popleft()
+        if not expired:
+            return
+        at = utcnow()
+        positions: dict[str, int] = {}
+        put_off = []
+        for waiter in expired:
+            cap = min(waiter.caps, key=lambda spec: spec.max_concurrency)
+            pace = len(self._granted.get(cap.key, ())) / self.wait_s
+            position = positions.get(cap.key, 0)
+            positions[cap.key] = position + 1
+            put_off.append(
+                (waiter.item, expected_slot_at(at, position, pace, now - waiter.since, cap.max_concurrency))
+            )
+            waiter.future.set_result(None)
+        task = asyncio.get_running_loop().create_task(asyncio.to_thread(self._put_off, put_off))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
 
 def pick_runs(waiting: list, free: dict[str, int]) -> tuple[list, list]:
@@ -271,16 +356,17 @@ def pick_runs(waiting: list, free: dict[str, int]) -> tuple[list, list]:
 
 
 class SlotReleaser:
-    """Gives concurrency slots back as calls end, batched, then wakes the waiters.
+    """Gives concurrency slots back as calls end, batched, then says how many.
 
-    Call threads `put` what they hold; one thread releases everything queued so far
-    in one round trip (`release`) and notifies `waits`. A failed release is only
-    logged: the slots' leases run out by themselves.
+    Calls `put` what they hold; one thread releases everything queued so far in one
+    round trip (`release`), then calls `released(count)` (the gate looks for free
+    slots at once). A failed release is only logged: the slots' leases run out by
+    themselves.
     """
 
-    def __init__(self, release: Callable[[list], None], waits: SlotWaits):
+    def __init__(self, release: Callable[[list], None], released: Callable[[int], None]):
         self._release = release
-        self._waits = waits
+        self._released = released
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="slot-releaser", daemon=True)
         self._thread.start()
@@ -302,8 +388,8 @@ class SlotReleaser:
             items, stopping = ([] if first is None else [first]), first is None
             if not stopping:
                 # Let the calls ending meanwhile join this round trip: a slot comes back
-                # at most RELEASE_LINGER_S later, well inside the POLL_S a waiting run
-                # sleeps between looks, and a burst's releases travel by the dozen.
+                # at most RELEASE_LINGER_S later, and a burst's releases travel by the
+                # dozen.
                 time.sleep(RELEASE_LINGER_S)
             while True:
                 try:
@@ -319,6 +405,6 @@ class SlotReleaser:
                     self._release(items)
                 except Exception:  # a slot's lease runs out on its own
                     log.exception("releasing %d concurrency slots failed", len(items))
-                self._waits.notify(len(items))
+                self._released(len(items))
             if stopping:
                 return

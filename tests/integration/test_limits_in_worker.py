@@ -1,6 +1,10 @@
 """Limits in the worker engine on real Postgres and Redis: a cap bounds calls in
 flight (and the next run starts when one ends), held runs spend no attempt, a run
-waiting behind a cap keeps its lease, a rate holds a run once."""
+waiting behind a cap keeps its lease, a rate holds a run once.
+
+The dispatch starts every run its rates admit and returns; the calls take their
+concurrency slots on the loop (app.worker.slot_wait), so what a cap does is seen at
+the sink and in the registry, not in the dispatch's report."""
 
 from __future__ import annotations
 
@@ -103,32 +107,64 @@ def test_a_cap_bounds_calls_in_flight_and_the_next_run_starts_when_one_ends(
 
     report = context.dispatcher.dispatch(claim_due(registry))
 
-    # Every run started in this dispatch: none was put off, none waited for a schedule.
+    # Every run started in this dispatch: none was held back, none waited for a schedule.
     assert (report.started, report.held) == (8, 0)
-    assert metrics.SLOTS_HANDED_OVER._value.get() - handed_before == 6
     arrivals = sorted(call.at for call in sink.wait_for(8, "/cap2"))
     # Never more than 2 in flight: the third call arrives only after the first answered.
     assert all(later >= earlier + call_s for earlier, later in zip(arrivals, arrivals[2:], strict=False))
     assert_each_completed_once(registry, rows)
+    assert metrics.SLOTS_HANDED_OVER._value.get() - handed_before == 6
     assert_every_slot_back(context, rows[0]["target"], 2)
 
 
-def test_a_run_under_a_rate_never_takes_a_handed_slot(pg_settings, truncate, sink, contexts):
-    context, registry = make_env(pg_settings, truncate, lease_s=30.0, claim_ahead_s=0.0)
+def test_runs_behind_a_small_cap_all_start_within_about_two_seconds(pg_settings, truncate, sink, contexts):
+    """80 runs of 50 ms due at once behind a cap of 4: 20 rounds of 50 ms. Each starts
+    as a slot frees (none is given a schedule: none goes back to the registry), and
+    at no instant are more than 4 calls in flight."""
+    context, registry = make_env(pg_settings, truncate, lease_s=30.0)
     contexts.append(context)
-    sink.script("/rated", [Answer(200, delay_s=0.1)])
+    call_s = 0.05
+    sink.script("/cap4", [Answer(200, delay_s=call_s)])
     rows = [
-        job_row(16, run_at=utcnow() - timedelta(seconds=1), target=capped(sink, "/rated", 1, rate_per_s=100))
-        for _ in range(3)
+        job_row(16, run_at=utcnow() - timedelta(seconds=1), target=capped(sink, "/cap4", 4))
+        for _ in range(80)
     ]
     due_now(registry, rows)
-    handed_before = metrics.SLOTS_HANDED_OVER._value.get()
 
     report = context.dispatcher.dispatch(claim_due(registry))
 
-    assert (report.started, report.held) == (3, 0)  # each admitted by the limiter as a slot came back
-    assert metrics.SLOTS_HANDED_OVER._value.get() == handed_before
-    assert len(sink.wait_for(3, "/rated")) == 3
+    assert (report.started, report.held) == (80, 0)
+    arrivals = sorted(call.at for call in sink.wait_for(80, "/cap4", timeout_s=30))
+    assert all(later >= earlier + call_s for earlier, later in zip(arrivals, arrivals[4:], strict=False))
+    assert_each_completed_once(registry, rows)
+    for row in rows:
+        [run] = runs_of(registry, row["job_id"])
+        assert run["state"] == "succeeded" and run["attempt"] == 1  # none held, none retried
+
+
+def test_a_run_held_by_a_rate_and_a_cap_at_once_is_held_by_the_rate_and_takes_no_slot(
+    pg_settings, truncate, sink, contexts
+):
+    """A rate of 1/s and a cap of 1: the first run is admitted and holds the slot; the
+    other two are held back by the rate before their start, with no slot taken (the
+    cap's only slot is the first call's, and comes back when it ends)."""
+    context, registry = make_env(pg_settings, truncate, lease_s=30.0, claim_ahead_s=0.0)
+    contexts.append(context)
+    sink.script("/rated", [Answer(200, delay_s=-1)])  # answers when released
+    target = capped(sink, "/rated", 1, rate_per_s=1)
+    rows = [job_row(16, run_at=utcnow() - timedelta(seconds=1), target=target) for _ in range(3)]
+    due_now(registry, rows)
+
+    report = context.dispatcher.dispatch(claim_due(registry))
+
+    assert (report.started, report.held) == (1, 2)
+    sink.wait_for(1, "/rated")
+    [spec] = limit_specs("tests", target, context.settings)
+    assert context.limiter.free_slots({spec.key: 1}, utcnow()) == {spec.key: 0}  # the call's
+    held = [j for j in (job(registry, r["job_id"]) for r in rows) if j["state"] == "scheduled"]
+    assert len(held) == 2 and all(j["attempt"] == 0 for j in held)
+    sink.release.set()
+    assert_every_slot_back(context, target, 1)
 
 
 def test_a_withdrawn_calls_slot_goes_back_to_redis_and_never_to_a_waiting_run(
@@ -139,7 +175,11 @@ def test_a_withdrawn_calls_slot_goes_back_to_redis_and_never_to_a_waiting_run(
     from app.worker.webhook import NotSent
 
     class Withdrawn:
+        def __init__(self):
+            self.tries = 0
+
         async def send(self, call):
+            self.tries += 1
             raise NotSent("withdrawn")
 
         def close(self):
@@ -147,7 +187,7 @@ def test_a_withdrawn_calls_slot_goes_back_to_redis_and_never_to_a_waiting_run(
 
     context, registry = make_env(pg_settings, truncate, lease_s=30.0)
     contexts.append(context)
-    context.dispatcher.webhooks = Withdrawn()
+    context.dispatcher.webhooks = withdrawn = Withdrawn()
     rows = [
         job_row(16, run_at=utcnow() - timedelta(seconds=1), target=capped(sink, "/gone", 1)) for _ in range(3)
     ]
@@ -156,7 +196,11 @@ def test_a_withdrawn_calls_slot_goes_back_to_redis_and_never_to_a_waiting_run(
 
     report = context.dispatcher.dispatch(claim_due(registry))
 
-    assert (report.started, report.held) == (3, 0)  # one after the other, each through Redis
+    assert (report.started, report.held) == (3, 0)
+    deadline = time.monotonic() + 10
+    while withdrawn.tries < 3 and time.monotonic() < deadline:  # one after the other, each through Redis
+        time.sleep(0.02)
+    assert withdrawn.tries == 3
     assert metrics.SLOTS_HANDED_OVER._value.get() == handed_before
     assert_every_slot_back(context, rows[0]["target"], 1)
 
@@ -175,7 +219,14 @@ def test_runs_still_waiting_for_a_slot_are_put_off_once_without_spending_an_atte
 
     report = context.dispatcher.dispatch(claim_due(registry))
 
-    assert (report.started, report.held) == (1, 2)
+    assert report.started == 3  # started; two of them wait on the loop for the slot
+    sink.wait_for(1, "/cap1")
+    deadline = time.monotonic() + 10
+    while (
+        time.monotonic() < deadline
+        and sum(job(registry, r["job_id"])["state"] == "scheduled" for r in rows) < 2
+    ):
+        time.sleep(0.02)
     waiting = [j for j in (job(registry, r["job_id"]) for r in rows) if j["state"] == "scheduled"]
     assert len(waiting) == 2
     assert all(j["attempt"] == 0 and j["misfire_exempt"] and j["lease_token"] is None for j in waiting)
@@ -184,6 +235,8 @@ def test_runs_still_waiting_for_a_slot_are_put_off_once_without_spending_an_atte
     # least as long again since none came (not compared with the clock after these
     # reads, which a busy box makes take longer than that).
     assert all(j["next_run_at"] >= began + timedelta(seconds=0.55) for j in waiting)
+    assert context.dispatcher.in_flight() == 1  # only the call held at the sink
+    assert len(sink.calls("/cap1")) == 1
     sink.release.set()
 
 

@@ -1,24 +1,23 @@
-"""Waiting in the worker for a concurrency slot: the pure estimate, the waiter's
-wake-ups and the releaser (threads, no I/O)."""
+"""Waiting in the worker for a concurrency slot: the pure estimate, the gate on a real
+event loop with the in-memory limiter, and the releaser (no I/O)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 
-from app.limits import LimitSpec
+from app.limits import LimitSpec, LocalLimiter
 from app.worker.slot_wait import (
-    BATCH_RUNS,
     HAND_OVER_FOR_S,
     MAX_WAIT_S,
     POLL_S,
     Slot,
+    SlotGate,
     SlotReleaser,
-    SlotWaits,
-    batch_size,
     expected_slot_at,
     pick_runs,
-    takes_handed_slots,
     wait_budget_s,
 )
 
@@ -52,38 +51,6 @@ def test_a_few_slots_in_a_stalled_wait_never_put_a_run_later_than_no_slot_at_all
     assert expected_slot_at(NOW, 99, 0.01, 2.0, 4) == NOW + timedelta(seconds=50.0)
 
 
-def test_a_batch_is_worth_a_try_sooner_behind_a_small_cap():
-    assert batch_size(waiting=500, smallest_cap=200) == BATCH_RUNS
-    assert batch_size(waiting=5, smallest_cap=200) == 5  # every run waiting
-    assert batch_size(waiting=76, smallest_cap=20) == 5
-    assert batch_size(waiting=76, smallest_cap=4) == 1  # each freed slot counts
-
-
-def test_a_waiter_wakes_on_a_release_it_has_not_seen():
-    waits = SlotWaits()
-    seen = waits.released
-    woke = threading.Event()
-
-    def waiter():
-        waits.wait(seen, 30)
-        woke.set()
-
-    thread = threading.Thread(target=waiter)
-    thread.start()
-    waits.notify()
-    assert woke.wait(10)
-    thread.join()
-
-
-def test_a_waiter_sleeps_until_enough_slots_were_released():
-    waits = SlotWaits()
-    seen = waits.released
-    waits.notify(2)
-    assert waits.wait(seen, 0.01, enough=3) == seen + 2  # not enough: it slept its timeout
-    waits.notify(1)
-    assert waits.wait(seen, 30, enough=3) == seen + 3  # enough: at once
-
-
 def test_only_as_many_waiting_runs_are_tried_as_their_caps_have_free_slots():
     own, shared = LimitSpec("own", max_concurrency=2), LimitSpec("all", max_concurrency=10)
     waiting = [(f"r{i}", [own, shared]) for i in range(4)] + [("other", [shared])]
@@ -93,147 +60,214 @@ def test_only_as_many_waiting_runs_are_tried_as_their_caps_have_free_slots():
     assert pick_runs(waiting, {}) == ([], waiting)
 
 
-def test_a_release_before_the_wait_is_not_lost():
-    waits = SlotWaits()
-    seen = waits.released
-    waits.notify()  # a call ended between the limiter's answer and the wait
-    assert waits.wait(seen, 30) == seen + 1  # returns at once
-
-
-def test_the_releaser_releases_in_batches_then_wakes_the_waiters():
-    waits = SlotWaits()
+def test_the_releaser_releases_in_batches_then_says_how_many():
     released: list[list] = []
+    counted: list[int] = []
     gate = threading.Event()
+    done = threading.Event()
 
     def release(items):
         gate.wait(10)
         released.append(items)
 
-    releaser = SlotReleaser(release, waits)
-    seen = waits.released
+    def count(n):
+        counted.append(n)
+        if sum(counted) == 3:
+            done.set()
+
+    releaser = SlotReleaser(release, count)
     releaser.put("first")
     releaser.put_many(["second", "third"])
     gate.set()
-    waits.wait(seen, 10)
+    assert done.wait(10)
     releaser.stop()
     assert [item for batch in released for item in batch] == ["first", "second", "third"]
-    assert len(released) <= 2 and waits.released > seen
+    assert len(released) <= 2
 
 
-def test_a_failed_release_still_wakes_the_waiters():
-    waits = SlotWaits()
-    seen = waits.released
+def test_a_failed_release_still_says_so():
+    done = threading.Event()
 
     def release(items):
         raise ConnectionError("redis is away")
 
-    releaser = SlotReleaser(release, waits)
+    releaser = SlotReleaser(release, lambda n: done.set())
     releaser.put("slot")
-    assert waits.wait(seen, 10) > seen
+    assert done.wait(10)
     releaser.stop()
 
 
-# -- a slot handed from a call that ended to a run waiting in the same process -------
+# -- the gate --------------------------------------------------------------------
 
 OWN, SHARED = LimitSpec("own", max_concurrency=2), LimitSpec("all", max_concurrency=10)
-RATED = LimitSpec("own", max_concurrency=2, rate_per_s=5)
-MARGIN_S = 5.0
+LEASE_S, MARGIN_S = 30.0, 5.0
 
 
-def live_slot(now: float = 100.0, holder: str = "r0.ab") -> Slot:
-    return Slot(holder, since=now, until=now + 30)
+class CountingLimiter(LocalLimiter):
+    """The in-memory limiter, counting the admissions asked of it."""
+
+    def __init__(self, fail: bool = False):
+        super().__init__()
+        self.asked: list[int] = []
+        self.fail = fail
+
+    def _acquire(self, requests, now, lease_s):
+        self.asked.append(len(requests))
+        if self.fail:
+            raise ConnectionError("redis is away")
+        return super()._acquire(requests, now, lease_s)
 
 
-def test_only_a_run_without_a_rate_and_with_a_cap_takes_handed_slots():
-    assert takes_handed_slots([OWN, SHARED]) == {"own", "all"}
-    assert takes_handed_slots([OWN, LimitSpec("b", rate_per_s=1)]) is None  # a rate sees every start
-    assert takes_handed_slots([RATED]) is None
-    assert takes_handed_slots([]) is None  # no cap: it never waits
+def make_gate(limiter=None, wait_s: float = 1.0):
+    put_off: list = []
+    released: list = []
+    gate = SlotGate(limiter or CountingLimiter(), LEASE_S, MARGIN_S, wait_s, put_off.extend, released.extend)
+    return gate, put_off, released
 
 
-def test_a_slot_goes_to_the_first_run_waiting_under_exactly_the_same_caps():
-    waits = SlotWaits()
-    line = waits.open(
-        [("only-own", [OWN]), ("rated", [RATED, SHARED]), ("a", [OWN, SHARED]), ("b", [SHARED, OWN])]
-    )
-    slot = live_slot()
-    assert waits.hand_over([OWN, SHARED], slot, 100.0, MARGIN_S)
-    assert waits.hand_over([SHARED, OWN], slot, 100.0, MARGIN_S)  # the order of specs does not matter
-    assert not waits.hand_over([OWN, SHARED], slot, 100.0, MARGIN_S)  # nobody else waits under both
-    handed = waits.take_handed(line)
-    assert [(h.entry[0], h.slot) for h in handed] == [("a", slot), ("b", slot)]
-    assert [name for name, _ in waits.entries(line)] == ["only-own", "rated"]
-    assert waits.take_handed(line) == []
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def test_a_messages_runs_ask_together_and_the_cap_admits_only_its_slots():
+    limiter = CountingLimiter()
+    gate, put_off, _ = make_gate(limiter, wait_s=0.05)
+
+    async def scenario():
+        answers = await asyncio.gather(*(gate.take([OWN], f"r{i}", f"r{i}") for i in range(5)))
+        await gate.settled()
+        return answers
+
+    slots = run(scenario())
+    assert limiter.asked[0] == 5  # one admission for all five
+    assert [s is not None for s in slots] == [True, True, False, False, False]
+    assert [item for item, _ in put_off] == ["r2", "r3", "r4"]  # waited their while: put off
+
+
+def test_a_slot_goes_straight_to_the_first_run_waiting_under_exactly_the_same_caps():
+    limiter = CountingLimiter()
+    gate, _, released = make_gate(limiter)
+
+    async def scenario():
+        first = await gate.take([OWN], "a", "a")
+        second = await gate.take([OWN], "b", "b")
+        other = asyncio.ensure_future(gate.take([OWN, SHARED], "x", "x"))  # other caps
+        third = asyncio.ensure_future(gate.take([OWN], "c", "c"))
+        fourth = asyncio.ensure_future(gate.take([OWN], "d", "d"))
+        await asyncio.sleep(POLL_S * 3)  # all wait: the cap is full
+        assert not (other.done() or third.done() or fourth.done())
+        asked = len(limiter.asked)
+        assert gate.give([OWN], first)  # to c, the first in line under exactly [OWN]
+        assert await third is first  # the same slot, under its name
+        assert not fourth.done() and not other.done()
+        assert gate.give([OWN], second)
+        assert await fourth is second
+        assert not gate.give([OWN], first)  # nobody else waits under [OWN]: back to the limiter
+        assert len(limiter.asked) - asked <= 3  # polls only: no admission for a handed slot
+        other.cancel()
+
+    run(scenario())
+    assert released == []  # (giving back is the caller's, after give() said no)
 
 
 def test_a_slot_near_its_lease_end_or_passed_on_for_long_goes_back_to_the_limiter():
-    waits = SlotWaits()
-    line = waits.open([("a", [OWN])])
-    ending = Slot("r0.ab", since=100.0, until=100.0 + MARGIN_S)  # would run out before a's first heartbeat
-    assert not waits.hand_over([OWN], ending, 100.0, MARGIN_S)
-    old = Slot("r0.ab", since=100.0, until=200.0)
-    assert not waits.hand_over([OWN], old, 100.0 + HAND_OVER_FOR_S, MARGIN_S)  # other processes' turn
-    assert waits.hand_over([OWN], old, 100.0 + HAND_OVER_FOR_S / 2, MARGIN_S)
-    assert [h.entry[0] for h in waits.take_handed(line)] == ["a"]
+    gate, _, _ = make_gate()
+
+    async def scenario():
+        await gate.take([OWN], "a", "a")
+        await gate.take([OWN], "b", "b")
+        waiting = asyncio.ensure_future(gate.take([OWN], "c", "c"))
+        await asyncio.sleep(POLL_S * 2)
+        now = time.monotonic()
+        assert not gate.give([OWN], Slot("a", now, now + MARGIN_S))  # ends before c's first heartbeat
+        assert not gate.give([OWN], Slot("a", now - HAND_OVER_FOR_S, now + LEASE_S))  # other processes' turn
+        assert gate.give([OWN], Slot("a", now - HAND_OVER_FOR_S / 2, now + LEASE_S))
+        assert (await waiting).holder == "a"
+
+    run(scenario())
 
 
-def test_runs_taken_out_to_be_tried_are_not_handed_a_slot_until_put_back():
-    waits = SlotWaits()
-    line = waits.open([("a", [OWN]), ("b", [OWN])])
-    tried = waits.take(line, {"own": 1})
-    assert [name for name, _ in tried] == ["a"]
-    assert waits.hand_over([OWN], live_slot(), 100.0, MARGIN_S)  # b
-    assert not waits.hand_over([OWN], live_slot(), 100.0, MARGIN_S)  # a is being tried: not offered
-    waits.put_back(line, tried)  # still waiting (the limiter said the cap is full)
-    assert waits.hand_over([OWN], live_slot(), 100.0, MARGIN_S)
-    assert [h.entry[0] for h in waits.take_handed(line)] == ["b", "a"]
+def test_a_waiting_run_takes_a_slot_freed_by_another_process_at_the_next_poll():
+    limiter = CountingLimiter()
+    gate, put_off, _ = make_gate(limiter)
+
+    async def scenario():
+        await gate.take([OWN], "a", "a")
+        await gate.take([OWN], "b", "b")
+        waiting = asyncio.ensure_future(gate.take([OWN], "c", "c"))
+        await asyncio.sleep(POLL_S * 3)
+        assert not waiting.done()
+        asked = len(limiter.asked)
+        await asyncio.sleep(POLL_S * 5)
+        assert len(limiter.asked) == asked  # a full cap is only read, not asked again
+        limiter.release_many([([OWN], "a")])  # another process's call ended
+        slot = await waiting
+        assert slot.holder == "c"  # admitted anew under its own name
+
+    run(scenario())
+    assert put_off == []
 
 
-def test_a_closed_line_is_offered_nothing_and_gives_back_what_it_had():
-    waits = SlotWaits()
-    line = waits.open([("a", [OWN]), ("b", [OWN]), ("c", [SHARED])])
-    assert waits.hand_over([OWN], live_slot(), 100.0, MARGIN_S)
-    handed, left = waits.close(line)
-    assert [h.entry[0] for h in handed] == ["a"]
-    assert [name for name, _ in left] == ["b", "c"]
-    assert not waits.hand_over([OWN], live_slot(), 100.0, MARGIN_S)  # b waits no more here
+def test_a_newcomer_waits_behind_the_runs_already_waiting_under_its_caps():
+    limiter = CountingLimiter()
+    gate, _, _ = make_gate(limiter)
+
+    async def scenario():
+        await gate.take([OWN], "a", "a")
+        await gate.take([OWN], "b", "b")
+        early = asyncio.ensure_future(gate.take([OWN], "c", "c"))
+        await asyncio.sleep(POLL_S * 2)
+        late = asyncio.ensure_future(gate.take([OWN], "d", "d"))
+        await asyncio.sleep(0)
+        limiter.release_many([([OWN], "a")])  # one slot frees: it is c's, who came first
+        assert (await early).holder == "c"
+        await asyncio.sleep(POLL_S * 3)
+        assert not late.done()
+        limiter.release_many([([OWN], "b")])
+        assert (await late).holder == "d"
+
+    run(scenario())
 
 
-def test_a_waiter_wakes_when_one_of_its_runs_is_handed_a_slot():
-    waits = SlotWaits()
-    line = waits.open([("a", [OWN])])
-    other = waits.open([("x", [SHARED])])
-    seen = waits.released
-    assert waits.wait(seen, 0.01, waiting=line) == seen  # nothing for it: it slept its timeout
-    woke = threading.Event()
+def test_runs_put_off_are_given_turns_at_the_pace_slots_came_while_they_waited():
+    gate, put_off, _ = make_gate(wait_s=0.3)
 
-    def waiter():
-        waits.wait(seen, 30, enough=BATCH_RUNS, waiting=line)
-        woke.set()
+    async def scenario():
+        slots = [await gate.take([OWN], n, n) for n in ("a", "b")]
+        waiters = [asyncio.ensure_future(gate.take([OWN], f"w{i}", f"w{i}")) for i in range(6)]
+        await asyncio.sleep(POLL_S * 2)
+        for slot in slots:  # two slots handed on while they wait; none afterwards
+            assert gate.give([OWN], slot)
+        answers = await asyncio.gather(*waiters)
+        await gate.settled()
+        return answers
 
-    thread = threading.Thread(target=waiter)
-    thread.start()
-    assert waits.hand_over([SHARED], live_slot(), 100.0, MARGIN_S)  # to the other line: no wake-up
-    assert not woke.wait(0.05)
-    assert waits.hand_over([OWN], live_slot(), 100.0, MARGIN_S)
-    assert woke.wait(10)
-    thread.join()
-    assert [h.entry[0] for h in waits.take_handed(other)] == ["x"]
+    began = datetime.now(UTC)
+    answers = run(scenario())
+    assert [a is not None for a in answers] == [True, True, False, False, False, False]
+    turns = [at for _, at in put_off]
+    assert [item for item, _ in put_off] == ["w2", "w3", "w4", "w5"]
+    assert turns == sorted(turns) and turns[0] > began  # in line, none "now"
+    # Two slots came in 0.3 s: the fourth run left is due about 4 / (2 / 0.3) = 0.6 s out.
+    assert turns[-1] - turns[0] >= timedelta(seconds=0.3)
 
 
-def test_handed_runs_gather_into_one_start_until_a_batch_or_the_timeout():
-    waits = SlotWaits()
-    line = waits.open([(f"r{i}", [OWN]) for i in range(4)])
-    assert waits.hand_over([OWN], live_slot(), 100.0, MARGIN_S)
-    # Fewer than a batch: it waits out its timeout, then takes what came.
-    assert [h.entry[0] for h in waits.take_handed(line, enough=3, timeout_s=0.01)] == ["r0"]
+def test_a_limiter_that_stays_away_leaves_no_run_waiting_for_ever():
+    limiter = CountingLimiter(fail=True)
+    gate, put_off, _ = make_gate(limiter, wait_s=0.1)
+    import app.worker.slot_wait as slot_wait
 
-    def end_two_calls():
-        for _ in range(2):
-            assert waits.hand_over([OWN], live_slot(), 100.0, MARGIN_S)
+    real = slot_wait.retrying
+    slot_wait.retrying = lambda operation, what: operation()  # no retry budget in a unit test
+    try:
 
-    thread = threading.Thread(target=end_two_calls)
-    thread.start()
-    # A batch's worth: it returns as soon as the second slot is in, long before 30 s.
-    assert [h.entry[0] for h in waits.take_handed(line, enough=2, timeout_s=30)] == ["r1", "r2"]
-    thread.join()
+        async def scenario():
+            answers = await asyncio.gather(*(gate.take([OWN], n, n) for n in ("a", "b")))
+            await gate.settled()
+            return answers
+
+        answers = run(scenario())
+    finally:
+        slot_wait.retrying = real
+    assert answers == [None, None]
+    assert [item for item, _ in put_off] == ["a", "b"]
