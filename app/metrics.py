@@ -40,7 +40,7 @@ LEASES_EXPIRED = Counter("punctual_leases_expired_total", "Leases the janitor to
 PUBLISHED = Counter("punctual_dispatch_messages_total", "Dispatch messages published", ["shard"])
 START_LATENESS = Histogram(
     "punctual_start_lateness_seconds",
-    "Run start minus its nominal scheduled instant",
+    "When a run's call goes out (after its concurrency slot) minus its nominal scheduled instant",
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600),
 )
 
