@@ -52,6 +52,10 @@ class Finished:
     run: DispatchRun
     outcome: CallOutcome
     finished_at: datetime
+    # When its call went out. A run behind a full concurrency cap is started, then
+    # waits for its slot: its started_at and lateness_ms become this instant, so the
+    # history says when the target was called. None: no call was made (an expired lease).
+    called_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,10 @@ class CompletionReport:
 
     def __add__(self, other: CompletionReport) -> CompletionReport:
         return CompletionReport(self.applied + other.applied, self.stale + other.stale)
+
+
+_RUN_COLUMNS = ("state", "finished_at", "status_code", "error")
+_CALLED_COLUMNS = (*_RUN_COLUMNS, "started_at", "lateness_ms")
 
 
 def complete(
@@ -93,13 +101,16 @@ def apply(
     rows it locks, when it locks some: one round trip less per flush).
 
     The runs, fenced by their token and state (the completion's `running`; the
-    janitor's `claimed` or `running`), returning the ones written:
+    janitor's `claimed` or `running`), returning the ones written; a worker's
+    completion also sets started_at and lateness_ms to when the call went out (the
+    janitor's, of a call it cannot know, leaves them):
 
     UPDATE runs SET state = v.state, finished_at = v.finished_at, status_code = v.status_code, error
-    = v.error, leased_until = :leased_until, updated_at = :updated_at FROM jsonb_to_recordset(:rows)
-    AS v(run_id uuid, lease_token uuid, state text, finished_at timestamptz, status_code integer,
-    error text) WHERE runs.run_id = v.run_id AND runs.lease_token = v.lease_token AND runs.state =
-    'running' RETURNING runs.run_id;
+    = v.error, started_at = v.started_at, lateness_ms = v.lateness_ms, leased_until =
+    :leased_until, updated_at = :updated_at FROM jsonb_to_recordset(:rows) AS v(run_id uuid,
+    lease_token uuid, state text, finished_at timestamptz, status_code integer, error text,
+    started_at timestamptz, lateness_ms bigint) WHERE runs.run_id = v.run_id AND runs.lease_token =
+    v.lease_token AND runs.state = 'running' RETURNING runs.run_id;
 
     UPDATE runs SET state = v.state, finished_at = v.finished_at, status_code = v.status_code, error
     = v.error, leased_until = :leased_until, updated_at = :updated_at FROM jsonb_to_recordset(:rows)
@@ -146,31 +157,37 @@ def apply(
             continue  # stale: its job's lease is gone
         attempt = Attempt(run.job_id, run.origin, run.scheduled_for, run.attempt, run.retry)
         settled = settle(attempt, item.outcome, job, now, rand, retry_now=retry_now)
-        run_writes.append(
-            {
-                "run_id": run.run_id,
-                "lease_token": run.lease_token,
-                "state": settled.run_state,
-                "finished_at": item.finished_at,
-                "status_code": item.outcome.status_code,
-                "error": settled.error,
-            }
-        )
+        write = {
+            "run_id": run.run_id,
+            "lease_token": run.lease_token,
+            "state": settled.run_state,
+            "finished_at": item.finished_at,
+            "status_code": item.outcome.status_code,
+            "error": settled.error,
+        }
+        if item.called_at is not None:
+            write["started_at"] = item.called_at
+            write["lateness_ms"] = int((item.called_at - run.scheduled_for).total_seconds() * 1000)
+        run_writes.append(write)
         settlements.append((run, settled))
     # Key order, as the jobs were locked: two batches meet their rows in one order.
     run_writes.sort(key=lambda row: row["run_id"])
-    written = set(
-        update_many(
-            conn,
-            runs,
-            run_writes,
-            match=("run_id", "lease_token"),
-            columns=("state", "finished_at", "status_code", "error"),
-            constants={"leased_until": None, "updated_at": now},
-            where=_state_in(run_states),
-            returning="run_id",
-        )
-    )
+    written: set = set()
+    for called in (True, False):  # the worker's completions are all called; the janitor's none
+        rows = [row for row in run_writes if ("started_at" in row) is called]
+        if rows:
+            written.update(
+                update_many(
+                    conn,
+                    runs,
+                    rows,
+                    match=("run_id", "lease_token"),
+                    columns=_CALLED_COLUMNS if called else _RUN_COLUMNS,
+                    constants={"leased_until": None, "updated_at": now},
+                    where=_state_in(run_states),
+                    returning="run_id",
+                )
+            )
     job_writes, retry_rows = [], []
     for run, settled in settlements:
         if run.run_id not in written:  # stale: the run's token or state changed

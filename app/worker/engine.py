@@ -273,7 +273,8 @@ class Dispatcher:
             self._slots.release()
             await asyncio.to_thread(self._withdraw, call)
             return
-        metrics.START_LATENESS.observe(max(0.0, (utcnow() - run.scheduled_for).total_seconds()))
+        called_at = utcnow()
+        metrics.START_LATENESS.observe(max(0.0, (called_at - run.scheduled_for).total_seconds()))
         # Every line logged while this run is called (here, in the webhook caller, the
         # limiter, the libraries) names it (app.logs; the task has its own context).
         with log_context(
@@ -295,7 +296,7 @@ class Dispatcher:
                 self._slot_free(call)
                 self._slots.release()
             log.debug("run %s called: status %s, error %s", run.run_id, outcome.status_code, outcome.error)
-        self._buffer.add(Finished(run, outcome, utcnow()))
+        self._buffer.add(Finished(run, outcome, utcnow(), called_at))
 
     def _slot_free(self, call: _Call) -> None:
         """The call is over: its slot goes to a run waiting for one in this process, or

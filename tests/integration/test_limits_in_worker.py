@@ -115,6 +115,15 @@ def test_a_cap_bounds_calls_in_flight_and_the_next_run_starts_when_one_ends(
     assert_each_completed_once(registry, rows)
     assert metrics.SLOTS_HANDED_OVER._value.get() - handed_before == 6
     assert_every_slot_back(context, rows[0]["target"], 2)
+    # The history says when each call went out, not when its run was started (all at
+    # once): four rounds of two calls, so the last began three calls after the first.
+    history = [runs_of(registry, r["job_id"])[0] for r in rows]
+    starts = sorted(run["started_at"] for run in history)
+    assert starts[-1] - starts[0] >= timedelta(seconds=3 * call_s)
+    assert all(
+        abs(run["lateness_ms"] - (run["started_at"] - run["scheduled_for"]).total_seconds() * 1000) <= 1
+        for run in history
+    )
 
 
 def test_runs_behind_a_small_cap_all_start_within_about_two_seconds(pg_settings, truncate, sink, contexts):
