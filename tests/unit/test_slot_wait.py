@@ -125,6 +125,20 @@ def make_gate(limiter=None, wait_s: float = 1.0):
     return gate, put_off, released
 
 
+async def fill(gate: SlotGate) -> tuple:
+    """Take both slots of OWN, for runs "a" and "b"."""
+    return await gate.take([OWN], "a", "a"), await gate.take([OWN], "b", "b")
+
+
+async def full_with_one_waiting(gate: SlotGate) -> asyncio.Future:
+    """OWN's two slots taken by "a" and "b", and "c" waiting for one (a few polls in)."""
+    await fill(gate)
+    waiting = asyncio.ensure_future(gate.take([OWN], "c", "c"))
+    await asyncio.sleep(POLL_S * 3)
+    assert not waiting.done()
+    return waiting
+
+
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 30))
 
@@ -149,8 +163,7 @@ def test_a_slot_goes_straight_to_the_first_run_waiting_under_exactly_the_same_ca
     gate, _, released = make_gate(limiter)
 
     async def scenario():
-        first = await gate.take([OWN], "a", "a")
-        second = await gate.take([OWN], "b", "b")
+        first, second = await fill(gate)
         other = asyncio.ensure_future(gate.take([OWN, SHARED], "x", "x"))  # other caps
         third = asyncio.ensure_future(gate.take([OWN], "c", "c"))
         fourth = asyncio.ensure_future(gate.take([OWN], "d", "d"))
@@ -174,10 +187,7 @@ def test_a_slot_near_its_lease_end_or_passed_on_for_long_goes_back_to_the_limite
     gate, _, _ = make_gate()
 
     async def scenario():
-        await gate.take([OWN], "a", "a")
-        await gate.take([OWN], "b", "b")
-        waiting = asyncio.ensure_future(gate.take([OWN], "c", "c"))
-        await asyncio.sleep(POLL_S * 2)
+        waiting = await full_with_one_waiting(gate)
         now = time.monotonic()
         assert not gate.give([OWN], Slot("a", now, now + MARGIN_S))  # ends before c's first heartbeat
         assert not gate.give([OWN], Slot("a", now - HAND_OVER_FOR_S, now + LEASE_S))  # other processes' turn
@@ -192,11 +202,7 @@ def test_a_waiting_run_takes_a_slot_freed_by_another_process_at_the_next_poll():
     gate, put_off, _ = make_gate(limiter)
 
     async def scenario():
-        await gate.take([OWN], "a", "a")
-        await gate.take([OWN], "b", "b")
-        waiting = asyncio.ensure_future(gate.take([OWN], "c", "c"))
-        await asyncio.sleep(POLL_S * 3)
-        assert not waiting.done()
+        waiting = await full_with_one_waiting(gate)
         asked = len(limiter.asked)
         await asyncio.sleep(POLL_S * 5)
         assert len(limiter.asked) == asked  # a full cap is only read, not asked again
@@ -213,10 +219,7 @@ def test_a_newcomer_waits_behind_the_runs_already_waiting_under_its_caps():
     gate, _, _ = make_gate(limiter)
 
     async def scenario():
-        await gate.take([OWN], "a", "a")
-        await gate.take([OWN], "b", "b")
-        early = asyncio.ensure_future(gate.take([OWN], "c", "c"))
-        await asyncio.sleep(POLL_S * 2)
+        early = await full_with_one_waiting(gate)
         late = asyncio.ensure_future(gate.take([OWN], "d", "d"))
         await asyncio.sleep(0)
         limiter.release_many([([OWN], "a")])  # one slot frees: it is c's, who came first
