@@ -221,26 +221,25 @@ class Dispatcher:
             else:  # a rate: its start is reserved at retry_at
                 held.append((run, admission.retry_instant()))
         calls, stale = self._start(admitted, now)
-        if held:
-            try:
-                metrics.RUNS.labels("held").inc(lease.hold(self.registry, held, now))
-            except Exception:  # the started runs are called regardless; the held ones wait for their lease
-                log.exception("holding %d runs failed; their leases will bring them back", len(held))
-            metrics.count_by_owner("held", (run.owner for run, _ in held))
+        if held:  # the started runs are called regardless
+            self._hold(held, now)
         return DispatchReport(len(calls), len(held), stale)
+
+    def _hold(self, held: list[tuple[DispatchRun, datetime]], now: datetime) -> None:
+        """Hold runs back to the registry until their turns (no attempt spent). Should
+        the hold fail, their leases run out and the janitor brings them back."""
+        try:
+            metrics.RUNS.labels("held").inc(lease.hold(self.registry, held, now))
+        except Exception:
+            log.exception("holding %d runs failed; their leases will bring them back", len(held))
+        metrics.count_by_owner("held", (run.owner for run, _ in held))
 
     def _put_off(self, waited: list[tuple[_Call, datetime]]) -> None:
         """(On a thread.) Hold runs that waited their while for a slot back to the
-        registry, each to when its turn is expected (no attempt spent). They leave the
-        heartbeat first: should the hold fail, their leases run out and the janitor
-        brings them back."""
+        registry, each to when its turn is expected. They leave the heartbeat first, so
+        that a failed hold leaves their leases to run out."""
         self._inflight.pop_many([call.run.run_id for call, _ in waited])
-        now = utcnow()
-        try:
-            metrics.RUNS.labels("held").inc(lease.hold(self.registry, [(c.run, at) for c, at in waited], now))
-        except Exception:
-            log.exception("holding %d runs failed; their leases will bring them back", len(waited))
-        metrics.count_by_owner("held", (call.run.owner for call, _ in waited))
+        self._hold([(call.run, at) for call, at in waited], utcnow())
 
     def _start(self, admitted: list[_Call], now) -> tuple[list[_Call], int]:
         """One fenced start for admitted runs, then their calls: (calls started, stale
