@@ -421,9 +421,13 @@ class Dispatcher:
         return len(self._inflight)
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Wait (at most `timeout_s`) for calls in flight and their completions."""
+        """Wait (at most `timeout_s`) for calls in flight, runs put off and completions."""
         deadline = time.monotonic() + timeout_s
         self._inflight.wait_empty(timeout_s)
+        try:  # runs put off after their wait for a slot left the heartbeat before their hold is written
+            self._loop.submit(self._gate.settled()).result(max(0.1, deadline - time.monotonic()))
+        except Exception:  # their leases run out and the janitor brings them back
+            log.warning("writing back the runs put off failed", exc_info=True)
         self._buffer.close(max(0.1, deadline - time.monotonic()))
         self._inflight.stop()
         self._releaser.stop()
