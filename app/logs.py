@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -26,7 +26,7 @@ FORMATS = ("text", "json")
 # The fields that say which piece of work a line is about, in the order shown.
 CONTEXT_FIELDS = ("job_id", "run_id", "shard", "attempt", "owner")
 
-_context: ContextVar[dict | None] = ContextVar("punctual_log_context", default=None)
+_context: ContextVar[dict | _Lazy | None] = ContextVar("punctual_log_context", default=None)
 
 # Attributes every LogRecord has; anything else on a record came from `extra=`.
 _RECORD_ATTRIBUTES = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
@@ -37,22 +37,61 @@ _HANDLER_MARK = "_punctual_handler"
 @contextmanager
 def log_context(**fields) -> Iterator[None]:
     """Within the block, every log line of this thread (or task) carries `fields`."""
-    token = _context.set({**(_context.get() or {}), **{k: v for k, v in fields.items() if v is not None}})
+    token = _context.set({**_fields(), **{k: v for k, v in fields.items() if v is not None}})
     try:
         yield
     finally:
         _context.reset(token)
 
 
+class lazy_log_context:  # noqa: N801 - used like log_context, a function's name
+    """log_context whose fields are made by `make()` only if a line is logged in the
+    block. A worker binds a run's fields around each call, and rendering them (ids as
+    text) for every run cost more than the lines logged during calls, which are few."""
+
+    __slots__ = ("_make", "_token")
+
+    def __init__(self, make: Callable[[], dict]):
+        self._make = make
+
+    def __enter__(self) -> None:
+        self._token = _context.set(_Lazy(_fields(), self._make))
+
+    def __exit__(self, *_exc) -> None:
+        _context.reset(self._token)
+
+
+class _Lazy:
+    """The fields of a lazy_log_context over those bound outside it; made once."""
+
+    __slots__ = ("_outer", "_make", "_made")
+
+    def __init__(self, outer: dict, make: Callable[[], dict]):
+        self._outer, self._make = outer, make
+        self._made: dict | None = None
+
+    def fields(self) -> dict:
+        if self._made is None:
+            self._made = {**self._outer, **{k: v for k, v in self._make().items() if v is not None}}
+        return self._made
+
+
+def _fields() -> dict:
+    bound = _context.get()
+    if bound is None:
+        return {}
+    return bound.fields() if isinstance(bound, _Lazy) else bound
+
+
 def current_context() -> dict:
-    return dict(_context.get() or {})
+    return dict(_fields())
 
 
 class ContextFilter(logging.Filter):
     """Copies the bound context onto each record (an explicit `extra=` wins)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        for name, value in (_context.get() or {}).items():
+        for name, value in _fields().items():
             if not hasattr(record, name):
                 setattr(record, name, value)
         return True

@@ -62,7 +62,7 @@ from app.limits import limit_specs
 from app.limits.keys import LimitKeyDirectory, named_key
 from app.limits.limiter import Limiter
 from app.limits.policy import LimitSpec
-from app.logs import log_context
+from app.logs import lazy_log_context
 from app.registry.engines import Registry
 from app.registry.transient import retrying
 from app.services.owners import OwnerDirectory
@@ -205,21 +205,29 @@ class Dispatcher:
         named = self.limit_keys.lookup_many(named_pairs) if named_pairs else None
         now = utcnow()
         entries = [(run, limit_specs(run.owner, run.target, settings, named)) for run in part]
-        # Without a rate among them this asks nothing of the limiter (no I/O).
-        admissions = retrying(
-            lambda: self.limiter.acquire_many(
-                [(_rates(specs), str(run.run_id), _reserver(run)) for run, specs in entries],
-                now,
-                settings.lease_s,
-            ),
-            f"admission of {len(entries)} runs",
+        rated = [(run, rates) for run, specs in entries if (rates := _rates(specs))]
+        # Only runs under a rate ask the limiter (one round trip for all of them).
+        admissions = (
+            retrying(
+                lambda: self.limiter.acquire_many(
+                    [(rates, str(run.run_id), _reserver(run)) for run, rates in rated], now, settings.lease_s
+                ),
+                f"admission of {len(rated)} runs",
+            )
+            if rated
+            else []
         )
+        refused = {
+            run.run_id: admission.retry_instant()
+            for (run, _), admission in zip(rated, admissions, strict=True)
+            if not admission.admitted
+        }
         admitted, held = [], []
-        for (run, specs), admission in zip(entries, admissions, strict=True):
-            if admission.admitted:
+        for run, specs in entries:
+            if run.run_id in refused:  # a rate: its start is reserved at retry_at
+                held.append((run, refused[run.run_id]))
+            else:
                 admitted.append(_Call(run, _caps(specs)))
-            else:  # a rate: its start is reserved at retry_at
-                held.append((run, admission.retry_instant()))
         calls, stale = self._start(admitted, now)
         if held:  # the started runs are called regardless
             self._hold(held, now)
@@ -250,11 +258,14 @@ class Dispatcher:
         sent = time.monotonic()
         started_ids = lease.start(self.registry, [c.run for c in admitted], now)
         calls = []
+        by_shard: dict[int, int] = {}
         for call in admitted:
             if call.run.run_id in started_ids:
                 call.lease_until = sent + settings.lease_s
                 calls.append(call)
-                metrics.RUNS_STARTED.labels(str(call.run.shard)).inc()
+                by_shard[call.run.shard] = by_shard.get(call.run.shard, 0) + 1
+        for shard, count in by_shard.items():
+            metrics.RUNS_STARTED.labels(str(shard)).inc(count)
         for call in calls:
             self._inflight.add(call.run.run_id, call)
         if calls:
@@ -298,12 +309,14 @@ class Dispatcher:
         metrics.START_LATENESS.observe(max(0.0, (called_at - run.scheduled_for).total_seconds()))
         # Every line logged while this run is called (here, in the webhook caller, the
         # limiter, the libraries) names it (app.logs; the task has its own context).
-        with log_context(
-            job_id=str(run.job_id),
-            run_id=str(run.run_id),
-            shard=run.shard,
-            attempt=run.attempt,
-            owner=run.owner,
+        with lazy_log_context(
+            lambda: {
+                "job_id": str(run.job_id),
+                "run_id": str(run.run_id),
+                "shard": run.shard,
+                "attempt": run.attempt,
+                "owner": run.owner,
+            }
         ):
             try:
                 outcome = await self._attempt(call)

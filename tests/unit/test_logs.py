@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from app.logs import configure, current_context, handler, log_context
+from app.logs import configure, current_context, handler, lazy_log_context, log_context
 
 
 def _logger(log_format: str, process: str = "worker") -> tuple[logging.Logger, io.StringIO]:
@@ -53,6 +53,31 @@ def test_json_carries_the_bound_context_and_extras():
     assert second["attempt"] == 3 and "owner" not in second
     assert not {"job_id", "run_id", "shard", "attempt"} & set(third)
     assert current_context() == {}
+
+
+def test_a_lazy_context_makes_its_fields_only_for_a_line_logged_and_once():
+    logger, stream = _logger("json")
+    made = []
+
+    def fields() -> dict:
+        made.append(1)
+        return {"run_id": "r-9", "attempt": 4, "owner": None}
+
+    with log_context(shard=5):
+        with lazy_log_context(fields):
+            assert made == []  # nothing logged yet: nothing made
+            logger.warning("first")
+            with log_context(attempt=5):  # binds over the lazy fields, as over any
+                logger.warning("inner")
+            logger.warning("second")
+            assert current_context() == {"shard": 5, "run_id": "r-9", "attempt": 4}
+        logger.warning("outside")
+    first, inner, second, outside = _json_lines(stream)
+    assert made == [1]
+    assert (first["shard"], first["run_id"], first["attempt"]) == (5, "r-9", 4) and "owner" not in first
+    assert (inner["run_id"], inner["attempt"]) == ("r-9", 5)
+    assert second["attempt"] == 4
+    assert "run_id" not in outside and outside["shard"] == 5
 
 
 def test_an_explicit_extra_wins_over_the_context():
