@@ -39,7 +39,7 @@ from sqlalchemy.dialects import postgresql
 from app import metrics
 from app.core.retries import CallOutcome
 from app.lifecycle.message import DispatchRun
-from app.lifecycle.settlement import Attempt, Settlement, settle
+from app.lifecycle.settlement import Attempt, settle
 from app.registry.bulk import insert_many, key_in, update_many
 from app.registry.dialect import locks_rows
 from app.registry.engines import Registry, refuse_moved_shards
@@ -189,6 +189,8 @@ def apply(
                 )
             )
     job_writes, retry_rows = [], []
+    states: dict[str, int] = {}
+    dead = 0
     for run, settled in settlements:
         if run.run_id not in written:  # stale: the run's token or state changed
             continue
@@ -196,7 +198,8 @@ def apply(
             job_writes.append({**settled.job, "job_id": run.job_id, "_token": run.lease_token})
         if settled.retry_at is not None:
             retry_rows.append(_retry_row(run, settled.retry_at, now, lease_s))
-        _count(settled)
+        states[settled.run_state] = states.get(settled.run_state, 0) + 1
+        dead += settled.dead
     for shape, rows in _by_shape(job_writes):
         # The lease fence, written into the statement: WHERE job_id = ? AND lease_token = ?
         fenced = [{**row, "lease_token": row["_token"]} for row in rows]
@@ -209,6 +212,10 @@ def apply(
             constants={"updated_at": now, **({"lease_token": None} if "lease_token" in shape else {})},
         )
     insert_many(conn, runs, retry_rows)
+    for state, count in states.items():
+        metrics.RUNS.labels(state).inc(count)
+    if dead:
+        metrics.DEAD_LETTERS.inc(dead)
     stale = len(batch) - len(written)
     if stale:
         metrics.STALE_COMPLETIONS.inc(stale)
@@ -285,9 +292,3 @@ def _retry_row(run: DispatchRun, retry_at: datetime, now: datetime, lease_s: flo
         due_at=retry_at,
         published=False,
     )
-
-
-def _count(settled: Settlement) -> None:
-    metrics.RUNS.labels(settled.run_state).inc()
-    if settled.dead:
-        metrics.DEAD_LETTERS.inc()
