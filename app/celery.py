@@ -96,9 +96,15 @@ def _child_started(**_kw) -> None:
     # that message comes at the due instant, and the imports (Redis, urllib3, the SDK's
     # signature and its package) took seconds of a busy box's CPU right then (py-spy).
     # On a thread, so that the child takes its first task (a poll) without waiting.
-    threading.Thread(
-        target=importlib.import_module, args=("app.worker.engine",), name="warm-up", daemon=True
-    ).start()
+    threading.Thread(target=_warm_up, name="warm-up", daemon=True).start()
+
+
+def _warm_up() -> None:
+    """Import the dispatch path, then set the collector for a worker (app.worker.collector)."""
+    importlib.import_module("app.worker.engine")
+    from app.worker import collector
+
+    collector.tune()
 
 
 @signals.worker_ready.connect

@@ -67,6 +67,7 @@ def measure(stack: Stack, sink: NginxSink, runs: int, cap: str) -> dict:
     import dataclasses
 
     from app.lifecycle.message import chunks
+    from app.worker import collector
     from app.worker.context import WorkerContext
     from tests.rows import insert_jobs, job_row, webhook_target
 
@@ -91,6 +92,8 @@ def measure(stack: Stack, sink: NginxSink, runs: int, cap: str) -> dict:
     messages = list(chunks(claimed, MESSAGE_RUNS))
     settings = dataclasses.replace(stack.settings, target_max_concurrency=int(cap))
     context = WorkerContext(settings)
+    context.dispatcher  # noqa: B018 - made (and its modules imported) before the collector is set
+    collector.tune()  # as a pool process of `celery -A app worker` does once it has started
     meter = CpuMeter(
         {}, services=("redis-server",), dynamic={"postgres (backends)": backend_pids(stack.dsns[0])}
     )
