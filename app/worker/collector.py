@@ -4,12 +4,15 @@ CPython starts a collection of its youngest generation each time the objects it
 tracks have grown by 700 since the last one. A worker under a burst holds a few
 hundred calls in flight, each with its request, its task, its futures and its
 headers alive across awaits, so that count is crossed again and again by objects
-that are still alive: each collection walks them, promotes them, and they fill the
-older generations, which are walked in turn, heap and all (the imported modules,
-Celery, SQLAlchemy's caches). Measured with bench.dispatch (one engine, 10,000 runs
-of a webhook each): about 3,000 young, 275 middle and 25 full collections, and the
-engine spent 0.60-0.70 CPU-ms per run; with the thresholds below, 8 collections and
-0.44-0.53 CPU-ms per run (bench/README.md, 2026-12-03).
+that are still alive: each collection walks them and promotes them, and they fill
+the older generations, whose collections walk the whole heap (the imported modules,
+Celery, SQLAlchemy's caches) again and again. An engine handed 10,000 runs
+(bench.dispatch) made about 3,000 young, 275 middle and 25 full collections and
+spent 0.64-0.70 CPU-ms per run; with the young threshold at 50,000, 8 collections
+and 0.53; with the heap frozen as well, 0.49-0.55 whatever the threshold. In the
+burst as a user runs it (bench.burst, 20,000 runs), the worker's CPU per run fell
+from 1.00-1.09 ms to 0.69-0.85 and its starts per second rose by a third to a half
+(bench/README.md, 2026-12-03).
 
 So a pool process, once its imports are done:
 
