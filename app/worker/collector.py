@@ -8,8 +8,8 @@ that are still alive: each collection walks them and promotes them, and they fil
 the older generations, whose collections walk the whole heap (the imported modules,
 Celery, SQLAlchemy's caches) again and again. An engine handed 10,000 runs
 (bench.dispatch) made about 3,000 young, 275 middle and 25 full collections and
-spent 0.64-0.70 CPU-ms per run; with the young threshold at 50,000, 8 collections
-and 0.53; with the heap frozen as well, 0.49-0.55 whatever the threshold. In the
+spent 0.61-0.70 CPU-ms per run; with the young threshold at 50,000, 8 collections
+and 0.44-0.53; with the heap frozen as well, 0.48-0.56 whatever the threshold. In the
 burst as a user runs it (bench.burst, 20,000 runs), the worker's CPU per run fell
 from 1.00-1.09 ms to 0.69-0.85 and its starts per second rose by a third to a half
 (bench/README.md, 2026-12-03).
