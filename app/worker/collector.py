@@ -19,9 +19,9 @@ So a pool process, once its imports are done:
 - freezes what it holds then (gc.freeze): the modules and everything made at
   start-up are never walked again;
 - collects the young generation after a growth of YOUNG_THRESHOLD objects, not 700.
-  Garbage in a cycle waits longer to be freed (tens of megabytes at most, under a
-  burst), which a worker process has to spare; objects freed by their reference
-  count, nearly all of them, go at once as before.
+  Garbage in a cycle waits longer to be freed; objects freed by their reference
+  count, nearly all of them, go at once as before. Under a 20,000 burst the pool
+  processes peaked at 99-101 MiB resident against 98-99 MiB before.
 """
 
 from __future__ import annotations
