@@ -37,7 +37,7 @@ _HANDLER_MARK = "_punctual_handler"
 @contextmanager
 def log_context(**fields) -> Iterator[None]:
     """Within the block, every log line of this thread (or task) carries `fields`."""
-    token = _context.set({**_fields(), **{k: v for k, v in fields.items() if v is not None}})
+    token = _context.set(_over(_fields(), fields))
     try:
         yield
     finally:
@@ -72,8 +72,13 @@ class _Lazy:
 
     def fields(self) -> dict:
         if self._made is None:
-            self._made = {**self._outer, **{k: v for k, v in self._make().items() if v is not None}}
+            self._made = _over(self._outer, self._make())
         return self._made
+
+
+def _over(outer: dict, fields: dict) -> dict:
+    """`fields` bound over `outer`: an inner value wins; None binds nothing."""
+    return {**outer, **{k: v for k, v in fields.items() if v is not None}}
 
 
 def _fields() -> dict:

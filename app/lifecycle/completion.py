@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -189,8 +189,7 @@ def apply(
                 )
             )
     job_writes, retry_rows = [], []
-    states: dict[str, int] = {}
-    dead = 0
+    states: Counter[str] = Counter()
     for run, settled in settlements:
         if run.run_id not in written:  # stale: the run's token or state changed
             continue
@@ -198,8 +197,7 @@ def apply(
             job_writes.append({**settled.job, "job_id": run.job_id, "_token": run.lease_token})
         if settled.retry_at is not None:
             retry_rows.append(_retry_row(run, settled.retry_at, now, lease_s))
-        states[settled.run_state] = states.get(settled.run_state, 0) + 1
-        dead += settled.dead
+        states[settled.run_state] += 1
     for shape, rows in _by_shape(job_writes):
         # The lease fence, written into the statement: WHERE job_id = ? AND lease_token = ?
         fenced = [{**row, "lease_token": row["_token"]} for row in rows]
@@ -214,8 +212,8 @@ def apply(
     insert_many(conn, runs, retry_rows)
     for state, count in states.items():
         metrics.RUNS.labels(state).inc(count)
-    if dead:
-        metrics.DEAD_LETTERS.inc(dead)
+    if states["dead"]:
+        metrics.DEAD_LETTERS.inc(states["dead"])
     stale = len(batch) - len(written)
     if stale:
         metrics.STALE_COMPLETIONS.inc(stale)

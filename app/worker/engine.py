@@ -48,6 +48,7 @@ import logging
 import secrets
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -257,14 +258,10 @@ class Dispatcher:
         settings = self.settings
         sent = time.monotonic()
         started_ids = lease.start(self.registry, [c.run for c in admitted], now)
-        calls = []
-        by_shard: dict[int, int] = {}
-        for call in admitted:
-            if call.run.run_id in started_ids:
-                call.lease_until = sent + settings.lease_s
-                calls.append(call)
-                by_shard[call.run.shard] = by_shard.get(call.run.shard, 0) + 1
-        for shard, count in by_shard.items():
+        calls = [call for call in admitted if call.run.run_id in started_ids]
+        for call in calls:
+            call.lease_until = sent + settings.lease_s
+        for shard, count in Counter(call.run.shard for call in calls).items():
             metrics.RUNS_STARTED.labels(str(shard)).inc(count)
         for call in calls:
             self._inflight.add(call.run.run_id, call)
