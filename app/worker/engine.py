@@ -434,7 +434,8 @@ class Dispatcher:
         """Wait (at most `timeout_s`) for calls in flight, runs put off and completions."""
         deadline = time.monotonic() + timeout_s
         self._inflight.wait_empty(timeout_s)
-        try:  # runs put off after their wait for a slot left the heartbeat before their hold is written
+        try:  # runs put off after their wait for a slot left the heartbeat before their hold is written;
+            # parked slots go back before the releaser stops
             self._loop.submit(self._gate.settled()).result(max(0.1, deadline - time.monotonic()))
         except Exception:  # their leases run out and the janitor brings them back
             log.warning("writing back the runs put off failed", exc_info=True)

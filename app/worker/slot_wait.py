@@ -22,6 +22,13 @@ The `SlotGate` of a process (every method on its loop):
   only while its lease is known to run past the next run's first heartbeat, and for
   at most HAND_OVER_FOR_S since its admission; then it goes back to the limiter,
   where the runs waiting in other processes compete for it;
+- when nobody in the process waits for it, the slot of a call that ended is kept
+  (`parked`) for at most PARK_S, for the process's next run under the same caps: a
+  burst's runs come to the loop in waves of a message's worth, and each run asked
+  Redis for a slot and gave it back, two round trips a run to a cap that had room
+  all along. A slot is parked only while no run of the process found those caps
+  full in the last HAND_OVER_FOR_S: behind a cap that binds, a call's slot goes back
+  at once, for the runs of every process;
 - every POLL_S while runs wait (and as soon as this process gave slots back), one
   read counts the free slots of the caps waited for (`Limiter.free_slots`), and only
   as many waiting runs as that are asked for again, in one script call;
@@ -39,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import queue
 import threading
 import time
@@ -64,6 +72,11 @@ RELEASE_LINGER_S = 0.005
 # How long a slot may pass from call to call inside one process (since the limiter
 # admitted it) before it goes back to the limiter for every process to compete for.
 HAND_OVER_FOR_S = 1.0
+# How long the slot of a call that ended stays with its process, unused, for the
+# process's next run under the same caps, while those caps have room (SlotGate.give).
+PARK_S = 0.05
+# How many caps' last refusals a gate remembers before it forgets the old ones.
+_FULL_KEPT = 4096
 
 
 def wait_budget_s(lease_s: float) -> float:
@@ -149,6 +162,11 @@ class SlotGate:
         self._new: list[_Waiter] = []  # to be asked for in the next round trip
         self._lines: dict[frozenset[str], deque[_Waiter]] = {}  # waiting, by caps
         self._granted: dict[str, deque[float]] = {}  # cap key -> when waiters got a slot
+        # Slots of ended calls kept for the next runs under the same caps: (slot, its
+        # caps, when parked), the latest parked last (taken first).
+        self._parked: dict[frozenset[str], list[tuple[Slot, tuple, float]]] = {}
+        self._full_at: dict[frozenset[str], float] = {}  # caps -> when a run last found them full
+        self._sweep: asyncio.TimerHandle | None = None
         self._driver: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -162,6 +180,10 @@ class SlotGate:
         `wait_s` and is put off."""
         now = time.monotonic()
         keys = cap_keys(caps)
+        slot = self._unpark(keys, now)
+        if slot is not None:
+            metrics.SLOTS_HANDED_OVER.inc()
+            return slot
         waiter = _Waiter(
             item,
             tuple(caps),
@@ -181,21 +203,75 @@ class SlotGate:
 
     def give(self, caps: Sequence, slot: Slot) -> bool:
         """A call under `caps` ended holding `slot`: hand it to the first run waiting
-        under exactly the same caps. False: nobody took it; it goes back to the limiter."""
+        under exactly the same caps, or park it for the next one while the caps have
+        room. False: it goes back to the limiter."""
         now = time.monotonic()
-        if slot.until <= now + self._margin_s or now - slot.since >= HAND_OVER_FOR_S:
+        if not self._reusable(slot, now):
             return False
-        line = self._lines.get(cap_keys(caps))
+        keys = cap_keys(caps)
+        line = self._lines.get(keys)
         while line:
             waiter = line.popleft()
             if not waiter.future.done():  # (a cancelled waiter is skipped)
                 self._grant(waiter, slot, now)
                 metrics.SLOTS_HANDED_OVER.inc()
                 return True
-        return False
+        if now - self._full_at.get(keys, -math.inf) < HAND_OVER_FOR_S:
+            return False  # the caps bind: the slot is for every process's runs
+        self._parked.setdefault(keys, []).append((slot, tuple(caps), now))
+        if self._sweep is None:
+            self._sweep = asyncio.get_running_loop().call_later(PARK_S, self._unpark_idle)
+        return True
+
+    def _reusable(self, slot: Slot, now: float) -> bool:
+        """Whether `slot` may go to another run of this process: its lease is known to run
+        past that run's first heartbeat, and it was admitted less than HAND_OVER_FOR_S ago."""
+        return slot.until > now + self._margin_s and now - slot.since < HAND_OVER_FOR_S
+
+    def _unpark(self, keys: frozenset[str], now: float) -> Slot | None:
+        """A parked slot for a run under exactly the caps `keys`, if one is still good."""
+        parked = self._parked.get(keys)
+        found = None
+        while parked and found is None:
+            slot, caps, _ = parked.pop()
+            if self._reusable(slot, now):
+                found = slot
+            else:
+                self._release([(caps, slot.holder)])
+        if parked is not None and not parked:
+            del self._parked[keys]
+        return found
+
+    def _unpark_idle(self, everything: bool = False) -> None:
+        """Give back the slots parked PARK_S ago or more, or that are no longer good."""
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        now = time.monotonic()
+        back = []
+        for keys in list(self._parked):
+            kept = []
+            for slot, caps, parked_at in self._parked[keys]:
+                if everything or now - parked_at >= PARK_S or not self._reusable(slot, now):
+                    back.append((caps, slot.holder))
+                else:
+                    kept.append((slot, caps, parked_at))
+            if kept:
+                self._parked[keys] = kept
+            else:
+                del self._parked[keys]
+        if back:
+            self._release(back)
+        if self._parked and not everything:
+            oldest = min(parked_at for kept in self._parked.values() for _, _, parked_at in kept)
+            self._sweep = asyncio.get_running_loop().call_later(
+                max(0.001, oldest + PARK_S - now), self._unpark_idle
+            )
 
     async def settled(self) -> None:
-        """Wait until the runs put off so far are written back."""
+        """Give the parked slots back, and wait until the runs put off so far are
+        written back (the process stops taking runs)."""
+        self._unpark_idle(everything=True)
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
@@ -269,8 +345,10 @@ class SlotGate:
                     self._release([(waiter.caps, slot.holder)])
                 else:
                     self._grant(waiter, slot, now)
-            elif not waiter.future.done():
-                late.append(waiter)
+            else:
+                self._full_at[waiter.keys] = now
+                if not waiter.future.done():
+                    late.append(waiter)
         by_line: dict[frozenset[str], list[_Waiter]] = {}
         for waiter in late:
             by_line.setdefault(waiter.keys, []).append(waiter)
@@ -280,6 +358,19 @@ class SlotGate:
                 line.extendleft(reversed(waiters))
             else:
                 line.extend(waiters)
+            # Slots parked while these runs were being asked for are theirs.
+            while line and keys in self._parked:
+                waiter = line.popleft()
+                if waiter.future.done():  # (a cancelled waiter is skipped)
+                    continue
+                kept = self._unpark(keys, now)
+                if kept is None:
+                    line.appendleft(waiter)
+                    break
+                self._grant(waiter, kept, now)
+                metrics.SLOTS_HANDED_OVER.inc()
+        if len(self._full_at) > _FULL_KEPT:  # caps of targets long quiet
+            self._full_at = {k: at for k, at in self._full_at.items() if now - at < HAND_OVER_FOR_S}
 
     async def _ask_free(self) -> None:
         """Ask again for as many waiting runs as their caps have free slots."""

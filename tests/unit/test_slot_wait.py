@@ -12,6 +12,7 @@ from app.limits import LimitSpec, LocalLimiter
 from app.worker.slot_wait import (
     HAND_OVER_FOR_S,
     MAX_WAIT_S,
+    PARK_S,
     POLL_S,
     Slot,
     SlotGate,
@@ -175,7 +176,9 @@ def test_a_slot_goes_straight_to_the_first_run_waiting_under_exactly_the_same_ca
         assert not fourth.done() and not other.done()
         assert gate.give([OWN], second)
         assert await fourth is second
-        assert not gate.give([OWN], first)  # nobody else waits under [OWN]: back to the limiter
+        # Nobody else waits under [OWN], and the cap was found full: not parked, back to
+        # the limiter for every process's runs.
+        assert not gate.give([OWN], first)
         assert len(limiter.asked) - asked <= 3  # polls only: no admission for a handed slot
         other.cancel()
 
@@ -274,3 +277,91 @@ def test_a_limiter_that_stays_away_leaves_no_run_waiting_for_ever():
         slot_wait.retrying = real
     assert answers == [None, None]
     assert [item for item, _ in put_off] == ["a", "b"]
+
+
+# -- slots parked between calls --------------------------------------------------
+
+
+def test_a_slot_whose_call_ended_goes_to_the_next_run_under_the_same_caps_while_the_cap_has_room():
+    limiter = CountingLimiter()
+    gate, _, released = make_gate(limiter)
+
+    async def scenario():
+        first = await gate.take([SHARED], "a", "a")
+        assert gate.give([SHARED], first)  # kept: nobody found SHARED full
+        asked = len(limiter.asked)
+        again = await gate.take([SHARED], "b", "b")
+        assert again is first  # the same slot, under its name, without asking the limiter
+        assert len(limiter.asked) == asked
+        assert await gate.take([OWN, SHARED], "c", "c") is not first  # other caps: its own
+
+    run(scenario())
+    assert released == []
+    assert limiter.free_slots({SHARED.key: 10}, time.time()) == {SHARED.key: 8}  # a's (with b) and c's
+
+
+def test_a_parked_slot_nobody_takes_goes_back_to_the_limiter_after_a_while():
+    limiter = CountingLimiter()
+    gate, _, released = make_gate(limiter)
+
+    async def scenario():
+        slots = [await gate.take([SHARED], n, n) for n in ("a", "b")]
+        for slot in slots:
+            assert gate.give([SHARED], slot)
+        await asyncio.sleep(PARK_S / 2)
+        assert released == []
+        await asyncio.sleep(PARK_S * 2)
+        assert sorted(holder for _, holder in released) == ["a", "b"]
+
+    run(scenario())
+
+
+def test_a_slot_past_its_hand_over_time_is_not_parked():
+    gate, _, _ = make_gate()
+
+    async def scenario():
+        now = time.monotonic()
+        assert not gate.give([SHARED], Slot("a", now - HAND_OVER_FOR_S, now + LEASE_S))
+        assert not gate.give([SHARED], Slot("a", now, now + MARGIN_S))
+
+    run(scenario())
+
+
+def test_slots_parked_while_runs_were_asked_for_go_to_those_runs():
+    """A call ends while the admission of c is under way: its slot is parked (nobody
+    waits yet). The admission finds the cap full: c takes the parked slot at once, not
+    at a poll."""
+    answering = threading.Event()
+
+    class SlowLimiter(CountingLimiter):
+        def _acquire(self, requests, now, lease_s):
+            if len(self.asked) >= 2:
+                assert answering.wait(10)
+            return super()._acquire(requests, now, lease_s)
+
+    limiter = SlowLimiter()
+    gate, put_off, released = make_gate(limiter)
+
+    async def scenario():
+        first, _ = await fill(gate)
+        waiting = asyncio.ensure_future(gate.take([OWN], "c", "c"))
+        await asyncio.sleep(POLL_S)  # c's admission is under way
+        assert gate.give([OWN], first)  # parked
+        answering.set()
+        slot = await asyncio.wait_for(waiting, PARK_S / 2)
+        assert slot is first
+
+    run(scenario())
+    assert released == [] and put_off == []
+
+
+def test_settling_gives_the_parked_slots_back():
+    gate, _, released = make_gate()
+
+    async def scenario():
+        slot = await gate.take([SHARED], "a", "a")
+        assert gate.give([SHARED], slot)
+        await gate.settled()
+        assert released == [((SHARED,), "a")]
+
+    run(scenario())
