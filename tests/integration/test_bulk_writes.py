@@ -95,6 +95,23 @@ def test_values_shared_by_the_batch_and_values_per_row_come_back_as_written(engi
     assert all(found[row["id"]]["at"].tzinfo is UTC for row in shared + varied)
 
 
+def test_documents_past_what_the_fast_encoder_takes_and_instants_at_any_offset_come_back_as_written(engine):
+    berlin = timezone(timedelta(hours=1))
+    rows = [
+        {
+            **row,
+            "doc": {"big": 2**70 + i, "list": [None, 1.5, "ü"]},
+            "at": AT.astimezone(berlin) + timedelta(i),
+        }
+        for i, row in enumerate(_rows(2))
+    ]
+    _insert(engine, rows)  # per row: the documents and the instants differ
+    found = _read(engine)
+    for row in rows:
+        assert found[row["id"]] == row
+        assert found[row["id"]]["at"].tzinfo is UTC
+
+
 def test_an_update_sets_per_row_columns_and_batch_constants_of_every_type(engine):
     rows = _rows(4)
     _insert(engine, rows)
