@@ -107,11 +107,17 @@ def limit_specs(
     default_rate = float(getattr(settings, "target_rate_per_s", 0) or 0)
     default_concurrency = int(getattr(settings, "target_max_concurrency", 0) or 0)
     if default_rate or default_concurrency:
-        specs.append(LimitSpec(f"all:{origin}", default_rate or None, default_concurrency or None))
+        specs.append(_default_spec(origin, default_rate or None, default_concurrency or None))
     quota = int(getattr(settings, "owner_max_in_flight", 0) or 0)
     if quota:
         specs.append(owner_quota(owner, quota))
     return specs
+
+
+@functools.lru_cache(maxsize=1024)  # a burst's runs share a few origins; a spec is immutable
+def _default_spec(origin: str, rate_per_s: float | None, max_concurrency: int | None) -> LimitSpec:
+    """The operator's default limits of a target's origin, across all owners."""
+    return LimitSpec(f"all:{origin}", rate_per_s, max_concurrency)
 
 
 def owner_quota(owner: str, max_in_flight: int) -> LimitSpec:
