@@ -80,6 +80,23 @@ def test_schedule_patched_during_the_run_applies_from_the_next_occurrence(regist
     assert following.minute == 0 and following > run.scheduled_for
 
 
+def test_a_one_offs_run_whose_job_became_recurring_in_flight_moves_the_job_on_by_its_new_schedule(registry):
+    """The completion reads a one-off's job row narrowly; a job found recurring is read
+    whole (its schedule decides the next occurrence)."""
+    [run] = started(registry, [job_row(16, run_at=utcnow() - timedelta(seconds=1))])
+    assert not run.recurring
+    with registry.engine_for_shard(run.shard).begin() as conn:
+        conn.execute(
+            sa.update(jobs)
+            .where(jobs.c.job_id == run.job_id)
+            .values(schedule_kind="cron", cron="0 * * * *", run_at=None)
+        )
+    finish(registry, run, OK)
+    after = job(registry, run.job_id)
+    assert after["state"] == "scheduled" and after["lease_token"] is None
+    assert after["nominal_at"].minute == 0 and after["nominal_at"] > run.scheduled_for
+
+
 def test_failure_with_attempts_left_writes_the_retry_into_next_run_at(registry):
     [run] = started(registry, [job_row(16, run_at=utcnow() - timedelta(seconds=1), backoff_s=10)])
     now = utcnow()
