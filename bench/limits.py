@@ -5,13 +5,15 @@
     python -m bench.limits --jobs 20000 --delay-ms 1 --default-cap 0  # no cap at all
     python -m bench.limits --jobs 20000 --delay-ms 200 --cap 200
     python -m bench.limits --jobs 10000 --rate 100
+    python -m bench.limits --jobs 20000 --delay-ms 1 --set PUNCTUAL_DISPATCH_THREADS=64
 
 Builds the real stack (bench.common.Stack: fresh databases, vhost and Redis prefix;
 one `celery -A app worker` and `celery -A app beat` started by tests/e2e/processes.py)
-with the shipped defaults except what a flag sets, and a sink in its own process that
-answers each call after --delay-ms and records arrivals and the most calls it held at
-once. The N one-off jobs are written straight into the registry, due at one instant T;
-with --cap or --rate every job carries `limits` {key, max_concurrency / rate_per_s}.
+with the shipped defaults except what a flag sets (--set PUNCTUAL_X=Y: any setting),
+and a sink in its own process that answers each call after --delay-ms and records
+arrivals and the most calls it held at once. The N one-off jobs are written straight
+into the registry, due at one instant T; with --cap or --rate every job carries
+`limits` {key, max_concurrency / rate_per_s}.
 Reports: T to the last start, starts/s, the peak of calls in flight seen by the sink,
 starts per second (for a rate: the rate delivered over the first minute), runs held
 back to the registry (punctual_runs_total{outcome="held"}, scraped from the worker's
@@ -34,7 +36,7 @@ from datetime import UTC, datetime, timedelta
 from bench.common import Stack, free_port, machine, write_result
 from bench.cpu import SERVICES, CpuMeter, per_run_ms
 from bench.figures import lateness_figures, per_second
-from bench.stack import effective_settings
+from bench.stack import effective_settings, parse_overrides
 
 _ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
 
@@ -169,7 +171,7 @@ def run(args) -> dict:
 
     sink = DelaySink(args.delay_ms / 1000)  # forked before any thread or connection
     metrics_port = free_port()
-    env: dict[str, str] = {}
+    env: dict[str, str] = dict(parse_overrides(args.set))
     if args.default_cap is not None:
         env["PUNCTUAL_TARGET_MAX_CONCURRENCY"] = str(args.default_cap)
     stack = Stack(physical=2, shards=16, broker=True, env=env)
@@ -260,6 +262,7 @@ def run(args) -> dict:
         "cpu_s": {**cpu_s, "window_s": round(cpu_ended - cpu_began, 1)},
         "cpu_ms_per_run": per_run_ms(cpu_s, len(started)),
         "settings": settings,
+        "set_by_flag": parse_overrides(args.set),
         "config": {"processes": args.concurrency, "registration": "direct insert"},
         "machine": {
             **machine(),
@@ -313,6 +316,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=(os.cpu_count() or 1) + 1, help="worker processes")
     parser.add_argument("--lead-s", type=float, default=0)
     parser.add_argument("--timeout-s", type=float, default=600)
+    parser.add_argument("--set", action="append", default=[], metavar="PUNCTUAL_X=Y")
     parser.add_argument("--label", default="")
     args = parser.parse_args()
     result = run(args)
