@@ -171,7 +171,8 @@ def run(args) -> dict:
 
     sink = DelaySink(args.delay_ms / 1000)  # forked before any thread or connection
     metrics_port = free_port()
-    env: dict[str, str] = dict(parse_overrides(args.set))
+    overrides = parse_overrides(args.set)
+    env: dict[str, str] = dict(overrides)
     if args.default_cap is not None:
         env["PUNCTUAL_TARGET_MAX_CONCURRENCY"] = str(args.default_cap)
     stack = Stack(physical=2, shards=16, broker=True, env=env)
@@ -262,7 +263,7 @@ def run(args) -> dict:
         "cpu_s": {**cpu_s, "window_s": round(cpu_ended - cpu_began, 1)},
         "cpu_ms_per_run": per_run_ms(cpu_s, len(started)),
         "settings": settings,
-        "set_by_flag": parse_overrides(args.set),
+        "set_by_flag": overrides,
         "config": {"processes": args.concurrency, "registration": "direct insert"},
         "machine": {
             **machine(),

@@ -135,16 +135,18 @@ class HolderNames:
 def _rates(specs: list) -> tuple[LimitSpec, ...]:
     """A run's specs as far as rates go: admitted before its start. (A spec with no
     other limit is used as it is: a copy of each run's spec cost more than the rest.)"""
-    return tuple(_only(s, max_concurrency=None) for s in specs if s.rate_per_s)
+    return tuple(
+        dataclasses.replace(s, max_concurrency=None) if s.max_concurrency else s
+        for s in specs
+        if s.rate_per_s
+    )
 
 
 def _caps(specs: list) -> tuple[LimitSpec, ...]:
     """A run's specs as far as concurrency caps go: taken right before its call."""
-    return tuple(_only(s, rate_per_s=None) for s in specs if s.max_concurrency)
-
-
-def _only(spec: LimitSpec, **without) -> LimitSpec:
-    return dataclasses.replace(spec, **without) if any(getattr(spec, k) for k in without) else spec
+    return tuple(
+        dataclasses.replace(s, rate_per_s=None) if s.rate_per_s else s for s in specs if s.max_concurrency
+    )
 
 
 def take_call_slots(slots: threading.Semaphore, wanted: int, floor: int) -> int:
