@@ -117,7 +117,7 @@ task_send_sent_event = False
 # Beat: in-memory schedule (no celerybeat-schedule file), so several beats can run
 # side by side and a restarted beat starts fresh; a missed tick is harmless because
 # a poll claims everything due, however late.
-beat_scheduler = "celery.beat:Scheduler"
+beat_scheduler = "app.pollers.beat_scheduler:TickScheduler"
 beat_schedule = _beat_schedule(_settings)
 beat_max_loop_interval = max(0.05, min(1.0, _settings.poll_interval_s / 2))
 
