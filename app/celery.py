@@ -15,7 +15,11 @@ and the worker's main process serves their sum on that one port, whatever the po
 and however many children it has.
 
 Logs: Celery's own set-up is replaced (the setup_logging signal) by app.logs, so
-beat and the workers log in PUNCTUAL_LOG_FORMAT like every other process.
+beat and the workers log in PUNCTUAL_LOG_FORMAT like every other process. A worker's
+"received" and "succeeded" lines for the beat's ticks (a poll of every shard every
+second, a sweep every few) come out only at DEBUG (app.logs.QuietTasks): at INFO they
+were two lines a tick, 36 lines a second from an idle worker, and a tenth of its idle
+CPU. The dispatch messages' lines stay at INFO.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import threading
 from celery import Celery, signals
 
 from app.core.errors import SettingsError
+from app.pollers.beat import POLL_TASK, SWEEP_TASK
 from app.settings import get_settings
 from app.tasks.gate import DispatchGateStep
 
@@ -62,9 +67,10 @@ def _role() -> str:
 
 @signals.setup_logging.connect
 def _setup_logging(loglevel=None, **_kw) -> None:
-    from app.logs import configure
+    from app.logs import configure, quiet_tasks
 
     configure(_role(), _settings.log_format, loglevel or logging.INFO)
+    quiet_tasks({POLL_TASK, SWEEP_TASK})
 
 
 if _role() in ("worker", "beat"):

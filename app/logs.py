@@ -184,3 +184,32 @@ def configure(
     # so that nothing on stderr escapes the format.
     logging.captureWarnings(True)
     return new
+
+
+# Celery's loggers of a task's "received" and "succeeded" lines.
+_TASK_LINE_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
+
+
+class QuietTasks(logging.Filter):
+    """Drops Celery's INFO lines ("received", "succeeded") of the tasks named, unless
+    their logger is at DEBUG. (Celery passes the task's name in the line's one
+    argument, its context.)"""
+
+    def __init__(self, logger: logging.Logger, task_names: frozenset[str]):
+        super().__init__()
+        self._logger = logger
+        self.task_names = task_names
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.INFO or not isinstance(record.args, dict):
+            return True
+        return record.args.get("name") not in self.task_names or self._logger.isEnabledFor(logging.DEBUG)
+
+
+def quiet_tasks(task_names: set[str]) -> None:
+    """Celery's per-task INFO lines of these tasks only at DEBUG (QuietTasks); once per
+    logger, whatever the number of calls."""
+    for name in _TASK_LINE_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.filters = [f for f in logger.filters if not isinstance(f, QuietTasks)]
+        logger.addFilter(QuietTasks(logger, frozenset(task_names)))

@@ -9,7 +9,15 @@ import threading
 
 import pytest
 
-from app.logs import configure, current_context, handler, lazy_log_context, log_context
+from app.logs import (
+    QuietTasks,
+    configure,
+    current_context,
+    handler,
+    lazy_log_context,
+    log_context,
+    quiet_tasks,
+)
 
 
 def _logger(log_format: str, process: str = "worker") -> tuple[logging.Logger, io.StringIO]:
@@ -154,3 +162,34 @@ def test_configure_replaces_its_own_handler_and_keeps_others():
 def test_an_unknown_format_is_refused():
     with pytest.raises(ValueError, match="one of text, json"):
         handler("yaml", "api")
+
+
+def test_quiet_tasks_keeps_celerys_per_task_lines_of_the_ticks_for_debug(caplog: pytest.LogCaptureFixture):
+    from celery.app import trace
+    from celery.worker import strategy
+
+    quiet_tasks({"punctual.poll"})
+    try:
+        for level, shown in ((logging.INFO, False), (logging.DEBUG, True)):
+            caplog.clear()
+            with caplog.at_level(level, logger="celery"):
+                for name in ("punctual.poll", "punctual.dispatch"):
+                    context = {"id": "1", "name": name, "args": "()", "kwargs": "{}", "eta": None}
+                    strategy.logger.info(trace.LOG_RECEIVED, context, extra={"data": context})
+                    trace.info(trace.LOG_SUCCESS, {**context, "return_value": "{}", "runtime": 0.1})
+            lines = [r.getMessage() for r in caplog.records]
+            # The dispatch's lines are always there; the poll's only at DEBUG.
+            assert [line for line in lines if "punctual.dispatch" in line] == [
+                "Task punctual.dispatch[1] received",
+                "Task punctual.dispatch[1] succeeded in 0.1s: {}",
+            ]
+            assert bool([line for line in lines if "punctual.poll" in line]) is shown, lines
+        # A warning or an error about a tick is never dropped.
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="celery"):
+            trace.logger.error("Task %(name)s[%(id)s] raised", {"name": "punctual.poll", "id": "2"})
+        assert [r.getMessage() for r in caplog.records] == ["Task punctual.poll[2] raised"]
+    finally:
+        for name in ("celery.worker.strategy", "celery.app.trace"):
+            logger = logging.getLogger(name)
+            logger.filters = [f for f in logger.filters if not isinstance(f, QuietTasks)]
