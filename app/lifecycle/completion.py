@@ -40,7 +40,7 @@ from app import metrics
 from app.core.retries import CallOutcome
 from app.lifecycle.message import DispatchRun
 from app.lifecycle.settlement import Attempt, settle
-from app.registry.bulk import insert_many, key_in, update_many
+from app.registry.bulk import insert_many, key_in, state_in, update_many
 from app.registry.dialect import locks_rows
 from app.registry.engines import Registry, refuse_moved_shards
 from app.registry.records import run_row
@@ -106,16 +106,18 @@ def apply(
     janitor's, of a call it cannot know, leaves them):
 
     UPDATE runs SET state = v.state, finished_at = v.finished_at, status_code = v.status_code, error
-    = v.error, started_at = v.started_at, lateness_ms = v.lateness_ms, leased_until =
-    :leased_until, updated_at = :updated_at FROM jsonb_to_recordset(:rows) AS v(run_id uuid,
-    lease_token uuid, state text, finished_at timestamptz, status_code integer, error text,
-    started_at timestamptz, lateness_ms bigint) WHERE runs.run_id = v.run_id AND runs.lease_token =
-    v.lease_token AND runs.state = 'running' RETURNING runs.run_id;
+    = v.error, started_at = v.started_at, lateness_ms = v.lateness_ms, leased_until = :leased_until,
+    updated_at = :updated_at FROM jsonb_to_recordset(:rows) AS v(run_id uuid, lease_token uuid,
+    state text, finished_at timestamptz, status_code integer, error text, started_at timestamptz,
+    lateness_ms bigint) WHERE runs.run_id = v.run_id AND runs.run_id = ANY(:keys) AND
+    runs.lease_token IS NOT DISTINCT FROM v.lease_token AND v.lease_token IS NOT NULL AND
+    coalesce(runs.state, '') IN ('running') RETURNING runs.run_id;
 
     UPDATE runs SET state = v.state, finished_at = v.finished_at, status_code = v.status_code, error
     = v.error, leased_until = :leased_until, updated_at = :updated_at FROM jsonb_to_recordset(:rows)
     AS v(run_id uuid, lease_token uuid, state text, finished_at timestamptz, status_code integer,
-    error text) WHERE runs.run_id = v.run_id AND runs.lease_token = v.lease_token AND runs.state IN
+    error text) WHERE runs.run_id = v.run_id AND runs.run_id = ANY(:keys) AND runs.lease_token IS
+    NOT DISTINCT FROM v.lease_token AND v.lease_token IS NOT NULL AND coalesce(runs.state, '') IN
     ('claimed', 'running') RETURNING runs.run_id;
 
     The jobs of schedule runs, fenced by the token, one statement per shape (a settlement
@@ -127,7 +129,8 @@ def apply(
     lease_token = :lease_token FROM jsonb_to_recordset(:rows) AS v(job_id uuid, lease_token uuid,
     attempt integer, leased_until timestamptz, misfire_exempt boolean, next_run_at timestamptz,
     nominal_at timestamptz, skipped_after timestamptz, skipped_through timestamptz, state text)
-    WHERE jobs.job_id = v.job_id AND jobs.lease_token = v.lease_token;
+    WHERE jobs.job_id = v.job_id AND jobs.job_id = ANY(:keys) AND jobs.lease_token IS NOT DISTINCT
+    FROM v.lease_token AND v.lease_token IS NOT NULL;
 
     The next attempts of off-schedule runs (app.registry.records.run_row):
 
@@ -185,7 +188,7 @@ def apply(
                     match=("run_id", "lease_token"),
                     columns=_CALLED_COLUMNS if called else _RUN_COLUMNS,
                     constants={"leased_until": None, "updated_at": now},
-                    where=_state_in(run_states),
+                    where=state_in(runs, run_states),
                     returning="run_id",
                 )
             )
@@ -219,14 +222,6 @@ def apply(
     if stale:
         metrics.STALE_COMPLETIONS.inc(stale)
     return CompletionReport(applied=len(written), stale=stale)
-
-
-def _state_in(states: tuple[str, ...]) -> str:
-    """The run states a settlement may take a run from, as SQL (the states are this
-    module's and the janitor's constants, never input)."""
-    if len(states) == 1:
-        return f"runs.state = '{states[0]}'"
-    return f"runs.state IN ({', '.join(repr(state) for state in states)})"
 
 
 # What settling needs from a job row: not its target or payload (JSON to decode).

@@ -44,7 +44,7 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 
 from app.lifecycle.message import DispatchRun
-from app.registry.bulk import Update, update_together
+from app.registry.bulk import Update, key_in, same_token, state_among, state_in, update_together
 from app.registry.dialect import locks_rows
 from app.registry.engines import LEASE_FENCE_WAIT_S, Registry, refuse_moved_shards, statement_connection
 from app.registry.schema import jobs, runs
@@ -116,12 +116,14 @@ def _start_on(
     order, so the two never deadlock:
 
     UPDATE jobs SET leased_until = :leased_until FROM jsonb_to_recordset(:rows) AS v(job_id uuid,
-    lease_token uuid) WHERE jobs.job_id = v.job_id AND jobs.lease_token = v.lease_token;
+    lease_token uuid) WHERE jobs.job_id = v.job_id AND jobs.job_id = ANY(:keys) AND jobs.lease_token
+    IS NOT DISTINCT FROM v.lease_token AND v.lease_token IS NOT NULL;
 
     UPDATE runs SET lateness_ms = v.lateness_ms, leased_until = v.leased_until, state = :state,
     started_at = :started_at, updated_at = :updated_at FROM jsonb_to_recordset(:rows) AS v(run_id
     uuid, lease_token uuid, lateness_ms bigint, leased_until timestamptz) WHERE runs.run_id =
-    v.run_id AND runs.lease_token = v.lease_token AND runs.state = 'claimed' RETURNING runs.run_id;
+    v.run_id AND runs.run_id = ANY(:keys) AND runs.lease_token IS NOT DISTINCT FROM v.lease_token
+    AND v.lease_token IS NOT NULL AND coalesce(runs.state, '') IN ('claimed') RETURNING runs.run_id;
     """
     with statement_connection(engine) as conn:
         _, ids = update_together(
@@ -134,7 +136,7 @@ def _start_on(
                     match=("run_id", "lease_token"),
                     columns=("lateness_ms", "leased_until"),
                     constants={"state": "running", "started_at": now, "updated_at": now},
-                    where="runs.state = 'claimed'",
+                    where=state_in(runs, ("claimed",)),
                     returning="run_id",
                 ),
             ],
@@ -154,7 +156,7 @@ def _started_at(conn: sa.Connection, rows: list[dict], now: datetime) -> list:
                 sa.tuple_(runs.c.run_id, runs.c.lease_token).in_(
                     [(r["run_id"], r["lease_token"]) for r in rows]
                 ),
-                runs.c.state == "running",
+                state_among(runs.c.state, ("running",)),
                 runs.c.started_at == now,
             )
         ).scalars()
@@ -197,10 +199,11 @@ def _hold_on(
         refuse_moved_shards(conn, [run.shard for run, _ in scheduled + off])
         if scheduled:
             # Jobs are locked before runs, the janitor's and the completion's order.
-            keys = sorted((r.job_id, r.lease_token) for r, _ in scheduled)
+            # By key alone: the release below is fenced by the token (app.registry.bulk
+            # says why a token is not a condition here).
             lock = (
                 sa.select(jobs.c.job_id)
-                .where(sa.tuple_(jobs.c.job_id, jobs.c.lease_token).in_(keys))
+                .where(key_in(conn, jobs.c.job_id, sorted({r.job_id for r, _ in scheduled})))
                 .order_by(jobs.c.job_id)
             )
             if locks_rows(conn):
@@ -211,7 +214,7 @@ def _hold_on(
                     sa.tuple_(runs.c.run_id, runs.c.lease_token).in_(
                         [(r.run_id, r.lease_token) for r, _ in scheduled]
                     ),
-                    runs.c.state.in_(_HOLDABLE),
+                    state_among(runs.c.state, _HOLDABLE),
                 )
                 .returning(runs.c.run_id, runs.c.job_id, runs.c.lease_token)
             ).all()
@@ -235,7 +238,7 @@ def _hold_on(
                 .where(
                     runs.c.run_id == run.run_id,
                     runs.c.lease_token == run.lease_token,
-                    runs.c.state.in_(_HOLDABLE),
+                    state_among(runs.c.state, _HOLDABLE),
                 )
                 .values(
                     state="claimed",
@@ -256,7 +259,7 @@ def _hold_on(
 # their state, and a cancelled job keeps next_run_at null.
 _RELEASE_JOB = (
     sa.update(jobs)
-    .where(jobs.c.job_id == sa.bindparam("b_job_id"), jobs.c.lease_token == sa.bindparam("b_token"))
+    .where(jobs.c.job_id == sa.bindparam("b_job_id"), same_token(jobs.c.lease_token, sa.bindparam("b_token")))
     .values(
         state=sa.case((jobs.c.state == "running", "scheduled"), else_=jobs.c.state),
         next_run_at=sa.case((jobs.c.state == "cancelled", jobs.c.next_run_at), else_=sa.bindparam("b_at")),
@@ -305,12 +308,13 @@ def _heartbeat_on(
     run; each update returns the leases it extended:
 
     UPDATE jobs SET leased_until = :leased_until FROM jsonb_to_recordset(:rows) AS v(job_id uuid,
-    lease_token uuid) WHERE jobs.job_id = v.job_id AND jobs.lease_token = v.lease_token
-    RETURNING jobs.job_id;
+    lease_token uuid) WHERE jobs.job_id = v.job_id AND jobs.job_id = ANY(:keys) AND jobs.lease_token
+    IS NOT DISTINCT FROM v.lease_token AND v.lease_token IS NOT NULL RETURNING jobs.job_id;
 
     UPDATE runs SET leased_until = :leased_until FROM jsonb_to_recordset(:rows) AS v(run_id uuid,
-    lease_token uuid) WHERE runs.run_id = v.run_id AND runs.lease_token = v.lease_token AND
-    runs.state = 'running' RETURNING runs.run_id;
+    lease_token uuid) WHERE runs.run_id = v.run_id AND runs.run_id = ANY(:keys) AND runs.lease_token
+    IS NOT DISTINCT FROM v.lease_token AND v.lease_token IS NOT NULL AND coalesce(runs.state, '') IN
+    ('running') RETURNING runs.run_id;
     """
     with statement_connection(engine) as conn:
         job_ids, run_ids = update_together(
@@ -322,7 +326,7 @@ def _heartbeat_on(
                     on_runs,
                     match=("run_id", "lease_token"),
                     constants=until,
-                    where="runs.state = 'running'",
+                    where=state_in(runs, ("running",)),
                     returning="run_id",
                 ),
             ],

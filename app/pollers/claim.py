@@ -292,14 +292,15 @@ def claim_batch(
     skipped_through = v.skipped_through, state = :state, updated_at = :updated_at FROM
     jsonb_to_recordset(:rows) AS v(job_id uuid, lease_token uuid, leased_until timestamptz,
     nominal_at timestamptz, next_run_at timestamptz, attempt integer, skipped_after timestamptz,
-    skipped_through timestamptz) WHERE jobs.job_id = v.job_id;
+    skipped_through timestamptz) WHERE jobs.job_id = v.job_id AND jobs.job_id = ANY(:keys);
 
     Jobs whose misfire plan runs nothing (the cursor moves on):
 
     UPDATE jobs SET state = v.state, nominal_at = v.nominal_at, next_run_at = v.next_run_at, attempt
     = :attempt, misfire_exempt = :misfire_exempt, skipped_after = :skipped_after, skipped_through =
     :skipped_through, updated_at = :updated_at FROM jsonb_to_recordset(:rows) AS v(job_id uuid,
-    state text, nominal_at timestamptz, next_run_at timestamptz) WHERE jobs.job_id = v.job_id;
+    state text, nominal_at timestamptz, next_run_at timestamptz) WHERE jobs.job_id = v.job_id AND
+    jobs.job_id = ANY(:keys);
 
     The run rows (the outbox, and skipped occurrences):
 

@@ -26,6 +26,7 @@ from app.core.retries import CallOutcome
 from app.lifecycle.completion import Finished, apply
 from app.lifecycle.message import DispatchRun
 from app.lifecycle.settlement import LEASE_EXPIRED
+from app.registry.bulk import same_token, state_among
 from app.registry.dialect import locks_rows
 from app.registry.schema import jobs, runs
 from app.settings import Settings
@@ -90,7 +91,7 @@ def _expire_job_leases(conn, shard, now, settings, rand, lock) -> tuple[int, boo
         conn.execute(
             sa.select(runs).where(
                 runs.c.job_id.in_(list(tokens)),
-                runs.c.state.in_(("claimed", "running")),
+                state_among(runs.c.state, ("claimed", "running")),
                 runs.c.origin == "schedule",
             )
         )
@@ -104,7 +105,7 @@ def _expire_job_leases(conn, shard, now, settings, rand, lock) -> tuple[int, boo
     for job_id in sorted(orphaned):
         conn.execute(
             sa.update(jobs)
-            .where(jobs.c.job_id == job_id, jobs.c.lease_token == tokens[job_id])
+            .where(jobs.c.job_id == job_id, same_token(jobs.c.lease_token, tokens[job_id]))
             .values(
                 state=sa.case((jobs.c.state == "running", "scheduled"), else_=jobs.c.state),
                 lease_token=None,

@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from app import metrics
 from app.core.timefmt import utcnow
 from app.lifecycle.message import DispatchRun, to_messages
-from app.registry.bulk import key_in
+from app.registry.bulk import key_in, state_among
 from app.registry.dialect import locks_rows
 from app.registry.engines import statement_connection
 from app.registry.schema import jobs, runs
@@ -75,7 +75,7 @@ def outbox_due(lock: bool = True) -> sa.Select:
             runs.c.shard == sa.bindparam("shard"),
             runs.c.published == sa.false(),
             runs.c.due_at <= sa.bindparam("now"),
-            runs.c.state == "claimed",
+            state_among(runs.c.state, ("claimed",)),
         )
         .order_by(runs.c.due_at)
         .limit(sa.bindparam("limit", type_=sa.Integer))
@@ -92,7 +92,7 @@ def _outbox_has_due() -> sa.Select:
             runs.c.shard == sa.bindparam("shard"),
             runs.c.published == sa.false(),
             runs.c.due_at <= sa.bindparam("now"),
-            runs.c.state == "claimed",
+            state_among(runs.c.state, ("claimed",)),
         )
         .limit(1)
     )

@@ -6,7 +6,7 @@ of the pipeline per row; here the batch travels as one JSON document and the
 statement is
 
     UPDATE t SET c = v.c, ... FROM jsonb_to_recordset(:rows) AS v(k uuid, c text, ...)
-    WHERE t.k = v.k [AND ...]
+    WHERE t.k = v.k AND t.k = ANY(:keys) [AND ...]
     INSERT INTO t (c, ...) SELECT v.c, ... FROM jsonb_to_recordset(:rows) AS v(...)
 
 so a batch is one statement with one parameter, whatever its size. They go to the
@@ -24,6 +24,21 @@ the columns a settlement changes), the docstring shows the widest form, and a
 statement whose SET and recordset columns are a subset of it is that form.
 The test suite pins it: while a test runs, each statement issued here is checked
 against its caller's docstring (tests/conftest.py, `observe`).
+
+A fenced write names its row by the table's key and checks the rest (the lease
+token, the state) in a form that implies no partial index's predicate: the token by
+IS NOT DISTINCT FROM (`match`'s columns after the key), the state through coalesce
+(`state_in`, `state_among`). ix_jobs_leased holds only the jobs with a lease, and
+ix_runs_leased only the runs claimed or running; PostgreSQL costs an index that was
+empty at the table's last ANALYZE as empty, however many rows it has held since. A
+burst fills both at once, and `jobs.lease_token = v.lease_token` (which implies
+lease_token IS NOT NULL, ix_jobs_leased's predicate) or `runs.state = 'running'` made
+the planner scan the whole partial index for every statement: each start, heartbeat
+and completion of a burst read every leased row (10,000 of them half-way through a
+burst of 20,000: 10 ms a statement of 100 rows instead of 2; one row's release, 7.7
+ms instead of 0.16), so the registry's work per run grew with the burst. Written this
+way, the key's index is the only one the fence can use, and each row is one lookup
+(tests/integration/test_indexes.py).
 """
 
 from __future__ import annotations
@@ -132,6 +147,38 @@ def _constant(table: sa.Table, name: str, index: int, value: Any, params: dict, 
     return f"CAST(%({prefix}k{index})s AS {pg_type})"
 
 
+def _match_sql(table: sa.Table, match: Sequence[str], keys: str = ":keys") -> list[str]:
+    """`match`'s conditions: the key by equality and among the batch's `keys` (an
+    index condition the planner costs by the batch's size, so that it looks each row
+    up by the key rather than scan the table and hash the batch: with an index
+    costed as empty, or a table ANALYZEd small, it did either), each fence column (a
+    lease token: never null in a batch) by IS NOT DISTINCT FROM, which implies no
+    partial index's predicate (the module's docstring)."""
+    key, *fences = match
+    return [f"{table.name}.{key} = v.{key}", f"{table.name}.{key} = ANY({keys})"] + [
+        f"{table.name}.{k} IS NOT DISTINCT FROM v.{k} AND v.{k} IS NOT NULL" for k in fences
+    ]
+
+
+def state_in(table: sa.Table, states: Sequence[str]) -> str:
+    """`table.state` is one of `states`, as SQL for `where`, through coalesce so that it
+    implies no partial index's predicate (the module's docstring). The states are the
+    code's constants, never input."""
+    quoted = ", ".join(f"'{state}'" for state in states)
+    return f"coalesce({table.name}.state, '') IN ({quoted})"
+
+
+def state_among(column: sa.Column, states: Sequence[str]) -> sa.ColumnElement:
+    """`state_in` as a SQLAlchemy condition."""
+    return sa.func.coalesce(column, "").in_(list(states))
+
+
+def same_token(column: sa.Column, token: Any) -> sa.ColumnElement:
+    """`column` holds the lease token `token` (never None), written as IS NOT DISTINCT
+    FROM so that it implies no partial index's predicate (the module's docstring)."""
+    return column.is_not_distinct_from(token)
+
+
 def update_sql(
     table: sa.Table,
     match: Sequence[str],
@@ -143,7 +190,7 @@ def update_sql(
     """The statement `update_many` issues, as its callers' docstrings show it."""
     names = list(match) + [c for c in columns if c not in match]
     sets = [f"{c} = v.{c}" for c in columns] + [f"{c} = :{c}" for c in constants]
-    conditions = [f"{table.name}.{k} = v.{k}" for k in match] + ([where] if where else [])
+    conditions = _match_sql(table, match) + ([where] if where else [])
     sql = (
         f"UPDATE {table.name} SET {', '.join(sets)} FROM {_source_sql(table, names)} "
         f"WHERE {' AND '.join(conditions)}"
@@ -217,7 +264,7 @@ def update_many(
 ) -> list:
     """Set `columns` from each row and `constants` on every row matched by `match`.
 
-    `where` is an extra SQL condition on the table (e.g. "runs.state = 'claimed'");
+    `where` is an extra SQL condition on the table (e.g. `state_in(runs, ("claimed",))`);
     `returning` a column of the table to return for the rows updated.
     """
     if not rows:
@@ -292,7 +339,10 @@ def _update_statement(update: Update, prefix: str = "") -> tuple[str, dict]:
     sets = [f"{c} = v.{c}" for c in varying]
     for i, (name, value) in enumerate(constants.items()):
         sets.append(f"{name} = {_constant(table, name, i, value, params, prefix)}")
-    conditions = [f"{table.name}.{k} = v.{k}" for k in match] + ([update.where] if update.where else [])
+    key = match[0]
+    params[f"{prefix}keys"] = [row[key] for row in rows]
+    keys = f"CAST(%({prefix}keys)s AS {_pg_type(table.c[key])}[])"
+    conditions = _match_sql(table, match, keys) + ([update.where] if update.where else [])
     sql = f"UPDATE {table.name} SET {', '.join(sets)} FROM {source} WHERE {' AND '.join(conditions)}"
     if update.returning:
         sql += f" RETURNING {table.name}.{update.returning}"

@@ -29,6 +29,7 @@ from app.core.jitter import fire_at
 from app.core.schedules import DstPolicy, Schedule, first_fire
 from app.core.timefmt import truncate_to_ms
 from app.limits.keys import record_limit_key
+from app.registry.bulk import same_token, state_among
 from app.registry.dialect import is_postgres
 from app.registry.engines import Registry
 from app.registry.estimates import counts_by_state
@@ -409,7 +410,7 @@ def _unclaim(conn: sa.Connection, job: Row, now: datetime) -> Row | None:
             runs.c.job_id == job["job_id"],
             runs.c.lease_token == token,
             runs.c.origin == "schedule",
-            runs.c.state == "claimed",
+            state_among(runs.c.state, ("claimed",)),
         )
         .returning(runs.c.run_id)
     ).first()
@@ -418,7 +419,7 @@ def _unclaim(conn: sa.Connection, job: Row, now: datetime) -> Row | None:
     return (
         conn.execute(
             jobs.update()
-            .where(jobs.c.job_id == job["job_id"], jobs.c.lease_token == token)
+            .where(jobs.c.job_id == job["job_id"], same_token(jobs.c.lease_token, token))
             .values(
                 state=sa.case((jobs.c.state == "running", "scheduled"), else_=jobs.c.state),
                 lease_token=None,

@@ -72,8 +72,8 @@ def _insert_new(engine, rows: list[dict]) -> set:
 
 def _update(engine, rows: list[dict], constants: dict) -> list:
     """UPDATE bulk_probe SET label = v.label, n = v.n, at = :at, flag = :flag, token = :token FROM
-    jsonb_to_recordset(:rows) AS v(id uuid, label text, n smallint) WHERE bulk_probe.id = v.id
-    RETURNING bulk_probe.id;
+    jsonb_to_recordset(:rows) AS v(id uuid, label text, n smallint) WHERE bulk_probe.id = v.id AND
+    bulk_probe.id = ANY(:keys) RETURNING bulk_probe.id;
     """
     with engine.begin() as conn:
         return update_many(
@@ -155,10 +155,11 @@ def test_a_naive_datetime_is_refused_per_row_or_for_the_batch_and_nothing_is_wri
 
 def _update_together(engine, first: list[dict], second: list[dict], third: list[dict]) -> list[list]:
     """UPDATE bulk_probe SET label = v.label, n = :n FROM jsonb_to_recordset(:rows) AS v(id uuid,
-    label text) WHERE bulk_probe.id = v.id RETURNING bulk_probe.id;
+    label text) WHERE bulk_probe.id = v.id AND bulk_probe.id = ANY(:keys) RETURNING bulk_probe.id;
 
-    UPDATE bulk_probe SET label = :label, n = :n FROM jsonb_to_recordset(:rows) AS v(id uuid,
-    token uuid) WHERE bulk_probe.id = v.id AND bulk_probe.token = v.token;
+    UPDATE bulk_probe SET label = :label, n = :n FROM jsonb_to_recordset(:rows) AS v(id uuid, token
+    uuid) WHERE bulk_probe.id = v.id AND bulk_probe.id = ANY(:keys) AND bulk_probe.token IS NOT
+    DISTINCT FROM v.token AND v.token IS NOT NULL;
     """
     with statement_connection(engine) as conn:
         return update_together(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import pathlib
 
-from app.registry.bulk import insert_new_sql, insert_sql, update_sql
+from app.registry.bulk import insert_new_sql, insert_sql, state_in, update_sql
 from app.registry.schema import jobs, runs
 
 APP = pathlib.Path(__file__).resolve().parents[2] / "app"
@@ -57,12 +57,14 @@ def test_every_bulk_call_shows_its_statement_in_the_docstring():
 
 def test_update_sql_is_the_shape_update_many_sends():
     sql = update_sql(
-        runs, ("run_id", "lease_token"), ("lateness_ms",), ("state",), "runs.state = 'claimed'", "run_id"
+        runs, ("run_id", "lease_token"), ("lateness_ms",), ("state",), state_in(runs, ("claimed",)), "run_id"
     )
     assert sql == (
         "UPDATE runs SET lateness_ms = v.lateness_ms, state = :state "
         "FROM jsonb_to_recordset(:rows) AS v(run_id uuid, lease_token uuid, lateness_ms bigint) "
-        "WHERE runs.run_id = v.run_id AND runs.lease_token = v.lease_token AND runs.state = 'claimed' "
+        "WHERE runs.run_id = v.run_id AND runs.run_id = ANY(:keys) "
+        "AND runs.lease_token IS NOT DISTINCT FROM v.lease_token AND v.lease_token IS NOT NULL "
+        "AND coalesce(runs.state, '') IN ('claimed') "
         "RETURNING runs.run_id;"
     )
 
