@@ -305,22 +305,34 @@ def _heartbeat_on(
 ) -> tuple[list, list]:
     """One try of a heartbeat on one DSN, one statement behind the move fence (as
     _start_on's). Schedule runs hold their lease on the job, off-schedule runs on the
-    run; each update returns the leases it extended:
+    run; each update returns the leases it extended. The rows are locked in key order
+    first (bulk.locked_in_key_order): a heartbeat covers the runs whose calls ended and
+    whose completion is being written, and the completion locks their jobs in key order.
+    In the order of its plan, a heartbeat deadlocked with it:
 
     UPDATE jobs SET leased_until = :leased_until FROM jsonb_to_recordset(:rows) AS v(job_id uuid,
     lease_token uuid) WHERE jobs.job_id = v.job_id AND jobs.job_id = ANY(:keys) AND jobs.lease_token
-    IS NOT DISTINCT FROM v.lease_token AND v.lease_token IS NOT NULL RETURNING jobs.job_id;
+    IS NOT DISTINCT FROM v.lease_token AND v.lease_token IS NOT NULL AND jobs.job_id IN (SELECT
+    job_id FROM jobs WHERE job_id = ANY(:keys) ORDER BY job_id FOR UPDATE) RETURNING jobs.job_id;
 
     UPDATE runs SET leased_until = :leased_until FROM jsonb_to_recordset(:rows) AS v(run_id uuid,
     lease_token uuid) WHERE runs.run_id = v.run_id AND runs.run_id = ANY(:keys) AND runs.lease_token
     IS NOT DISTINCT FROM v.lease_token AND v.lease_token IS NOT NULL AND coalesce(runs.state, '') IN
-    ('running') RETURNING runs.run_id;
+    ('running') AND runs.run_id IN (SELECT run_id FROM runs WHERE run_id = ANY(:keys) ORDER BY
+    run_id FOR UPDATE) RETURNING runs.run_id;
     """
     with statement_connection(engine) as conn:
         job_ids, run_ids = update_together(
             conn,
             [
-                Update(jobs, on_jobs, match=("job_id", "lease_token"), constants=until, returning="job_id"),
+                Update(
+                    jobs,
+                    on_jobs,
+                    match=("job_id", "lease_token"),
+                    constants=until,
+                    returning="job_id",
+                    lock_in_key_order=True,
+                ),
                 Update(
                     runs,
                     on_runs,
@@ -328,6 +340,7 @@ def _heartbeat_on(
                     constants=until,
                     where=state_in(runs, ("running",)),
                     returning="run_id",
+                    lock_in_key_order=True,
                 ),
             ],
             refuse_moved=shards,
