@@ -7,7 +7,8 @@ on the same nginx sink), run by the schedulers a user might pick instead.
 - pgqueuer: PgQueuer (asyncpg) on a fresh Postgres database. The jobs are enqueued
   in batches of 1,000 with execute_after = T - now; one worker process runs
   QueueManager.run(max_concurrent_tasks=64, batch_size=32), its entrypoint
-  POSTing with one aiohttp session (64 connections).
+  POSTing with one aiohttp session (64 connections). --analyze runs ANALYZE on its
+  table once the jobs are in, as `bench.burst --analyze` does on Punctual's registry.
 - celery: plain Celery on a fresh RabbitMQ vhost: `hook.apply_async(eta=T)` per
   job from the bench, one `celery -A bench.celery_peer worker -P threads -c 64`
   calling with requests (bench/celery_peer.py).
@@ -91,6 +92,15 @@ async def _pgqueuer_enqueue(dsn: str, jobs: int, due: float, batch: int = 1000) 
         await conn.close()
 
 
+def _pgqueuer_register(dsn: str, jobs: int, due: float, analyze: bool) -> None:
+    asyncio.run(_pgqueuer_enqueue(dsn, jobs, due))
+    if analyze:  # as autovacuum would have, and as `bench.burst --analyze` does for Punctual
+        import psycopg
+
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("ANALYZE pgqueuer")
+
+
 async def _pgqueuer_worker(dsn: str, sink: str, concurrency: int, batch_size: int) -> None:
     import aiohttp
     import asyncpg
@@ -150,7 +160,7 @@ def run_pgqueuer(args: argparse.Namespace) -> dict:
                 sink,
                 due,
                 "Queries.enqueue, batches of 1,000",
-                lambda: asyncio.run(_pgqueuer_enqueue(dsn, args.jobs, due)),
+                lambda: _pgqueuer_register(dsn, args.jobs, due, args.analyze),
                 lambda: CpuMeter(
                     {"pgqueuer worker": [worker.pid], "nginx (sink)": [sink.pid]},
                     services=("postgres",),
@@ -164,6 +174,7 @@ def run_pgqueuer(args: argparse.Namespace) -> dict:
     result.update(
         system="pgqueuer",
         registration=registration,
+        analyzed_before_t=bool(args.analyze),
         **figures,
         peer={
             "pgqueuer": version("pgqueuer"),
@@ -285,6 +296,12 @@ def main() -> None:
     pgq.add_argument("--concurrency", type=int, default=64, help="max_concurrent_tasks of the worker")
     pgq.add_argument(
         "--batch-size", type=int, default=32, help="dequeue batch (at most half the concurrency)"
+    )
+    pgq.add_argument(
+        "--analyze",
+        action="store_true",
+        help="ANALYZE the queue's table once the jobs are in, before T, as autovacuum would "
+        "(this box has it off; bench.burst --analyze does the same for Punctual)",
     )
     cel = commands.add_parser("celery", help="Celery: apply_async(eta=T), threads pool, RabbitMQ, requests")
     add_common_arguments(cel)
