@@ -69,6 +69,14 @@ def test_update_sql_is_the_shape_update_many_sends():
     )
 
 
+def test_a_write_that_locks_in_key_order_first_says_so_after_its_fence():
+    sql = update_sql(jobs, ("job_id", "lease_token"), (), ("leased_until",), lock_in_key_order=True)
+    assert sql.endswith(
+        "AND v.lease_token IS NOT NULL AND jobs.job_id IN (SELECT job_id FROM jobs "
+        "WHERE job_id = ANY(:keys) ORDER BY job_id FOR UPDATE);"
+    )
+
+
 def test_insert_sql_lists_every_column_it_sends():
     assert insert_sql(jobs, ["job_id", "shard"]) == (
         "INSERT INTO jobs (job_id, shard) SELECT v.job_id, v.shard "
