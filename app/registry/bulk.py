@@ -188,7 +188,7 @@ def locked_in_key_order(table: sa.Table, key: str, keys: str = ":keys") -> str:
     only after deadlock_timeout (a second): the heartbeat (an UPDATE of every job in
     flight) and a completion (which locks its jobs in key order) did, once or twice a
     burst. The sub-select's LockRows sits above its sort, so the rows are locked in key
-    order, as every other writer of many rows takes them (tests/integration/
+    order, as the completion and the hold lock theirs (tests/integration/
     test_lock_order.py)."""
     return (
         f"{table.name}.{key} IN (SELECT {key} FROM {table.name} WHERE {key} = ANY({keys}) "
@@ -290,17 +290,15 @@ def update_many(
     constants: Mapping[str, Any] | None = None,
     where: str | None = None,
     returning: str | None = None,
-    lock_in_key_order: bool = False,
 ) -> list:
     """Set `columns` from each row and `constants` on every row matched by `match`.
 
     `where` is an extra SQL condition on the table (e.g. `state_in(runs, ("claimed",))`);
-    `returning` a column of the table to return for the rows updated;
-    `lock_in_key_order`: lock the rows in key order first (`locked_in_key_order`).
+    `returning` a column of the table to return for the rows updated.
     """
     if not rows:
         return []
-    update = Update(table, rows, match, columns, dict(constants or {}), where, returning, lock_in_key_order)
+    update = Update(table, rows, match, columns, dict(constants or {}), where, returning)
     if _observers:
         _observed(update.documented())
     if not is_postgres(conn):
