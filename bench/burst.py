@@ -35,7 +35,7 @@ from bench.harness import (
 )
 from bench.nginx import NginxSink
 from bench.register import register
-from bench.stack import PunctualStack, parse_overrides
+from bench.stack import PunctualStack, analyze, parse_overrides
 
 REGISTRATION_RATE_GUESS = 200  # jobs/s via POST /jobs on a busy 2-core box: T far enough ahead
 
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> dict:
             flush=True,
         )
         if args.analyze:
-            analyze(stack.database)
+            analyze(stack.database, ("jobs", "runs"))
         meter = stack.cpu_meter(sink.pid)
         figures = measure_burst(
             sink,
@@ -128,15 +128,6 @@ def run(args: argparse.Namespace) -> dict:
             processes=stack.commands,
         )
     return result
-
-
-def analyze(dsn: str) -> None:
-    """ANALYZE the registry's tables, as autovacuum would have (--analyze)."""
-    import psycopg
-
-    with psycopg.connect(dsn.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as conn:
-        conn.execute("ANALYZE jobs")
-        conn.execute("ANALYZE runs")
 
 
 def main() -> None:

@@ -43,7 +43,7 @@ from bench.harness import (
     write_result,
 )
 from bench.nginx import NginxSink
-from bench.stack import REPO, Process, backend_pids, base_env, fresh_database, fresh_vhost
+from bench.stack import REPO, Process, analyze, backend_pids, base_env, fresh_database, fresh_vhost
 
 # Jobs/s each peer registers at on 2 cores (a third under what was seen), to place T
 # far enough ahead that registration ends before the CPU window opens.
@@ -92,13 +92,10 @@ async def _pgqueuer_enqueue(dsn: str, jobs: int, due: float, batch: int = 1000) 
         await conn.close()
 
 
-def _pgqueuer_register(dsn: str, jobs: int, due: float, analyze: bool) -> None:
+def _pgqueuer_register(dsn: str, jobs: int, due: float, then_analyze: bool) -> None:
     asyncio.run(_pgqueuer_enqueue(dsn, jobs, due))
-    if analyze:  # as autovacuum would have, and as `bench.burst --analyze` does for Punctual
-        import psycopg
-
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("ANALYZE pgqueuer")
+    if then_analyze:  # as `bench.burst --analyze` does for Punctual's registry
+        analyze(dsn, ("pgqueuer",))
 
 
 async def _pgqueuer_worker(dsn: str, sink: str, concurrency: int, batch_size: int) -> None:

@@ -106,6 +106,16 @@ def fresh_database(prefix: str = "bench") -> Iterator[str]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def analyze(dsn: str, tables: tuple[str, ...]) -> None:
+    """ANALYZE `tables` of the database at `dsn`, as autovacuum would have by the time a
+    burst falls due (a bench's --analyze: this box's PostgreSQL runs without it)."""
+    import psycopg
+
+    with psycopg.connect(dsn.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as conn:
+        for table in tables:
+            conn.execute(f"ANALYZE {table}")
+
+
 @contextlib.contextmanager
 def fresh_vhost(prefix: str = "bench") -> Iterator[str]:
     """A new RabbitMQ vhost (guest may use it); its AMQP URL. Deleted after."""
