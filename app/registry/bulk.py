@@ -196,6 +196,16 @@ def locked_in_key_order(table: sa.Table, key: str, keys: str = ":keys") -> str:
     )
 
 
+def _conditions(
+    table: sa.Table, match: Sequence[str], where: str | None, lock_in_key_order: bool, keys: str = ":keys"
+) -> list[str]:
+    """A bulk UPDATE's WHERE, in the order both its issued and its documented forms say it."""
+    conditions = _match_sql(table, match, keys) + ([where] if where else [])
+    if lock_in_key_order:
+        conditions.append(locked_in_key_order(table, match[0], keys))
+    return conditions
+
+
 def update_sql(
     table: sa.Table,
     match: Sequence[str],
@@ -208,9 +218,7 @@ def update_sql(
     """The statement `update_many` issues, as its callers' docstrings show it."""
     names = list(match) + [c for c in columns if c not in match]
     sets = [f"{c} = v.{c}" for c in columns] + [f"{c} = :{c}" for c in constants]
-    conditions = _match_sql(table, match) + ([where] if where else [])
-    if lock_in_key_order:
-        conditions.append(locked_in_key_order(table, match[0]))
+    conditions = _conditions(table, match, where, lock_in_key_order)
     sql = (
         f"UPDATE {table.name} SET {', '.join(sets)} FROM {_source_sql(table, names)} "
         f"WHERE {' AND '.join(conditions)}"
@@ -371,9 +379,7 @@ def _update_statement(update: Update, prefix: str = "") -> tuple[str, dict]:
     key = match[0]
     params[f"{prefix}keys"] = [row[key] for row in rows]
     keys = f"CAST(%({prefix}keys)s AS {_pg_type(table.c[key])}[])"
-    conditions = _match_sql(table, match, keys) + ([update.where] if update.where else [])
-    if update.lock_in_key_order:
-        conditions.append(locked_in_key_order(table, key, keys))
+    conditions = _conditions(table, match, update.where, update.lock_in_key_order, keys)
     sql = f"UPDATE {table.name} SET {', '.join(sets)} FROM {source} WHERE {' AND '.join(conditions)}"
     if update.returning:
         sql += f" RETURNING {table.name}.{update.returning}"
