@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 import sqlalchemy as sa
 
-from app.registry.bulk import Update, insert_many, insert_new, update_many, update_together
+from app.registry.bulk import Update, insert_many, insert_new, key_in, update_many, update_together
 from app.registry.engines import create_engine_for, statement_connection
 from app.registry.schema import JSONType, UTCDateTime
 
@@ -128,6 +128,21 @@ def test_an_update_sets_per_row_columns_and_batch_constants_of_every_type(engine
     # None as a batch constant clears the column.
     _update(engine, changes[:1], {"at": None, "flag": None, "token": None})
     assert _read(engine)[rows[0]["id"]]["at"] is None
+
+
+def test_the_batch_keys_select_their_rows_whether_they_are_uuids_or_text(engine):
+    """A batch's keys travel as one array: UUIDs as an array literal (key_in) or in
+    binary (update_many); keys given as text, and no keys at all, select the same."""
+    rows = _rows(5)
+    _insert(engine, rows)
+    wanted = [row["id"] for row in rows[:3]]
+    with engine.connect() as conn:
+        for keys in (wanted, [str(key) for key in wanted], wanted[:1], []):
+            found = conn.execute(sa.select(probe.c.id).where(key_in(conn, probe.c.id, keys))).scalars()
+            assert sorted(found) == sorted(uuid.UUID(str(key)) for key in keys)
+    as_text = [{"id": str(key), "label": "text key", "n": 1} for key in wanted[:2]]
+    assert sorted(_update(engine, as_text, {})) == sorted(wanted[:2])
+    assert [row["label"] for row in _read(engine).values()].count("text key") == 2
 
 
 def test_insert_new_returns_only_the_keys_it_inserted(engine):
