@@ -379,7 +379,7 @@ def _update_statement(update: Update, prefix: str = "") -> tuple[str, dict]:
     key = match[0]
     params[f"{prefix}keys"] = [row[key] for row in rows]
     # In binary (`%b`): psycopg dumps a list in text one element at a time in Python,
-    # 2.4 us a UUID against 0.3 in binary, and every run of a burst is in three to
+    # 2.4 us a UUID against 0.35 in binary, and every run of a burst is in three to
     # five such arrays on its way (a start, a completion).
     keys = f"CAST(%({prefix}keys)b AS {_pg_type(table.c[key])}[])"
     conditions = _conditions(table, match, update.where, update.lock_in_key_order, keys)
