@@ -7,12 +7,13 @@
    (app.lifecycle.lease.hold: one registry write, no attempt spent);
 2. start: one fenced UPDATE for the admitted runs; a run it does not return was
    started already (a duplicated message) or lost its lease: nothing is called;
-3. call: each started run becomes a task on the process's event loop
-   (app.worker.event_loop), and dispatch returns. On the loop a run under a
-   concurrency cap first takes its slot (app.worker.slot_wait: the runs that ask
-   together cost one script call; a run that finds the cap full waits there for a
-   call to end, `running`, its lease kept by the heartbeat, and after a second or two
-   is put off to the registry, once, no attempt spent). The calls finish in the
+3. call: each started run goes to the process's event loop (app.worker.event_loop),
+   and dispatch returns. On the loop a run under a concurrency cap first takes its
+   slot (app.worker.slot_wait: the runs that ask together cost one script call; a
+   run that finds the cap full waits in the gate's line for a call to end, `running`,
+   its lease kept by the heartbeat, and after a second or two is put off to the
+   registry, once, no attempt spent); a run becomes a task once it has its slot, or
+   at once when it has no cap. The calls finish in the
    background; a call's slots go back the moment it ends (a cap bounds calls in
    flight), its completion is written in batches by the completion buffer, and its
    lease is extended by the heartbeat until then. What blocks (a renewal of the
@@ -73,7 +74,7 @@ from app.settings import Settings
 from app.worker.buffer import CompletionBuffer
 from app.worker.inflight import InFlight
 from app.worker.queue_publisher import QueueCall, QueuePublisher
-from app.worker.slot_wait import Slot, SlotGate, SlotReleaser, wait_budget_s
+from app.worker.slot_wait import Slot, SlotGate, SlotReleaser, cap_keys, wait_budget_s
 from app.worker.webhook import NotSent, WebhookCall, WebhookCaller
 
 log = logging.getLogger("punctual.dispatch")
@@ -94,6 +95,7 @@ class DispatchReport:
 class _Call:
     run: DispatchRun
     caps: tuple  # its concurrency caps, taken right before the call (app.worker.slot_wait)
+    keys: frozenset[str]  # the caps' keys: which runs of the process may pass a slot on
     # The concurrency slot it holds (None: no cap, or not yet), given back or handed
     # on when the call ends; shared with the runs it was handed from and to.
     slot: Slot | None = None
@@ -188,7 +190,7 @@ class Dispatcher:
         self._slots = threading.BoundedSemaphore(self.capacity)
         self._loop = webhooks.loop  # the calls' loop: the webhook session lives on it
         self._tasks: set[asyncio.Task] = set()  # the loop keeps only weak references
-        self._holder_name = HolderNames()
+        holder_name = HolderNames()
         self._inflight: InFlight[_Call] = InFlight(self._heartbeat, settings.heartbeat_s)
         self._buffer: CompletionBuffer[Finished] = CompletionBuffer(self._flush)
         self._releaser = SlotReleaser(
@@ -199,8 +201,10 @@ class Dispatcher:
             settings.lease_s,
             settings.heartbeat_s,
             wait_budget_s(settings.lease_s),
+            self._begin,
             self._put_off,
             self._releaser.put_many,
+            lambda call: holder_name(call.run),
         )
 
     def dispatch(self, batch: Sequence[DispatchRun]) -> DispatchReport:
@@ -253,7 +257,8 @@ class Dispatcher:
             if run.run_id in refused:  # a rate: its start is reserved at retry_at
                 held.append((run, refused[run.run_id]))
             else:
-                admitted.append(_Call(run, _caps(specs)))
+                caps = _caps(specs)
+                admitted.append(_Call(run, caps, cap_keys(caps)))
         calls, stale = self._start(admitted, now)
         if held:  # the started runs are called regardless
             self._hold(held, now)
@@ -270,8 +275,10 @@ class Dispatcher:
 
     def _put_off(self, waited: list[tuple[_Call, datetime]]) -> None:
         """(On a thread.) Hold runs that waited their while for a slot back to the
-        registry, each to when its turn is expected. They leave the heartbeat first, so
-        that a failed hold leaves their leases to run out."""
+        registry, each to when its turn is expected. They give back their call slots and
+        leave the heartbeat first, so that a failed hold leaves their leases to run out."""
+        for _ in waited:
+            self._slots.release()
         self._inflight.pop_many([call.run.run_id for call, _ in waited])
         self._hold([(call.run, at) for call, at in waited], utcnow())
 
@@ -304,11 +311,25 @@ class Dispatcher:
             log.exception("releasing %d concurrency slots failed", len(slots))
 
     def _start_calls(self, calls: list[_Call]) -> None:
-        """On the loop: one task a call."""
+        """On the loop: one task a call, made once the call has its concurrency slot (a
+        run that waits for one is started by the gate: _begin)."""
+        gate = self._gate
         for call in calls:
-            task = asyncio.ensure_future(self._call(call))
-            self._tasks.add(task)
-            task.add_done_callback(self._call_done)
+            if call.caps:
+                call.slot = gate.take(call, call.caps, call.keys)
+                if call.slot is None:
+                    continue
+            self._spawn(call)
+
+    def _begin(self, call: _Call, slot: Slot) -> None:
+        """On the loop: the gate gave a waiting run its slot."""
+        call.slot = slot
+        self._spawn(call)
+
+    def _spawn(self, call: _Call) -> None:
+        task = asyncio.ensure_future(self._call(call))
+        self._tasks.add(task)
+        task.add_done_callback(self._call_done)
 
     def _call_done(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
@@ -318,11 +339,6 @@ class Dispatcher:
 
     async def _call(self, call: _Call) -> None:
         run = call.run
-        if call.caps:
-            call.slot = await self._gate.take(call.caps, self._holder_name(run), call)
-            if call.slot is None:  # waited its while: put off by the gate (_put_off)
-                self._slots.release()
-                return
         if not self._lease_known(call) and not await asyncio.to_thread(self._still_leased, call):
             self._slots.release()
             await asyncio.to_thread(self._withdraw, call)
@@ -359,7 +375,7 @@ class Dispatcher:
         back to the limiter, now, not once the outcome is recorded."""
         slot = call.slot
         # A lost call's slot went back already (_withdraw): its name is not to be handed on.
-        if slot is not None and (call.lost or not self._gate.give(call.caps, slot)):
+        if slot is not None and (call.lost or not self._gate.give(call.caps, call.keys, slot)):
             self._releaser.put((call.caps, slot.holder))
 
     def _withdraw(self, call: _Call) -> None:

@@ -10,10 +10,13 @@ no registry write and expires no lease.
 
 The `SlotGate` of a process (every method on its loop):
 
-- `take` asks the limiter for a run's slots. The runs that ask while a round trip is
-  under way go together in the next one, so a message's runs cost one script call.
-  A run that finds a cap full waits in line, behind the runs of this process that
-  wait under the same caps (first come, first served);
+- `take` gives a run a slot parked in the process (below), or asks the limiter for
+  its slots. The runs that ask while a round trip is under way go together in the
+  next one, so a message's runs cost one script call, and only a slot asked of the
+  limiter is named (`name`: after the run it is admitted for). A run that finds a
+  cap full waits in line, behind the runs of this process that wait under the same
+  caps (first come, first served). A run that waits is an entry in its line, not a
+  task: its call's task is made once it has its slot (`start`);
 - `give` hands the slot of a call that ended straight to the first run waiting under
   exactly the same caps: no release, no poll, no admission, no start, so behind a
   full cap the next call starts in the same turn of the loop. The slot keeps the
@@ -44,7 +47,6 @@ asked for here.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import queue
@@ -52,7 +54,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -121,27 +123,33 @@ class Slot:
     until: float
 
 
-@dataclass
 class _Waiter:
-    """A run asking for its slots: what the gate hands back to `put_off`, its cap
-    specs, the name its slots get, and when it gives up waiting (time.monotonic)."""
+    """A run waiting for its slots: the item handed back to `start` or `put_off`, its
+    cap specs and their keys, when it gives up (time.monotonic) and since when it waits."""
 
-    item: Any
-    caps: tuple
-    keys: frozenset[str]
-    holder: str
-    deadline: float
-    since: float
-    future: asyncio.Future = field(repr=False)
+    __slots__ = ("item", "caps", "keys", "deadline", "since")
+
+    def __init__(self, item: Any, caps: tuple, keys: frozenset[str], deadline: float, since: float):
+        self.item = item
+        self.caps = caps
+        self.keys = keys
+        self.deadline = deadline
+        self.since = since
 
 
 class SlotGate:
     """Where the runs of one process take their concurrency slots (module doc).
 
-    `put_off(items)` is called on a thread with (item, when its turn is expected)
-    for the runs that waited their while; `take` answers None for those.
-    `release(items)` gives (caps, holder) slots back without blocking (a
-    SlotReleaser's put_many).
+    A run that finds no slot at hand is not a task waiting on a future: it is an entry
+    in its line, and its call's task is made once it has its slot. Waited on a future,
+    each such run cost the loop a future, a suspended task and its wake-up more than a
+    run that found its slot at once (bench.gate).
+
+    Callbacks: `start(item, slot)` (on the loop) for a run that waited and got its
+    slot; `put_off(items)` (on a thread) with (item, when its turn is expected) for
+    the runs that waited their while; `release(items)` gives (caps, holder) slots back
+    without blocking (a SlotReleaser's put_many); `name(item)` names the slot the
+    limiter is asked to admit for a run (app.worker.engine.HolderNames).
     """
 
     def __init__(
@@ -150,16 +158,21 @@ class SlotGate:
         lease_s: float,
         margin_s: float,
         wait_s: float,
+        start: Callable[[Any, Slot], None],
         put_off: Callable[[list[tuple[Any, datetime]]], None],
         release: Callable[[list], None],
+        name: Callable[[Any], str],
     ):
         self._limiter = limiter
+        self._start = start
+        self._put_off = put_off
         self._release = release  # (caps, holder) items; must not block
+        self._name = name
         self._lease_s = lease_s
         self._margin_s = margin_s  # a handed slot's lease must run this much longer
         self.wait_s = wait_s
-        self._put_off = put_off
         self._new: list[_Waiter] = []  # to be asked for in the next round trip
+        self._asking: list[_Waiter] = []  # in the round trip under way
         self._lines: dict[frozenset[str], deque[_Waiter]] = {}  # waiting, by caps
         self._granted: dict[str, deque[float]] = {}  # cap key -> when waiters got a slot
         # Slots of ended calls kept for the next runs under the same caps: (slot, its
@@ -168,60 +181,65 @@ class SlotGate:
         self._full_at: dict[frozenset[str], float] = {}  # caps -> when a run last found them full
         self._sweep: asyncio.TimerHandle | None = None
         self._driver: asyncio.Task | None = None
-        self._wake: asyncio.Event | None = None
+        self._nap: asyncio.Future | None = None  # the driver's wait between polls
+        self._woken = False  # slots came back while the driver was not napping
+        self._handed = 0  # slots handed over, not yet counted in the metric
+        self._count_handle: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
 
     @property
     def waiting(self) -> int:
-        return len(self._new) + sum(len(line) for line in self._lines.values())
+        return len(self._new) + len(self._asking) + sum(len(line) for line in self._lines.values())
 
-    async def take(self, caps: Sequence, holder: str, item: Any) -> Slot | None:
-        """The run's slot under every cap of `caps` (all at once), or None: it waited
-        `wait_s` and is put off."""
+    def take(self, item: Any, caps: Sequence, keys: frozenset[str]) -> Slot | None:
+        """The run's slot under every cap of `caps` (keys: `cap_keys(caps)`), if one is
+        at hand; None: the run waits, and `start(item, slot)` is called when it has its
+        slot, or it is put off after `wait_s`."""
         now = time.monotonic()
-        keys = cap_keys(caps)
         slot = self._unpark(keys, now)
         if slot is not None:
-            metrics.SLOTS_HANDED_OVER.inc()
+            self._count_handed()
             return slot
-        waiter = _Waiter(
-            item,
-            tuple(caps),
-            keys,
-            holder,
-            now + self.wait_s,
-            now,
-            asyncio.get_running_loop().create_future(),
-        )
+        waiter = _Waiter(item, tuple(caps), keys, now + self.wait_s, now)
         line = self._lines.get(keys)
         if line:  # behind the runs of this process waiting already under these caps
             line.append(waiter)
         else:
             self._new.append(waiter)
         self._kick()
-        return await waiter.future
+        return None
 
-    def give(self, caps: Sequence, slot: Slot) -> bool:
+    def give(self, caps: Sequence, keys: frozenset[str], slot: Slot) -> bool:
         """A call under `caps` ended holding `slot`: hand it to the first run waiting
         under exactly the same caps, or park it for the next one while the caps have
         room. False: it goes back to the limiter."""
         now = time.monotonic()
         if not self._reusable(slot, now):
             return False
-        keys = cap_keys(caps)
         line = self._lines.get(keys)
-        while line:
-            waiter = line.popleft()
-            if not waiter.future.done():  # (a cancelled waiter is skipped)
-                self._grant(waiter, slot, now)
-                metrics.SLOTS_HANDED_OVER.inc()
-                return True
+        if line:
+            self._grant(line.popleft(), slot, now)
+            self._count_handed()
+            return True
         if now - self._full_at.get(keys, -math.inf) < HAND_OVER_FOR_S:
             return False  # the caps bind: the slot is for every process's runs
         self._parked.setdefault(keys, []).append((slot, tuple(caps), now))
         if self._sweep is None:
             self._sweep = asyncio.get_running_loop().call_later(PARK_S, self._unpark_idle)
         return True
+
+    def _count_handed(self) -> None:
+        """Count a slot handed over; the metric is written once a second, not per run
+        (a metric shared by the worker's processes costs a lock and a write to a file)."""
+        self._handed += 1
+        if self._count_handle is None:
+            self._count_handle = asyncio.get_running_loop().call_later(1.0, self._write_handed)
+
+    def _write_handed(self) -> None:
+        self._count_handle = None
+        handed, self._handed = self._handed, 0
+        if handed:
+            metrics.SLOTS_HANDED_OVER.inc(handed)
 
     def _reusable(self, slot: Slot, now: float) -> bool:
         """Whether `slot` may go to another run of this process: its lease is known to run
@@ -231,6 +249,8 @@ class SlotGate:
     def _unpark(self, keys: frozenset[str], now: float) -> Slot | None:
         """A parked slot for a run under exactly the caps `keys`, if one is still good."""
         parked = self._parked.get(keys)
+        if not parked:
+            return None
         found = None
         while parked and found is None:
             slot, caps, _ = parked.pop()
@@ -238,7 +258,7 @@ class SlotGate:
                 found = slot
             else:
                 self._release([(caps, slot.holder)])
-        if parked is not None and not parked:
+        if not parked:
             del self._parked[keys]
         return found
 
@@ -272,26 +292,30 @@ class SlotGate:
         """Give the parked slots back, and wait until the runs put off so far are
         written back (the process stops taking runs)."""
         self._unpark_idle(everything=True)
+        if self._count_handle is not None:
+            self._count_handle.cancel()
+            self._write_handed()
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def wake(self) -> None:
         """Slots were given back by this process: look for free ones now, not at the poll."""
-        if self._wake is not None:
-            self._wake.set()
+        if self._nap is not None and not self._nap.done():
+            self._nap.set_result(None)
+        else:
+            self._woken = True
 
     def _kick(self) -> None:
         if self._driver is None:
-            self._wake = asyncio.Event()
             self._driver = asyncio.get_running_loop().create_task(self._drive())
-        elif self._new and self._wake is not None:
-            self._wake.set()
+        elif self._nap is not None and not self._nap.done():
+            self._nap.set_result(None)
 
     def _grant(self, waiter: _Waiter, slot: Slot, now: float) -> None:
         if now > waiter.since + POLL_S:  # it waited: count the pace slots come at
             for key in waiter.keys:
                 self._granted.setdefault(key, deque()).append(now)
-        waiter.future.set_result(slot)
+        self._start(waiter.item, slot)
 
     async def _drive(self) -> None:
         """Ask for the newcomers' slots, then for the waiting runs' as slots free, until
@@ -305,10 +329,9 @@ class SlotGate:
                 self._expire()
                 if not self.waiting:
                     return
-                assert self._wake is not None
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), POLL_S)
+                if not self._woken:
+                    await self._nap_for(POLL_S)
+                self._woken = False
                 if self._new:
                     continue
                 await self._ask_free()
@@ -319,40 +342,49 @@ class SlotGate:
         finally:
             self._driver = None
 
+    async def _nap_for(self, seconds: float) -> None:
+        """Wait `seconds`, or less if woken (a newcomer, slots given back)."""
+        loop = asyncio.get_running_loop()
+        self._nap = nap = loop.create_future()
+        timer = loop.call_later(seconds, _settle, nap)
+        try:
+            await nap
+        finally:
+            timer.cancel()
+            self._nap = None
+
     async def _ask(self, batch: list[_Waiter], again: bool = False) -> None:
         """One admission for `batch`; the runs not admitted wait in line (a run asked
         for again keeps its place at the front)."""
         asked = time.monotonic()
+        holders = [self._name(w.item) for w in batch]
+        self._asking = batch
         try:
             admissions = await asyncio.to_thread(
                 retrying,
                 lambda: self._limiter.acquire_many(
-                    [(w.caps, w.holder) for w in batch], time.time(), self._lease_s
+                    [(w.caps, holder) for w, holder in zip(batch, holders, strict=True)],
+                    time.time(),
+                    self._lease_s,
                 ),
                 f"slots of {len(batch)} runs",
             )
         except Exception:  # the limiter stayed away: they wait, and are put off in time
             log.exception("asking for the slots of %d runs failed", len(batch))
             admissions = [None] * len(batch)
+        finally:
+            self._asking = []
         now = time.monotonic()
-        late = []
-        for waiter, admission in zip(batch, admissions, strict=True):
+        late: dict[frozenset[str], list[_Waiter]] = {}
+        for waiter, holder, admission in zip(batch, holders, admissions, strict=True):
             if admission is not None and admission.admitted:
                 # The slot's lease runs from the limiter's clock: a second less, for the
                 # two clocks and the round trip.
-                slot = Slot(waiter.holder, asked, asked + self._lease_s - 1.0)
-                if waiter.future.done():  # cancelled meanwhile: its slot goes straight back
-                    self._release([(waiter.caps, slot.holder)])
-                else:
-                    self._grant(waiter, slot, now)
+                self._grant(waiter, Slot(holder, asked, asked + self._lease_s - 1.0), now)
             else:
                 self._full_at[waiter.keys] = now
-                if not waiter.future.done():
-                    late.append(waiter)
-        by_line: dict[frozenset[str], list[_Waiter]] = {}
-        for waiter in late:
-            by_line.setdefault(waiter.keys, []).append(waiter)
-        for keys, waiters in by_line.items():
+                late.setdefault(waiter.keys, []).append(waiter)
+        for keys, waiters in late.items():
             line = self._lines.setdefault(keys, deque())
             if again:
                 line.extendleft(reversed(waiters))
@@ -360,15 +392,11 @@ class SlotGate:
                 line.extend(waiters)
             # Slots parked while these runs were being asked for are theirs.
             while line and keys in self._parked:
-                waiter = line.popleft()
-                if waiter.future.done():  # (a cancelled waiter is skipped)
-                    continue
                 kept = self._unpark(keys, now)
                 if kept is None:
-                    line.appendleft(waiter)
                     break
-                self._grant(waiter, kept, now)
-                metrics.SLOTS_HANDED_OVER.inc()
+                self._grant(line.popleft(), kept, now)
+                self._count_handed()
         if len(self._full_at) > _FULL_KEPT:  # caps of targets long quiet
             self._full_at = {k: at for k, at in self._full_at.items() if now - at < HAND_OVER_FOR_S}
 
@@ -383,13 +411,10 @@ class SlotGate:
             log.warning("counting free slots failed", exc_info=True)
             return
         ready: list[_Waiter] = []
-        for line in self._lines.values():
-            picked, _ = pick_runs([(w, w.caps) for w in line], free)
-            for waiter, _caps in picked:
-                line.remove(waiter)
-                for spec in waiter.caps:
-                    free[spec.key] -= 1
-                ready.append(waiter)
+        tries = runs_to_try({keys: len(line) for keys, line in self._lines.items()}, free)
+        for keys, count in tries.items():
+            line = self._lines[keys]
+            ready += (line.popleft() for _ in range(count))
         if ready:
             await self._ask(ready, again=True)
 
@@ -399,15 +424,13 @@ class SlotGate:
         expired: list[_Waiter] = []
         for keys in list(self._lines):
             line = self._lines[keys]
-            while line and (everyone or line[0].deadline <= now or line[0].future.done()):
-                waiter = line.popleft()
-                if not waiter.future.done():
-                    expired.append(waiter)
+            while line and (everyone or line[0].deadline <= now):
+                expired.append(line.popleft())
             if not line:
                 del self._lines[keys]
         if everyone:
-            expired += [w for w in self._new if not w.future.done()]
-            self._new = []
+            expired += self._new + self._asking
+            self._new, self._asking = [], []
         for granted in self._granted.values():
             while granted and granted[0] < now - self.wait_s:
                 granted.popleft()
@@ -424,26 +447,30 @@ class SlotGate:
             put_off.append(
                 (waiter.item, expected_slot_at(at, position, pace, now - waiter.since, cap.max_concurrency))
             )
-            waiter.future.set_result(None)
         task = asyncio.get_running_loop().create_task(asyncio.to_thread(self._put_off, put_off))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
 
-def pick_runs(waiting: list, free: dict[str, int]) -> tuple[list, list]:
-    """(runs to try now, runs left waiting): in order, a run whose every cap still has
-    a free slot in `free` (cap key -> free slots) is tried and takes one of each."""
+def _settle(nap: asyncio.Future) -> None:
+    if not nap.done():
+        nap.set_result(None)
+
+
+def runs_to_try(waiting: dict[frozenset[str], int], free: dict[str, int]) -> dict[frozenset[str], int]:
+    """How many of each line's waiting runs to ask for again (pure): `waiting` maps a
+    line's caps (their keys) to the runs in it, `free` a cap key to its free slots.
+    Lines are served in order, each as many runs as every one of its caps still has
+    free slots for; a line gets none while one of its caps has none left."""
     budget = dict(free)
-    now, later = [], []
-    for entry in waiting:
-        keys = [spec.key for spec in entry[1] if spec.max_concurrency]
-        if all(budget.get(key, 0) > 0 for key in keys):
+    tries = {}
+    for keys, count in waiting.items():
+        n = min([count, *(budget.get(key, 0) for key in keys)])
+        if n > 0:
+            tries[keys] = n
             for key in keys:
-                budget[key] -= 1
-            now.append(entry)
-        else:
-            later.append(entry)
-    return now, later
+                budget[key] -= n
+    return tries
 
 
 class SlotReleaser:

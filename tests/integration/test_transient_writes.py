@@ -121,14 +121,14 @@ def test_a_run_whose_lease_may_have_run_out_is_called_only_if_a_renewal_finds_it
         dispatcher = context.dispatcher
         runs = claimed(registry, 2)
         lease.start(registry, runs, utcnow())
-        kept, lost = (_Call(run, []) for run in runs)
+        kept, lost = (_Call(run, (), frozenset()) for run in runs)
         # Both waited past their lease (as in a stopped process); one was taken back meanwhile.
         kept.lease_until = lost.lease_until = time.monotonic() - 1
         _take_back(registry, lost.run.job_id)
         assert dispatcher._still_leased(kept) and kept.lease_until > time.monotonic() + 10
         assert not dispatcher._still_leased(lost)
         # A heartbeat that found the token gone settles it without a round trip.
-        fresh = _Call(runs[0], [], lease_until=time.monotonic() + 20, lost=True)
+        fresh = _Call(runs[0], (), frozenset(), lease_until=time.monotonic() + 20, lost=True)
         assert not dispatcher._still_leased(fresh)
     finally:
         context.close(2)

@@ -17,8 +17,9 @@ from app.worker.slot_wait import (
     Slot,
     SlotGate,
     SlotReleaser,
+    cap_keys,
     expected_slot_at,
-    pick_runs,
+    runs_to_try,
     wait_budget_s,
 )
 
@@ -53,12 +54,13 @@ def test_a_few_slots_in_a_stalled_wait_never_put_a_run_later_than_no_slot_at_all
 
 
 def test_only_as_many_waiting_runs_are_tried_as_their_caps_have_free_slots():
-    own, shared = LimitSpec("own", max_concurrency=2), LimitSpec("all", max_concurrency=10)
-    waiting = [(f"r{i}", [own, shared]) for i in range(4)] + [("other", [shared])]
-    now, later = pick_runs(waiting, {"own": 1, "all": 2})
-    assert [name for name, _ in now] == ["r0", "other"]
-    assert [name for name, _ in later] == ["r1", "r2", "r3"]
-    assert pick_runs(waiting, {}) == ([], waiting)
+    both, shared_only = frozenset({"own", "all"}), frozenset({"all"})
+    waiting = {both: 4, shared_only: 1}
+    assert runs_to_try(waiting, {"own": 1, "all": 2}) == {both: 1, shared_only: 1}
+    assert runs_to_try(waiting, {"own": 3, "all": 3}) == {both: 3}  # in order: the first line first
+    assert runs_to_try(waiting, {"own": 9, "all": 9}) == {both: 4, shared_only: 1}
+    assert runs_to_try(waiting, {"all": 5}) == {shared_only: 1}  # "own" full (or unknown)
+    assert runs_to_try(waiting, {}) == {}
 
 
 def test_the_releaser_releases_in_batches_then_says_how_many():
@@ -119,22 +121,59 @@ class CountingLimiter(LocalLimiter):
         return super()._acquire(requests, now, lease_s)
 
 
+class Gate:
+    """A SlotGate driven as the engine drives it, each run named after its item: `take`
+    answers a future of the run's slot, None once the run is put off."""
+
+    def __init__(self, limiter, wait_s: float):
+        self.put_off: list = []
+        self.released: list = []
+        self._answers: dict = {}
+        self.gate = SlotGate(
+            limiter, LEASE_S, MARGIN_S, wait_s, self._started, self._waited, self.released.extend, str
+        )
+
+    def take(self, caps: list, item: str) -> asyncio.Future:
+        answer = asyncio.get_running_loop().create_future()
+        slot = self.gate.take(item, caps, cap_keys(caps))
+        if slot is None:
+            self._answers[item] = answer
+        else:
+            answer.set_result(slot)
+        return answer
+
+    def give(self, caps: list, slot: Slot) -> bool:
+        return self.gate.give(caps, cap_keys(caps), slot)
+
+    async def settled(self) -> None:
+        await self.gate.settled()
+
+    def _started(self, item: str, slot: Slot) -> None:
+        answer = self._answers.pop(item)
+        assert not answer.done(), f"{item} answered twice"
+        answer.set_result(slot)
+
+    def _waited(self, items: list) -> None:  # (on a thread, as the engine's)
+        self.put_off.extend(items)
+        for item, _ in items:
+            answer = self._answers.pop(item)
+            answer.get_loop().call_soon_threadsafe(answer.set_result, None)
+
+
 def make_gate(limiter=None, wait_s: float = 1.0):
-    put_off: list = []
-    released: list = []
-    gate = SlotGate(limiter or CountingLimiter(), LEASE_S, MARGIN_S, wait_s, put_off.extend, released.extend)
-    return gate, put_off, released
+    gate = Gate(limiter or CountingLimiter(), wait_s)
+    return gate, gate.put_off, gate.released
 
 
-async def fill(gate: SlotGate) -> tuple:
+async def fill(gate: Gate) -> tuple:
     """Take both slots of OWN, for runs "a" and "b"."""
-    return await gate.take([OWN], "a", "a"), await gate.take([OWN], "b", "b")
+    return await gate.take([OWN], "a"), await gate.take([OWN], "b")
 
 
-async def full_with_one_waiting(gate: SlotGate) -> asyncio.Future:
+async def full_with_one_waiting(gate: Gate) -> asyncio.Future:
     """OWN's two slots taken by "a" and "b", and "c" waiting for one (a few polls in)."""
     await fill(gate)
-    waiting = asyncio.ensure_future(gate.take([OWN], "c", "c"))
+    waiting = gate.take([OWN], "c")
     await asyncio.sleep(POLL_S * 3)
     assert not waiting.done()
     return waiting
@@ -149,7 +188,7 @@ def test_a_messages_runs_ask_together_and_the_cap_admits_only_its_slots():
     gate, put_off, _ = make_gate(limiter, wait_s=0.05)
 
     async def scenario():
-        answers = await asyncio.gather(*(gate.take([OWN], f"r{i}", f"r{i}") for i in range(5)))
+        answers = await asyncio.gather(*(gate.take([OWN], f"r{i}") for i in range(5)))
         await gate.settled()
         return answers
 
@@ -165,9 +204,9 @@ def test_a_slot_goes_straight_to_the_first_run_waiting_under_exactly_the_same_ca
 
     async def scenario():
         first, second = await fill(gate)
-        other = asyncio.ensure_future(gate.take([OWN, SHARED], "x", "x"))  # other caps
-        third = asyncio.ensure_future(gate.take([OWN], "c", "c"))
-        fourth = asyncio.ensure_future(gate.take([OWN], "d", "d"))
+        other = gate.take([OWN, SHARED], "x")  # other caps
+        third = gate.take([OWN], "c")
+        fourth = gate.take([OWN], "d")
         await asyncio.sleep(POLL_S * 3)  # all wait: the cap is full
         assert not (other.done() or third.done() or fourth.done())
         asked = len(limiter.asked)
@@ -180,7 +219,7 @@ def test_a_slot_goes_straight_to_the_first_run_waiting_under_exactly_the_same_ca
         # the limiter for every process's runs.
         assert not gate.give([OWN], first)
         assert len(limiter.asked) - asked <= 3  # polls only: no admission for a handed slot
-        other.cancel()
+        assert await other is None  # never handed a slot of [OWN] alone: put off in time
 
     run(scenario())
     assert released == []  # (giving back is the caller's, after give() said no)
@@ -223,7 +262,7 @@ def test_a_newcomer_waits_behind_the_runs_already_waiting_under_its_caps():
 
     async def scenario():
         early = await full_with_one_waiting(gate)
-        late = asyncio.ensure_future(gate.take([OWN], "d", "d"))
+        late = gate.take([OWN], "d")
         await asyncio.sleep(0)
         limiter.release_many([([OWN], "a")])  # one slot frees: it is c's, who came first
         assert (await early).holder == "c"
@@ -239,8 +278,8 @@ def test_runs_put_off_are_given_turns_at_the_pace_slots_came_while_they_waited()
     gate, put_off, _ = make_gate(wait_s=0.3)
 
     async def scenario():
-        slots = [await gate.take([OWN], n, n) for n in ("a", "b")]
-        waiters = [asyncio.ensure_future(gate.take([OWN], f"w{i}", f"w{i}")) for i in range(6)]
+        slots = [await gate.take([OWN], n) for n in ("a", "b")]
+        waiters = [gate.take([OWN], f"w{i}") for i in range(6)]
         await asyncio.sleep(POLL_S * 2)
         for slot in slots:  # two slots handed on while they wait; none afterwards
             assert gate.give([OWN], slot)
@@ -268,7 +307,7 @@ def test_a_limiter_that_stays_away_leaves_no_run_waiting_for_ever():
     try:
 
         async def scenario():
-            answers = await asyncio.gather(*(gate.take([OWN], n, n) for n in ("a", "b")))
+            answers = await asyncio.gather(*(gate.take([OWN], n) for n in ("a", "b")))
             await gate.settled()
             return answers
 
@@ -287,13 +326,13 @@ def test_a_slot_whose_call_ended_goes_to_the_next_run_under_the_same_caps_while_
     gate, _, released = make_gate(limiter)
 
     async def scenario():
-        first = await gate.take([SHARED], "a", "a")
+        first = await gate.take([SHARED], "a")
         assert gate.give([SHARED], first)  # kept: nobody found SHARED full
         asked = len(limiter.asked)
-        again = await gate.take([SHARED], "b", "b")
+        again = await gate.take([SHARED], "b")
         assert again is first  # the same slot, under its name, without asking the limiter
         assert len(limiter.asked) == asked
-        assert await gate.take([OWN, SHARED], "c", "c") is not first  # other caps: its own
+        assert await gate.take([OWN, SHARED], "c") is not first  # other caps: its own
 
     run(scenario())
     assert released == []
@@ -305,7 +344,7 @@ def test_a_parked_slot_nobody_takes_goes_back_to_the_limiter_after_a_while():
     gate, _, released = make_gate(limiter)
 
     async def scenario():
-        slots = [await gate.take([SHARED], n, n) for n in ("a", "b")]
+        slots = [await gate.take([SHARED], n) for n in ("a", "b")]
         for slot in slots:
             assert gate.give([SHARED], slot)
         await asyncio.sleep(PARK_S / 2)
@@ -344,7 +383,7 @@ def test_slots_parked_while_runs_were_asked_for_go_to_those_runs():
 
     async def scenario():
         first, _ = await fill(gate)
-        waiting = asyncio.ensure_future(gate.take([OWN], "c", "c"))
+        waiting = gate.take([OWN], "c")
         await asyncio.sleep(POLL_S)  # c's admission is under way
         assert gate.give([OWN], first)  # parked
         answering.set()
@@ -359,7 +398,7 @@ def test_settling_gives_the_parked_slots_back():
     gate, _, released = make_gate()
 
     async def scenario():
-        slot = await gate.take([SHARED], "a", "a")
+        slot = await gate.take([SHARED], "a")
         assert gate.give([SHARED], slot)
         await gate.settled()
         assert released == [((SHARED,), "a")]
