@@ -82,6 +82,9 @@ log = logging.getLogger("punctual.dispatch")
 # The fewest runs of a message started together as call slots free (each start is one
 # statement, whatever its size): START_AT_LEAST of its runs, or all it has left.
 START_AT_LEAST = 50
+# How often the start lateness of the calls made is written to its histogram: once for
+# the calls of that while, not once a call (metrics.observe_many).
+LATENESS_EVERY_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -190,6 +193,7 @@ class Dispatcher:
         self._slots = threading.BoundedSemaphore(self.capacity)
         self._loop = webhooks.loop  # the calls' loop: the webhook session lives on it
         self._tasks: set[asyncio.Task] = set()  # the loop keeps only weak references
+        self._lateness: list[float] = []  # of the calls made, observed every LATENESS_EVERY_S
         holder_name = HolderNames()
         self._inflight: InFlight[_Call] = InFlight(self._heartbeat, settings.heartbeat_s)
         self._buffer: CompletionBuffer[Finished] = CompletionBuffer(self._flush)
@@ -344,7 +348,9 @@ class Dispatcher:
             await asyncio.to_thread(self._withdraw, call)
             return
         called_at = utcnow()
-        metrics.START_LATENESS.observe(max(0.0, (called_at - run.scheduled_for).total_seconds()))
+        self._lateness.append(max(0.0, (called_at - run.scheduled_for).total_seconds()))
+        if len(self._lateness) == 1:
+            asyncio.get_running_loop().call_later(LATENESS_EVERY_S, self._observe_lateness)
         # Every line logged while this run is called (here, in the webhook caller, the
         # limiter, the libraries) names it (app.logs; the task has its own context).
         with lazy_log_context(
@@ -369,6 +375,11 @@ class Dispatcher:
                 self._slots.release()
             log.debug("run %s called: status %s, error %s", run.run_id, outcome.status_code, outcome.error)
         self._buffer.add(Finished(run, outcome, utcnow(), called_at))
+
+    def _observe_lateness(self) -> None:
+        """(On the loop.) The start lateness of the calls made since the last time."""
+        lateness, self._lateness = self._lateness, []
+        metrics.observe_many(metrics.START_LATENESS, lateness)
 
     def _slot_free(self, call: _Call) -> None:
         """The call is over: its slot goes to a run waiting for one in this process, or
@@ -475,6 +486,7 @@ class Dispatcher:
         """Wait (at most `timeout_s`) for calls in flight, runs put off and completions."""
         deadline = time.monotonic() + timeout_s
         self._inflight.wait_empty(timeout_s)
+        self._loop.call_soon(self._observe_lateness)
         try:  # runs put off after their wait for a slot left the heartbeat before their hold is written;
             # parked slots go back before the releaser stops
             self._loop.submit(self._gate.settled()).result(max(0.1, deadline - time.monotonic()))
