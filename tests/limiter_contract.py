@@ -3,11 +3,14 @@
 tests/unit/test_local_limiter.py and tests/integration/test_redis_limiter.py run
 these against their implementation by subclassing `LimiterContract` and providing
 the `pair` fixture: two limiters that share state, as two worker processes would.
-Every test injects `now`; none sleeps.
+Every test injects `now`; none sleeps. `OnALoop` puts a limiter's event-loop forms
+(`acquire_many_async`, ...) behind the blocking names, so that the same contract
+holds for a caller on a loop (the worker's slot gate).
 """
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import threading
 from datetime import UTC, datetime, timedelta
@@ -44,6 +47,42 @@ def simulate(limiter, spec, arrivals, until):
             seq += 1
             heapq.heappush(pending, (answer.retry_at, seq, name))
     return starts, holds
+
+
+class OnALoop:
+    """A limiter seen through its event-loop forms: each admission, release and count
+    runs its `*_async` form on a loop of its own (closed with what it opened); the
+    rest is the limiter's."""
+
+    def __init__(self, limiter):
+        self._limiter = limiter
+
+    def __getattr__(self, name):
+        return getattr(self._limiter, name)
+
+    def _on_a_loop(self, operation, *args):
+        async def once():
+            try:
+                return await operation(*args)
+            finally:
+                await self._limiter.aclose()
+
+        return asyncio.run(once())
+
+    def acquire_many(self, requests, now, lease_s):
+        return self._on_a_loop(self._limiter.acquire_many_async, requests, now, lease_s)
+
+    def acquire(self, specs, holder, now, lease_s, reserver=None):
+        return self.acquire_many([(specs, holder, reserver or holder)], now, lease_s)[0]
+
+    def release_many(self, items):
+        self._on_a_loop(self._limiter.release_many_async, list(items))
+
+    def release(self, specs, holder):
+        self.release_many([(specs, holder)])
+
+    def free_slots(self, caps, now):
+        return self._on_a_loop(self._limiter.free_slots_async, caps, now)
 
 
 class LimiterContract:

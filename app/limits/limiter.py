@@ -29,10 +29,18 @@ it cannot start before its reservation anyway.
 
 `now` is the caller's clock: unix seconds, or an aware datetime. `retry_at` comes
 back in the same form.
+
+A caller on an event loop (app.worker.slot_wait, on the worker's calls' loop) uses
+the `*_async` forms of admission, release and the free slots' count: the same
+answers, without blocking the loop. The base class runs the blocking form on a
+thread; the in-memory limiter answers on the loop at once, and the Redis one awaits
+its own connection there, since a thread hop cost a worker's loop more than the
+round trip itself under a burst (bench/README.md).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
@@ -95,23 +103,17 @@ class Limiter(ABC):
         Requests without a limited spec are admitted without any I/O; the others
         cost one round trip for the whole batch.
         """
-        now_s = _seconds(now)
-        admissions = [ADMITTED] * len(requests)
-        todo: list[int] = []
-        limited: list[tuple[tuple[LimitSpec, ...], str, str]] = []
-        for i, request in enumerate(requests):
-            specs = tuple(s for s in request[0] if s.limited)
-            if specs:
-                todo.append(i)
-                limited.append((specs, request[1], request[2] if len(request) > 2 else request[1]))
-        if todo:
-            answers = self._acquire(limited, now_s, float(lease_s))
-            for i, answer in zip(todo, answers, strict=True):
-                if answer is not None:
-                    reason, retry_at = answer
-                    at = datetime.fromtimestamp(retry_at, UTC) if isinstance(now, datetime) else retry_at
-                    admissions[i] = Admission(False, at, reason)
-        return admissions
+        todo, limited = _limited(requests)
+        answers = self._acquire(limited, _seconds(now), float(lease_s)) if limited else []
+        return _admissions(len(requests), todo, answers, now)
+
+    async def acquire_many_async(
+        self, requests: Sequence[Request], now: float | datetime, lease_s: float
+    ) -> list[Admission]:
+        """`acquire_many` for a caller on an event loop (module doc)."""
+        todo, limited = _limited(requests)
+        answers = await self._acquire_async(limited, _seconds(now), float(lease_s)) if limited else []
+        return _admissions(len(requests), todo, answers, now)
 
     def acquire(
         self,
@@ -131,6 +133,12 @@ class Limiter(ABC):
         capped = _capped(items)
         if capped:
             self._release(capped)
+
+    async def release_many_async(self, items: Iterable[Request]) -> None:
+        """`release_many` for a caller on an event loop (module doc)."""
+        capped = _capped(items)
+        if capped:
+            await self._release_async(capped)
 
     def renew(
         self, specs: Sequence[LimitSpec], holder: str, lease_s: float, now: float | datetime | None = None
@@ -156,6 +164,31 @@ class Limiter(ABC):
         held = self._held(list(caps), _seconds(now))
         return {key: max(0, cap - count) for (key, cap), count in zip(caps.items(), held, strict=True)}
 
+    async def free_slots_async(self, caps: dict[str, int], now: float | datetime) -> dict[str, int]:
+        """`free_slots` for a caller on an event loop (module doc)."""
+        if not caps:
+            return {}
+        held = await self._held_async(list(caps), _seconds(now))
+        return {key: max(0, cap - count) for (key, cap), count in zip(caps.items(), held, strict=True)}
+
+    async def aclose(self) -> None:
+        """Close what the `*_async` forms opened for the running loop (before it stops)."""
+        return None  # the blocking forms on threads open nothing of the loop's
+
+    # The loop's forms of the storage's operations: on a thread unless the storage
+    # answers without blocking (an override).
+
+    async def _acquire_async(
+        self, requests: list[tuple[tuple[LimitSpec, ...], str, str]], now: float, lease_s: float
+    ) -> list[tuple[str, float] | None]:
+        return await asyncio.to_thread(self._acquire, requests, now, lease_s)
+
+    async def _release_async(self, items: list[tuple[str, str]]) -> None:
+        await asyncio.to_thread(self._release, items)
+
+    async def _held_async(self, keys: list[str], now: float) -> list[int]:
+        return await asyncio.to_thread(self._held, keys, now)
+
     @abstractmethod
     def _held(self, keys: list[str], now: float) -> list[int]:
         """For each spec key: how many slots are held by leases running past `now`."""
@@ -173,6 +206,32 @@ class Limiter(ABC):
     @abstractmethod
     def _renew(self, items: list[tuple[str, str]], now: float, lease_s: float) -> None:
         """Set each existing (spec key, holder) slot to expire at now + lease_s."""
+
+
+def _limited(requests: Sequence[Request]) -> tuple[list[int], list[tuple[tuple[LimitSpec, ...], str, str]]]:
+    """(the positions of the requests under some limit, those requests as (their limited
+    specs, holder, reserver)): requests without a limited spec are admitted without I/O."""
+    todo: list[int] = []
+    limited: list[tuple[tuple[LimitSpec, ...], str, str]] = []
+    for i, request in enumerate(requests):
+        specs = tuple(s for s in request[0] if s.limited)
+        if specs:
+            todo.append(i)
+            limited.append((specs, request[1], request[2] if len(request) > 2 else request[1]))
+    return todo, limited
+
+
+def _admissions(
+    count: int, todo: list[int], answers: list[tuple[str, float] | None], now: float | datetime
+) -> list[Admission]:
+    """Each request's Admission from the storage's answers to the limited ones."""
+    admissions = [ADMITTED] * count
+    for i, answer in zip(todo, answers, strict=True):
+        if answer is not None:
+            reason, retry_at = answer
+            at = datetime.fromtimestamp(retry_at, UTC) if isinstance(now, datetime) else retry_at
+            admissions[i] = Admission(False, at, reason)
+    return admissions
 
 
 def _seconds(now: float | datetime) -> float:

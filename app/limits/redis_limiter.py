@@ -9,11 +9,20 @@ Per spec key K there are three Redis keys:
 
 Each expires once it holds nothing worth remembering. Release and renew touch only
 the slots and need no script: a pipeline of ZREM / ZADD XX GT.
+
+The forms for a caller on an event loop (`acquire_many_async`, ...) send the same
+commands over a connection of that loop's own (redis.asyncio, made on first use in
+each loop), when the limiter was made from a URL.
 """
 
 from __future__ import annotations
 
+import asyncio
+import weakref
+
 import redis
+import redis.asyncio
+from redis.commands.core import AsyncScript
 
 from app.limits.limiter import CAP, DEFAULT_HOLD_S, EARLY_S, RATE, RESERVATION_KEEP_S, Limiter
 
@@ -193,17 +202,42 @@ _REASONS = {"r": RATE, "c": CAP}
 class RedisLimiter(Limiter):
     """Limits shared by every process that uses the same Redis and key prefix."""
 
-    def __init__(self, client: redis.Redis, prefix: str, hold_s: float = DEFAULT_HOLD_S):
+    def __init__(
+        self, client: redis.Redis, prefix: str, hold_s: float = DEFAULT_HOLD_S, url: str | None = None
+    ):
+        """`url`: where an event loop's own connection goes (the `*_async` forms); without
+        it, those forms run the blocking ones on a thread."""
         super().__init__(hold_s)
         self._client = client
         self._prefix = prefix
         # register_script: EVALSHA, loading the script again if Redis lost it.
         self._admit = client.register_script(ADMIT_SCRIPT)
         self._keys: dict[str, tuple[str, str, str]] = {}  # spec key -> its three Redis keys
+        self._url = url
+        # Per event loop: its client and the admission script on it (a connection
+        # belongs to the loop that made it).
+        self._on_loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple] = (
+            weakref.WeakKeyDictionary()
+        )
 
     @classmethod
     def from_url(cls, url: str, prefix: str, hold_s: float = DEFAULT_HOLD_S) -> RedisLimiter:
-        return cls(redis.Redis.from_url(url), prefix, hold_s)
+        return cls(redis.Redis.from_url(url), prefix, hold_s, url)
+
+    def _on_loop(self) -> tuple[redis.asyncio.Redis, AsyncScript]:
+        """This event loop's client and admission script."""
+        loop = asyncio.get_running_loop()
+        found = self._on_loops.get(loop)
+        if found is None:
+            assert self._url is not None
+            client = redis.asyncio.Redis.from_url(self._url)
+            found = self._on_loops[loop] = (client, client.register_script(ADMIT_SCRIPT))
+        return found
+
+    async def aclose(self) -> None:
+        found = self._on_loops.pop(asyncio.get_running_loop(), None)
+        if found is not None:
+            await found[0].aclose()
 
     def bucket_key(self, key: str) -> str:
         return f"{self._prefix}:bucket:{key}"
@@ -223,6 +257,18 @@ class RedisLimiter(Limiter):
         return found
 
     def _acquire(self, requests, now, lease_s):
+        keys, args = self._admission(requests, now, lease_s)
+        return _answers(self._admit(keys=keys, args=args), len(requests))
+
+    async def _acquire_async(self, requests, now, lease_s):
+        if self._url is None:
+            return await super()._acquire_async(requests, now, lease_s)
+        keys, args = self._admission(requests, now, lease_s)
+        _, script = self._on_loop()
+        return _answers(await script(keys=keys, args=args), len(requests))
+
+    def _admission(self, requests, now, lease_s) -> tuple[list[str], list]:
+        """The admission script's KEYS and ARGV for `requests`."""
         numbers: dict[str, int] = {}  # spec key -> its number in the script (from 1)
         keys: list[str] = []
         limits: list[float | int] = []
@@ -248,27 +294,46 @@ class RedisLimiter(Limiter):
         for members_of_group in groups:
             args += [len(members_of_group), *members_of_group]
         args.append(runs)
-        answers = self._admit(keys=keys, args=args).split(b" ")
-        if len(answers) != len(requests):
-            raise RuntimeError(f"the admission script answered {len(answers)} of {len(requests)} runs")
-        return [None if answer == b"ok" else _held(answer) for answer in answers]
+        return keys, args
 
     def _held(self, keys, now):
         pipe = self._client.pipeline(transaction=False)
-        for key in keys:
-            pipe.zcount(self.slots_key(key), f"({now!r}", "+inf")
+        self._count_held(pipe, keys, now)
         return [int(count) for count in pipe.execute()]
 
+    async def _held_async(self, keys, now):
+        if self._url is None:
+            return await super()._held_async(keys, now)
+        client, _ = self._on_loop()
+        pipe = client.pipeline(transaction=False)
+        self._count_held(pipe, keys, now)
+        return [int(count) for count in await pipe.execute()]
+
+    def _count_held(self, pipe, keys, now) -> None:
+        for key in keys:
+            pipe.zcount(self.slots_key(key), f"({now!r}", "+inf")
+
     def _release(self, items):
+        pipe = self._client.pipeline(transaction=False)
+        self._drop(pipe, items)
+        pipe.execute()
+
+    async def _release_async(self, items):
+        if self._url is None:
+            return await super()._release_async(items)
+        client, _ = self._on_loop()
+        pipe = client.pipeline(transaction=False)
+        self._drop(pipe, items)
+        await pipe.execute()
+
+    def _drop(self, pipe, items) -> None:
         # One ZREM per cap key with all its holders: a burst's calls end by the
         # hundred on a few keys, and each command costs the client more than a member.
         holders: dict[str, list[str]] = {}
         for key, holder in items:
             holders.setdefault(key, []).append(holder)
-        pipe = self._client.pipeline(transaction=False)
         for key, members in holders.items():
             pipe.zrem(self.slots_key(key), *members)
-        pipe.execute()
 
     def _renew(self, items, now, lease_s):
         holders: dict[str, dict[str, float]] = {}
@@ -281,6 +346,14 @@ class RedisLimiter(Limiter):
             pipe.zadd(self.slots_key(key), leases, xx=True, gt=True)
             pipe.expire(self.slots_key(key), int(lease_s + _KEY_GRACE_S) + 1, gt=True)
         pipe.execute()
+
+
+def _answers(text: bytes, count: int) -> list[tuple[str, float] | None]:
+    """The admission script's answer: None for each run admitted, else (reason, retry time)."""
+    answers = text.split(b" ")
+    if len(answers) != count:
+        raise RuntimeError(f"the admission script answered {len(answers)} of {count} runs")
+    return [None if answer == b"ok" else _held(answer) for answer in answers]
 
 
 def _held(answer: bytes) -> tuple[str, float]:

@@ -8,7 +8,7 @@ import redis
 from app.limits import LimitSpec, RedisLimiter, limiter_for
 from app.settings import Settings
 from tests.conftest import REDIS_URL
-from tests.limiter_contract import LEASE_S, T0, LimiterContract
+from tests.limiter_contract import LEASE_S, T0, LimiterContract, OnALoop
 
 pytestmark = pytest.mark.integration
 
@@ -29,6 +29,26 @@ class TestRedisLimiter(LimiterContract):
             RedisLimiter.from_url(REDIS_URL, redis_prefix),
         )
         yield limiters
+
+
+class TestRedisLimiterOnALoop(LimiterContract):
+    """The same contract through the forms the worker's loop uses (their own asyncio
+    connection), against a limiter that answers the blocking forms."""
+
+    @pytest.fixture
+    def pair(self, redis_prefix):
+        return (
+            OnALoop(RedisLimiter.from_url(REDIS_URL, redis_prefix)),
+            RedisLimiter.from_url(REDIS_URL, redis_prefix),
+        )
+
+
+class TestRedisLimiterOnALoopWithoutAURL(LimiterContract):
+    """Made from a client, not a URL: the loop's forms run the blocking ones on a thread."""
+
+    @pytest.fixture
+    def pair(self, redis_prefix, client):
+        return OnALoop(RedisLimiter(client, redis_prefix)), RedisLimiter(client, redis_prefix)
 
 
 def test_a_batch_is_one_script_call(redis_prefix, monkeypatch):

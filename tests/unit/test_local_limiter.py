@@ -6,7 +6,7 @@ import pytest
 
 from app.limits import LimitSpec, LocalLimiter, limiter_for
 from app.settings import Settings
-from tests.limiter_contract import LEASE_S, T0, LimiterContract
+from tests.limiter_contract import LEASE_S, T0, LimiterContract, OnALoop
 
 
 class TestLocalLimiter(LimiterContract):
@@ -15,6 +15,13 @@ class TestLocalLimiter(LimiterContract):
         # Threads of one process share one LocalLimiter: the "two workers" are one.
         limiter = LocalLimiter()
         return limiter, limiter
+
+
+class TestLocalLimiterOnALoop(LimiterContract):
+    @pytest.fixture
+    def pair(self):
+        limiter = LocalLimiter()
+        return OnALoop(limiter), limiter
 
 
 def test_idle_keys_are_forgotten():
