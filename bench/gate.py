@@ -13,8 +13,7 @@ app.worker.engine does. Three cases:
 - full: a cap of --cap under --in-flight runs, so most runs wait for a slot.
 
 The limiter is the in-memory one (the gate's own cost), or Redis under a key prefix
-of its own (removed afterwards). Figures: the process's CPU (every thread: the
-releaser and the admissions' threads as well) per run, medians of --repeat
+of its own (removed afterwards). Figures: the process's CPU (every thread) per run, medians of --repeat
 measurements. JSON to bench/results/.
 """
 
@@ -28,7 +27,7 @@ from statistics import median
 
 from app.limits.local_limiter import LocalLimiter
 from app.limits.policy import LimitSpec
-from app.worker.slot_wait import Slot, SlotGate, SlotReleaser, cap_keys, wait_budget_s
+from app.worker.slot_wait import Slot, SlotGate, cap_keys, wait_budget_s
 from bench.common import REDIS_URL, machine, shown, write_result
 
 LEASE_S = 60.0
@@ -72,7 +71,7 @@ async def _round(limiter, runs: int, in_flight: int, cap: int | None) -> tuple[f
     async def call(slot: Slot | None) -> None:
         await asyncio.sleep(0)  # a call that answers at once
         if slot is not None and not gate.give(caps, keys, slot):
-            releaser.put((caps, slot.holder))
+            gate.release(caps, slot.holder)
         end()
 
     def end(count: int = 1) -> None:
@@ -87,7 +86,6 @@ async def _round(limiter, runs: int, in_flight: int, cap: int | None) -> tuple[f
         put_off.extend(items)
         loop.call_soon_threadsafe(end, len(items))
 
-    releaser = SlotReleaser(limiter.release_many, lambda _n: loop.call_soon_threadsafe(gate.wake))
     gate = SlotGate(
         limiter,
         LEASE_S,
@@ -95,7 +93,6 @@ async def _round(limiter, runs: int, in_flight: int, cap: int | None) -> tuple[f
         wait_budget_s(LEASE_S),
         spawn,
         on_put_off,
-        releaser.put_many,
         lambda n: f"{n}.{word}",
     )
     c0 = time.process_time()
@@ -105,7 +102,7 @@ async def _round(limiter, runs: int, in_flight: int, cap: int | None) -> tuple[f
     await gate.settled()
     cpu = time.process_time() - c0
     await asyncio.sleep(0.05)  # the gate's last round trip, when one is under way, ends
-    releaser.stop()
+    await limiter.aclose()
     return cpu, len(put_off)
 
 

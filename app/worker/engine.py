@@ -74,7 +74,7 @@ from app.settings import Settings
 from app.worker.buffer import CompletionBuffer
 from app.worker.inflight import InFlight
 from app.worker.queue_publisher import QueueCall, QueuePublisher
-from app.worker.slot_wait import Slot, SlotGate, SlotReleaser, cap_keys, wait_budget_s
+from app.worker.slot_wait import Slot, SlotGate, cap_keys, wait_budget_s
 from app.worker.webhook import NotSent, WebhookCall, WebhookCaller
 
 log = logging.getLogger("punctual.dispatch")
@@ -197,9 +197,6 @@ class Dispatcher:
         holder_name = HolderNames()
         self._inflight: InFlight[_Call] = InFlight(self._heartbeat, settings.heartbeat_s)
         self._buffer: CompletionBuffer[Finished] = CompletionBuffer(self._flush)
-        self._releaser = SlotReleaser(
-            limiter.release_many, lambda _count: self._loop.call_soon(self._gate.wake)
-        )
         self._gate = SlotGate(
             limiter,
             settings.lease_s,
@@ -207,7 +204,6 @@ class Dispatcher:
             wait_budget_s(settings.lease_s),
             self._begin,
             self._put_off,
-            self._releaser.put_many,
             lambda call: holder_name(call.run),
         )
 
@@ -387,7 +383,7 @@ class Dispatcher:
         slot = call.slot
         # A lost call's slot went back already (_withdraw): its name is not to be handed on.
         if slot is not None and (call.lost or not self._gate.give(call.caps, call.keys, slot)):
-            self._releaser.put((call.caps, slot.holder))
+            self._gate.release(call.caps, slot.holder)
 
     def _withdraw(self, call: _Call) -> None:
         """The janitor took the run back (this process was stopped, or starved, past its
@@ -488,10 +484,13 @@ class Dispatcher:
         self._inflight.wait_empty(timeout_s)
         self._loop.call_soon(self._observe_lateness)
         try:  # runs put off after their wait for a slot left the heartbeat before their hold is written;
-            # parked slots go back before the releaser stops
-            self._loop.submit(self._gate.settled()).result(max(0.1, deadline - time.monotonic()))
+            # parked slots go back before the loop stops
+            self._loop.submit(self._settled()).result(max(0.1, deadline - time.monotonic()))
         except Exception:  # their leases run out and the janitor brings them back
             log.warning("writing back the runs put off failed", exc_info=True)
         self._buffer.close(max(0.1, deadline - time.monotonic()))
         self._inflight.stop()
-        self._releaser.stop()
+
+    async def _settled(self) -> None:
+        await self._gate.settled()
+        await self.limiter.aclose()

@@ -37,7 +37,14 @@ The `SlotGate` of a process (every method on its loop):
   as many waiting runs as that are asked for again, in one script call;
 - a run still waiting after `wait_s` (a second or two) is put off: held back to the
   registry once, no attempt spent, with next_run_at when its turn is expected at the
-  pace slots came to the runs waiting here (`expected_slot_at`).
+  pace slots came to the runs waiting here (`expected_slot_at`);
+- `release` gives a slot back: the slots given back in one turn of the loop go in one
+  round trip, after which the runs waiting here look for free slots at once.
+
+The gate's round trips to the limiter run on the loop itself (`Limiter.*_async`: an
+asyncio Redis client), not on threads: under a burst, a hop to a thread and back
+cost each of them tens of milliseconds of waiting for the GIL and the loop, while
+the slots it admitted or gave back sat idle (bench/README.md, 2026-12-05).
 
 A run's rate is not the gate's: it is admitted before the run's start (a rate must
 see each start and hold a run back before it is started), so only the caps are
@@ -49,18 +56,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import queue
-import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from app import metrics
 from app.core.timefmt import utcnow
-from app.registry.transient import retrying
 
 log = logging.getLogger("punctual.limits")
 
@@ -68,9 +72,6 @@ log = logging.getLogger("punctual.limits")
 MAX_WAIT_S = 2.0
 # How often the runs waiting for a slot ask again for slots freed by other processes.
 POLL_S = 0.01
-# How long the releaser lets slots of ending calls gather before one round trip gives
-# them back (SlotReleaser).
-RELEASE_LINGER_S = 0.005
 # How long a slot may pass from call to call inside one process (since the limiter
 # admitted it) before it goes back to the limiter for every process to compete for.
 HAND_OVER_FOR_S = 1.0
@@ -147,9 +148,8 @@ class SlotGate:
 
     Callbacks: `start(item, slot)` (on the loop) for a run that waited and got its
     slot; `put_off(items)` (on a thread) with (item, when its turn is expected) for
-    the runs that waited their while; `release(items)` gives (caps, holder) slots back
-    without blocking (a SlotReleaser's put_many); `name(item)` names the slot the
-    limiter is asked to admit for a run (app.worker.engine.HolderNames).
+    the runs that waited their while; `name(item)` names the slot the limiter is
+    asked to admit for a run (app.worker.engine.HolderNames).
     """
 
     def __init__(
@@ -160,13 +160,12 @@ class SlotGate:
         wait_s: float,
         start: Callable[[Any, Slot], None],
         put_off: Callable[[list[tuple[Any, datetime]]], None],
-        release: Callable[[list], None],
         name: Callable[[Any], str],
     ):
         self._limiter = limiter
         self._start = start
         self._put_off = put_off
-        self._release = release  # (caps, holder) items; must not block
+        self._releasing: list[tuple[tuple, str]] = []  # (caps, holder) to give back this turn
         self._name = name
         self._lease_s = lease_s
         self._margin_s = margin_s  # a handed slot's lease must run this much longer
@@ -257,7 +256,7 @@ class SlotGate:
             if self._reusable(slot, now):
                 found = slot
             else:
-                self._release([(caps, slot.holder)])
+                self.release(caps, slot.holder)
         if not parked:
             del self._parked[keys]
         return found
@@ -280,18 +279,43 @@ class SlotGate:
                 self._parked[keys] = kept
             else:
                 del self._parked[keys]
-        if back:
-            self._release(back)
+        for caps, holder in back:
+            self.release(caps, holder)
         if self._parked and not everything:
             oldest = min(parked_at for kept in self._parked.values() for _, _, parked_at in kept)
             self._sweep = asyncio.get_running_loop().call_later(
                 max(0.001, oldest + PARK_S - now), self._unpark_idle
             )
 
+    def release(self, caps: Sequence, holder: str) -> None:
+        """Give a slot back to the limiter: with the others given back in this turn of
+        the loop, in one round trip on the loop (no thread: a thread hop cost the
+        slot tens of milliseconds under a burst, bench/README.md), after which the
+        runs waiting here look for free slots at once. A failed release is only
+        logged: the slot's lease runs out by itself."""
+        self._releasing.append((tuple(caps), holder))
+        if len(self._releasing) == 1:
+            asyncio.get_running_loop().call_soon(self._give_back)
+
+    def _give_back(self) -> None:
+        batch, self._releasing = self._releasing, []
+        if batch:
+            task = asyncio.get_running_loop().create_task(self._released(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _released(self, batch: list[tuple[tuple, str]]) -> None:
+        try:
+            await self._limiter.release_many_async(batch)
+        except Exception:  # a slot's lease runs out on its own
+            log.exception("releasing %d concurrency slots failed", len(batch))
+        self.wake()
+
     async def settled(self) -> None:
-        """Give the parked slots back, and wait until the runs put off so far are
-        written back (the process stops taking runs)."""
+        """Give the parked slots back, and wait until they are and the runs put off so
+        far are written back (the process stops taking runs)."""
         self._unpark_idle(everything=True)
+        self._give_back()
         if self._count_handle is not None:
             self._count_handle.cancel()
             self._write_handed()
@@ -360,16 +384,9 @@ class SlotGate:
         holders = [self._name(w.item) for w in batch]
         self._asking = batch
         try:
-            admissions = await asyncio.to_thread(
-                retrying,
-                lambda: self._limiter.acquire_many(
-                    [(w.caps, holder) for w, holder in zip(batch, holders, strict=True)],
-                    time.time(),
-                    self._lease_s,
-                ),
-                f"slots of {len(batch)} runs",
-            )
-        except Exception:  # the limiter stayed away: they wait, and are put off in time
+            asks = [(w.caps, holder) for w, holder in zip(batch, holders, strict=True)]
+            admissions = await self._limiter.acquire_many_async(asks, time.time(), self._lease_s)
+        except Exception:  # the limiter is away: they wait (the polls ask again), or are put off in time
             log.exception("asking for the slots of %d runs failed", len(batch))
             admissions = [None] * len(batch)
         finally:
@@ -406,7 +423,7 @@ class SlotGate:
             spec.key: spec.max_concurrency for line in self._lines.values() if line for spec in line[0].caps
         }
         try:
-            free = await asyncio.to_thread(self._limiter.free_slots, caps, time.time())
+            free = await self._limiter.free_slots_async(caps, time.time())
         except Exception:
             log.warning("counting free slots failed", exc_info=True)
             return
@@ -471,58 +488,3 @@ def runs_to_try(waiting: dict[frozenset[str], int], free: dict[str, int]) -> dic
             for key in keys:
                 budget[key] -= n
     return tries
-
-
-class SlotReleaser:
-    """Gives concurrency slots back as calls end, batched, then says how many.
-
-    Calls `put` what they hold; one thread releases everything queued so far in one
-    round trip (`release`), then calls `released(count)` (the gate looks for free
-    slots at once). A failed release is only logged: the slots' leases run out by
-    themselves.
-    """
-
-    def __init__(self, release: Callable[[list], None], released: Callable[[int], None]):
-        self._release = release
-        self._released = released
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._loop, name="slot-releaser", daemon=True)
-        self._thread.start()
-
-    def put(self, item) -> None:
-        self._queue.put(item)
-
-    def put_many(self, items: Iterable) -> None:
-        for item in items:
-            self._queue.put(item)
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout_s)
-
-    def _loop(self) -> None:
-        while True:
-            first = self._queue.get()
-            items, stopping = ([] if first is None else [first]), first is None
-            if not stopping:
-                # Let the calls ending meanwhile join this round trip: a slot comes back
-                # at most RELEASE_LINGER_S later, and a burst's releases travel by the
-                # dozen.
-                time.sleep(RELEASE_LINGER_S)
-            while True:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    stopping = True
-                else:
-                    items.append(item)
-            if items:
-                try:
-                    self._release(items)
-                except Exception:  # a slot's lease runs out on its own
-                    log.exception("releasing %d concurrency slots failed", len(items))
-                self._released(len(items))
-            if stopping:
-                return

@@ -1,10 +1,9 @@
-"""Waiting in the worker for a concurrency slot: the pure estimate, the gate on a real
-event loop with the in-memory limiter, and the releaser (no I/O)."""
+"""Waiting in the worker for a concurrency slot: the pure estimate and the gate on a
+real event loop with the in-memory limiter (no I/O)."""
 
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -16,7 +15,6 @@ from app.worker.slot_wait import (
     POLL_S,
     Slot,
     SlotGate,
-    SlotReleaser,
     cap_keys,
     expected_slot_at,
     runs_to_try,
@@ -63,43 +61,6 @@ def test_only_as_many_waiting_runs_are_tried_as_their_caps_have_free_slots():
     assert runs_to_try(waiting, {}) == {}
 
 
-def test_the_releaser_releases_in_batches_then_says_how_many():
-    released: list[list] = []
-    counted: list[int] = []
-    gate = threading.Event()
-    done = threading.Event()
-
-    def release(items):
-        gate.wait(10)
-        released.append(items)
-
-    def count(n):
-        counted.append(n)
-        if sum(counted) == 3:
-            done.set()
-
-    releaser = SlotReleaser(release, count)
-    releaser.put("first")
-    releaser.put_many(["second", "third"])
-    gate.set()
-    assert done.wait(10)
-    releaser.stop()
-    assert [item for batch in released for item in batch] == ["first", "second", "third"]
-    assert len(released) <= 2
-
-
-def test_a_failed_release_still_says_so():
-    done = threading.Event()
-
-    def release(items):
-        raise ConnectionError("redis is away")
-
-    releaser = SlotReleaser(release, lambda n: done.set())
-    releaser.put("slot")
-    assert done.wait(10)
-    releaser.stop()
-
-
 # -- the gate --------------------------------------------------------------------
 
 OWN, SHARED = LimitSpec("own", max_concurrency=2), LimitSpec("all", max_concurrency=10)
@@ -107,12 +68,18 @@ LEASE_S, MARGIN_S = 30.0, 5.0
 
 
 class CountingLimiter(LocalLimiter):
-    """The in-memory limiter, counting the admissions asked of it."""
+    """The in-memory limiter, counting the admissions asked of it and recording the
+    (cap key, holder) slots given back to it."""
 
     def __init__(self, fail: bool = False):
         super().__init__()
         self.asked: list[int] = []
+        self.released: list[tuple[str, str]] = []
         self.fail = fail
+
+    def _release(self, items):
+        self.released += items
+        super()._release(items)
 
     def _acquire(self, requests, now, lease_s):
         self.asked.append(len(requests))
@@ -127,11 +94,9 @@ class Gate:
 
     def __init__(self, limiter, wait_s: float):
         self.put_off: list = []
-        self.released: list = []
+        self.released = limiter.released
         self._answers: dict = {}
-        self.gate = SlotGate(
-            limiter, LEASE_S, MARGIN_S, wait_s, self._started, self._waited, self.released.extend, str
-        )
+        self.gate = SlotGate(limiter, LEASE_S, MARGIN_S, wait_s, self._started, self._waited, str)
 
     def take(self, caps: list, item: str) -> asyncio.Future:
         answer = asyncio.get_running_loop().create_future()
@@ -225,6 +190,35 @@ def test_a_slot_goes_straight_to_the_first_run_waiting_under_exactly_the_same_ca
     assert released == []  # (giving back is the caller's, after give() said no)
 
 
+def test_slots_given_back_in_one_turn_go_in_one_round_trip_and_the_waiting_runs_look_at_once():
+    limiter = CountingLimiter()
+    gate, put_off, released = make_gate(limiter)
+    round_trips: list[list] = []
+    real = limiter._release_async
+
+    async def counted(items):
+        round_trips.append(list(items))
+        await real(items)
+
+    limiter._release_async = counted  # type: ignore[method-assign]
+
+    async def scenario():
+        first, second = await fill(gate)
+        waiting = gate.take([OWN, SHARED], "c")  # other caps: no slot is handed to it
+        await asyncio.sleep(POLL_S * 3)
+        gate.gate.release([OWN], first.holder)
+        gate.gate.release([OWN], second.holder)
+        assert released == []  # not before the turn ends
+        began = time.monotonic()
+        slot = await waiting
+        assert time.monotonic() - began < POLL_S * 5  # woken by the release, not left to a poll
+        assert slot.holder == "c"
+
+    run(scenario())
+    assert round_trips[0] == [("own", "a"), ("own", "b")]
+    assert put_off == []
+
+
 def test_a_slot_near_its_lease_end_or_passed_on_for_long_goes_back_to_the_limiter():
     gate, _, _ = make_gate()
 
@@ -300,20 +294,13 @@ def test_runs_put_off_are_given_turns_at_the_pace_slots_came_while_they_waited()
 def test_a_limiter_that_stays_away_leaves_no_run_waiting_for_ever():
     limiter = CountingLimiter(fail=True)
     gate, put_off, _ = make_gate(limiter, wait_s=0.1)
-    import app.worker.slot_wait as slot_wait
 
-    real = slot_wait.retrying
-    slot_wait.retrying = lambda operation, what: operation()  # no retry budget in a unit test
-    try:
+    async def scenario():
+        answers = await asyncio.gather(*(gate.take([OWN], n) for n in ("a", "b")))
+        await gate.settled()
+        return answers
 
-        async def scenario():
-            answers = await asyncio.gather(*(gate.take([OWN], n) for n in ("a", "b")))
-            await gate.settled()
-            return answers
-
-        answers = run(scenario())
-    finally:
-        slot_wait.retrying = real
+    answers = run(scenario())
     assert answers == [None, None]
     assert [item for item, _ in put_off] == ["a", "b"]
 
@@ -370,13 +357,13 @@ def test_slots_parked_while_runs_were_asked_for_go_to_those_runs():
     """A call ends while the admission of c is under way: its slot is parked (nobody
     waits yet). The admission finds the cap full: c takes the parked slot at once, not
     at a poll."""
-    answering = threading.Event()
+    answering = asyncio.Event()
 
     class SlowLimiter(CountingLimiter):
-        def _acquire(self, requests, now, lease_s):
+        async def _acquire_async(self, requests, now, lease_s):
             if len(self.asked) >= 2:
-                assert answering.wait(10)
-            return super()._acquire(requests, now, lease_s)
+                await asyncio.wait_for(answering.wait(), 10)
+            return await super()._acquire_async(requests, now, lease_s)
 
     limiter = SlowLimiter()
     gate, put_off, released = make_gate(limiter)
@@ -401,6 +388,6 @@ def test_settling_gives_the_parked_slots_back():
         slot = await gate.take([SHARED], "a")
         assert gate.give([SHARED], slot)
         await gate.settled()
-        assert released == [((SHARED,), "a")]
+        assert released == [("all", "a")]
 
     run(scenario())
