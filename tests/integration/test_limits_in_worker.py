@@ -93,7 +93,7 @@ def test_a_cap_bounds_calls_in_flight_and_the_next_run_starts_when_one_ends(
 ):
     """Behind a cap of 2, eight runs of 0.1 s, all in one dispatch: the six that wait
     take the slots of the calls that end, straight (no release and no admission in
-    between), the cap still bounds calls in flight, and every slot is back in Redis at
+    between, and called by the ending call's task), the cap still bounds calls in flight, and every slot is back in Redis at
     the end."""
     context, registry = make_env(pg_settings, truncate, lease_s=30.0)  # waits up to 2 s for a slot
     contexts.append(context)
@@ -104,8 +104,12 @@ def test_a_cap_bounds_calls_in_flight_and_the_next_run_starts_when_one_ends(
     ]
     due_now(registry, rows)
     handed_before = metrics.SLOTS_HANDED_OVER._value.get()
+    dispatcher = context.dispatcher
+    tasks: list = []
+    spawn = dispatcher._spawn
+    dispatcher._spawn = lambda call: tasks.append(call) or spawn(call)
 
-    report = context.dispatcher.dispatch(claim_due(registry))
+    report = dispatcher.dispatch(claim_due(registry))
 
     # Every run started in this dispatch: none was held back, none waited for a schedule.
     assert (report.started, report.held) == (8, 0)
@@ -118,6 +122,8 @@ def test_a_cap_bounds_calls_in_flight_and_the_next_run_starts_when_one_ends(
     while metrics.SLOTS_HANDED_OVER._value.get() - handed_before < 6 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert metrics.SLOTS_HANDED_OVER._value.get() - handed_before == 6
+    # Each handed run was called by the task of the call that ended: two tasks in all.
+    assert len(tasks) == 2
     assert_every_slot_back(context, rows[0]["target"], 2)
     # The history says when each call went out, not when its run was started (all at
     # once): four rounds of two calls, so the last began three calls after the first.
@@ -206,8 +212,12 @@ def test_a_withdrawn_calls_slot_goes_back_to_redis_and_never_to_a_waiting_run(
     ]
     due_now(registry, rows)
     handed_before = metrics.SLOTS_HANDED_OVER._value.get()
+    dispatcher = context.dispatcher
+    tasks: list = []
+    spawn = dispatcher._spawn
+    dispatcher._spawn = lambda call: tasks.append(call) or spawn(call)
 
-    report = context.dispatcher.dispatch(claim_due(registry))
+    report = dispatcher.dispatch(claim_due(registry))
 
     assert (report.started, report.held) == (3, 0)
     deadline = time.monotonic() + 10
