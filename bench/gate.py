@@ -5,8 +5,8 @@
 
 One event loop, as a worker process's calls' loop: --in-flight tasks at a time, each
 takes its slot through the process's `SlotGate` (app.worker.slot_wait), yields to
-the loop once (a call that answers at once) and gives the slot back, as
-app.worker.engine does. Three cases:
+the loop once (a call that answers at once) and gives the slot back, or hands it
+to a waiting run that its task then carries on with, as app.worker.engine does. Three cases:
 
 - no cap: the runs do the same without a gate (the floor: the loop and the tasks);
 - room: a cap no run finds full (--in-flight + 1);
@@ -63,16 +63,33 @@ async def _round(limiter, runs: int, in_flight: int, cap: int | None) -> tuple[f
         if slot is not None or not caps:
             spawn(n, slot)
 
+    handing_on = False  # while a call's slot is given: a run granted it is carried on
+    carried: list[Slot] = []
+
     def spawn(_n: int, slot: Slot | None) -> None:
+        if handing_on and not carried:
+            carried.append(slot)  # type: ignore[arg-type]
+            return
         task = loop.create_task(call(slot))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
     async def call(slot: Slot | None) -> None:
-        await asyncio.sleep(0)  # a call that answers at once
-        if slot is not None and not gate.give(caps, keys, slot):
-            gate.release(caps, slot.holder)
-        end()
+        """A call's task: the call, then the run handed its slot, as the engine's _calls."""
+        nonlocal handing_on
+        while True:
+            await asyncio.sleep(0)  # a call that answers at once
+            if slot is not None:
+                handing_on = True
+                try:
+                    if not gate.give(caps, keys, slot):
+                        gate.release(caps, slot.holder)
+                finally:
+                    handing_on = False
+            end()
+            if not carried:
+                return
+            slot = carried.pop()
 
     def end(count: int = 1) -> None:
         nonlocal ended

@@ -93,8 +93,8 @@ def test_a_cap_bounds_calls_in_flight_and_the_next_run_starts_when_one_ends(
 ):
     """Behind a cap of 2, eight runs of 0.1 s, all in one dispatch: the six that wait
     take the slots of the calls that end, straight (no release and no admission in
-    between, and called by the ending call's task), the cap still bounds calls in flight, and every slot is back in Redis at
-    the end."""
+    between, and called by the ending call's task), the cap still bounds calls in
+    flight, and every slot is back in Redis at the end."""
     context, registry = make_env(pg_settings, truncate, lease_s=30.0)  # waits up to 2 s for a slot
     contexts.append(context)
     call_s = 0.1
