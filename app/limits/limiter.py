@@ -161,15 +161,13 @@ class Limiter(ABC):
         read only, for runs waiting for a slot (app.worker.slot_wait)."""
         if not caps:
             return {}
-        held = self._held(list(caps), _seconds(now))
-        return {key: max(0, cap - count) for (key, cap), count in zip(caps.items(), held, strict=True)}
+        return _free(caps, self._held(list(caps), _seconds(now)))
 
     async def free_slots_async(self, caps: dict[str, int], now: float | datetime) -> dict[str, int]:
         """`free_slots` for a caller on an event loop (module doc)."""
         if not caps:
             return {}
-        held = await self._held_async(list(caps), _seconds(now))
-        return {key: max(0, cap - count) for (key, cap), count in zip(caps.items(), held, strict=True)}
+        return _free(caps, await self._held_async(list(caps), _seconds(now)))
 
     async def aclose(self) -> None:
         """Close what the `*_async` forms opened for the running loop (before it stops)."""
@@ -232,6 +230,11 @@ def _admissions(
             at = datetime.fromtimestamp(retry_at, UTC) if isinstance(now, datetime) else retry_at
             admissions[i] = Admission(False, at, reason)
     return admissions
+
+
+def _free(caps: dict[str, int], held: list[int]) -> dict[str, int]:
+    """Each cap key's free slots, from its cap and the slots held under it."""
+    return {key: max(0, cap - count) for (key, cap), count in zip(caps.items(), held, strict=True)}
 
 
 def _seconds(now: float | datetime) -> float:

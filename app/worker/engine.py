@@ -345,11 +345,12 @@ class Dispatcher:
             # _call settles every outcome; this only makes a bug visible
             log.error("a call task failed", exc_info=exc)
 
-    async def _calls(self, call: _Call | None) -> None:
+    async def _calls(self, first: _Call) -> None:
         """A call's task: the call, then the run handed its slot as it ended, and so on.
         A new task for the next run would hold the slot, idle, for a turn of the loop
         before the call is made: under a burst, a third of the time a 1 ms call held
         its slot (bench/README.md, 2026-12-05)."""
+        call: _Call | None = first
         while call is not None:
             call = await self._call(call)
 
@@ -404,7 +405,8 @@ class Dispatcher:
         slot = call.slot
         if slot is None:
             return None
-        # A lost call's slot went back already (_withdraw): its name is not to be handed on.
+        # A lost call's slot is never handed on: another attempt of its run may be under
+        # way. (Withdrawn before its call, it went back already; once more is harmless.)
         if call.lost:
             self._gate.release(call.caps, slot.holder)
             return None
