@@ -1,6 +1,6 @@
 """The burst: N one-off webhook jobs due at one instant T, Punctual as a user runs it.
 
-    python -m bench.burst --jobs 20000 [--set PUNCTUAL_X=Y ...] [--plot]
+    python -m bench.burst --jobs 20000 [--cron] [--set PUNCTUAL_X=Y ...] [--plot]
 
 Punctual runs as the README's "Production topology" says (bench/stack.py:
 `punctual migrate`, `punctual api`, `celery -A app beat`, one `celery -A app
@@ -11,6 +11,9 @@ T (bench/register.py), each a webhook to its own path /hook/<i> on nginx
 (bench/nginx.py). Figures come from the sink's access log (bench/figures.py) and
 /proc (bench/cpu.py); the JSON, which records every PUNCTUAL_* in effect, goes to
 bench/results/ (or --out).
+
+--cron makes each job a daily cron occurrence falling on T (6 fields, seconds first, UTC)
+instead of a one-off, so each run also computes its job's next occurrence.
 
 --analyze runs ANALYZE on the registry once the jobs are in, before T: what
 autovacuum, on by default in PostgreSQL, has done by a midnight whose jobs were
@@ -40,12 +43,19 @@ from bench.stack import PunctualStack, analyze, parse_overrides
 REGISTRATION_RATE_GUESS = 200  # jobs/s via POST /jobs on a busy 2-core box: T far enough ahead
 
 
-def job_body(sink: NginxSink, due_iso: str, i: int) -> dict:
+def job_body(sink: NginxSink, due: datetime, i: int, cron: bool = False) -> dict:
+    """Job i of the burst: a one-off due at `due`, or (`cron`) a daily occurrence of a
+    6-field cron expression (seconds first) that falls on `due`, so that each run also
+    computes the job's next occurrence."""
+    if cron:
+        schedule: dict = {"cron": f"{due.second} {due.minute} {due.hour} * * *", "timezone": "UTC"}
+    else:
+        schedule = {"run_at": due.isoformat().replace("+00:00", "Z")}
     return {
         "name": f"burst-{i}",
         "target": {"type": "webhook", "url": sink.url(f"/hook/{i}")},
         "payload": {"n": i},
-        "schedule": {"run_at": due_iso},
+        "schedule": schedule,
     }
 
 
@@ -87,7 +97,8 @@ def run(args: argparse.Namespace) -> dict:
         window_lead_s = max(WINDOW_LEAD_S, claim_ahead_s + 5)
         lead_s = args.lead_s or args.jobs / REGISTRATION_RATE_GUESS + window_lead_s + 10
         due = due_instant(lead_s)
-        due_iso = datetime.fromtimestamp(due, UTC).isoformat().replace("+00:00", "Z")
+        due_at = datetime.fromtimestamp(due, UTC)
+        due_iso = due_at.isoformat().replace("+00:00", "Z")
         print(
             f"registering {args.jobs:,} jobs due at {due_iso} (in {due - datetime.now().timestamp():.0f} s)",
             flush=True,
@@ -95,7 +106,7 @@ def run(args: argparse.Namespace) -> dict:
         registration = register(
             stack.url,
             stack.api_key,
-            [job_body(sink, due_iso, i) for i in range(args.jobs)],
+            [job_body(sink, due_at, i, cron=args.cron) for i in range(args.jobs)],
             clients=args.clients,
         )
         registered_at = datetime.now().timestamp()
@@ -125,6 +136,7 @@ def run(args: argparse.Namespace) -> dict:
             settings=stack.settings,
             set_by_flag=overrides,
             analyzed_before_t=bool(args.analyze),
+            schedule="daily cron falling on T" if args.cron else "run_at T",
             processes=stack.commands,
         )
     return result
@@ -147,6 +159,11 @@ def main() -> None:
         "--analyze",
         action="store_true",
         help="ANALYZE the registry once the jobs are in, before T, as autovacuum would (this box has it off)",
+    )
+    parser.add_argument(
+        "--cron",
+        action="store_true",
+        help="each job a daily 6-field cron expression falling on T instead of a one-off run_at T",
     )
     stop_cleanly_on_sigterm()
     args = parser.parse_args()

@@ -1,7 +1,7 @@
 """Punctual beside its peers, alternated: the same burst, the same sink, the same box.
 
-    python -m bench.compare --jobs 20000 --rounds 2 [--peers pgqueuer,celery] [--set PUNCTUAL_X=Y]
-                            [--lead-s S]
+    python -m bench.compare --jobs 20000 --rounds 2 [--peers pgqueuer,celery,punctual-cron]
+                            [--set PUNCTUAL_X=Y] [--lead-s S]
 
 Each round runs `python -m bench.burst`, then `python -m bench.peers <peer>` for
 each peer, one after the other (A/B/C, A/B/C, ...), each in its own process with
@@ -39,8 +39,9 @@ def command(system: str, args: argparse.Namespace, out: Path) -> list[str]:
     common = ["--jobs", str(args.jobs), "--out", str(out)]
     if args.lead_s:
         common += ["--lead-s", str(args.lead_s)]
-    if system == "punctual":
-        return [sys.executable, "-m", "bench.burst", *common, *(f"--set={pair}" for pair in args.set)]
+    if system in ("punctual", "punctual-cron"):
+        cron = ["--cron"] if system == "punctual-cron" else []
+        return [sys.executable, "-m", "bench.burst", *common, *cron, *(f"--set={pair}" for pair in args.set)]
     return [sys.executable, "-m", "bench.peers", system, *common]
 
 
@@ -76,7 +77,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--peers", default="pgqueuer,celery", help="comma-separated: pgqueuer, celery")
+    parser.add_argument(
+        "--peers",
+        default="pgqueuer,celery",
+        help="comma-separated: pgqueuer, celery, punctual-cron (the burst as daily cron occurrences)",
+    )
     parser.add_argument(
         "--set",
         action="append",

@@ -5,9 +5,10 @@ on the same nginx sink), run by the schedulers a user might pick instead.
     python -m bench.peers celery --jobs 20000
 
 - pgqueuer: PgQueuer (asyncpg) on a fresh Postgres database. The jobs are enqueued
-  in batches of 1,000 with execute_after = T - now; one worker process runs
-  QueueManager.run(max_concurrent_tasks=64, batch_size=32), its entrypoint
-  POSTing with one aiohttp session (64 connections). --analyze runs ANALYZE on its
+  in batches of 1,000 with execute_after = T - now; --processes consumer processes
+  (default: one per core, as its users run it) each run
+  QueueManager.run(max_concurrent_tasks=64, batch_size=32), their entrypoint
+  POSTing with one aiohttp session (64 connections) each. --analyze runs ANALYZE on its
   table once the jobs are in, as `bench.burst --analyze` does on Punctual's registry.
 - celery: plain Celery on a fresh RabbitMQ vhost: `hook.apply_async(eta=T)` per
   job from the bench, one `celery -A bench.celery_peer worker -P threads -c 64`
@@ -129,27 +130,31 @@ def run_pgqueuer(args: argparse.Namespace) -> dict:
     log_dir = Path(tempfile.mkdtemp(prefix="punctual-bench-pgq-"))
     with NginxSink(install=args.install_sink) as sink, fresh_database("bench_pgq") as dsn:
         asyncio.run(_pgqueuer_install(dsn))
-        worker = Process(
-            "pgqueuer-worker",
-            [
-                sys.executable,
-                "-m",
-                "bench.peers",
-                "pgqueuer-worker",
-                "--dsn",
-                dsn,
-                "--sink",
-                sink.url(""),
-                "--concurrency",
-                str(args.concurrency),
-                "--batch-size",
-                str(args.batch_size),
-            ],
-            _peer_env(),
-            log_dir,
-        )
+        workers = [
+            Process(
+                f"pgqueuer-worker-{n}",
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.peers",
+                    "pgqueuer-worker",
+                    "--dsn",
+                    dsn,
+                    "--sink",
+                    sink.url(""),
+                    "--concurrency",
+                    str(args.concurrency),
+                    "--batch-size",
+                    str(args.batch_size),
+                ],
+                _peer_env(),
+                log_dir,
+            )
+            for n in range(args.processes)
+        ]
         try:
-            worker.wait_for("pgqueuer worker ready")
+            for worker in workers:
+                worker.wait_for("pgqueuer worker ready")
             due = due_instant(args.lead_s or args.jobs / PGQUEUER_ENQUEUE_GUESS + WINDOW_LEAD_S + 10)
             say_due(args.jobs, due)
             registration, figures = _register_and_measure(
@@ -159,13 +164,14 @@ def run_pgqueuer(args: argparse.Namespace) -> dict:
                 "Queries.enqueue, batches of 1,000",
                 lambda: _pgqueuer_register(dsn, args.jobs, due, args.analyze),
                 lambda: CpuMeter(
-                    {"pgqueuer worker": [worker.pid], "nginx (sink)": [sink.pid]},
+                    {"pgqueuer workers": [w.pid for w in workers], "nginx (sink)": [sink.pid]},
                     services=("postgres",),
                     dynamic={OWN_BACKENDS: backend_pids(dsn)},
                 ),
             )
         finally:
-            worker.stop()
+            for worker in workers:
+                worker.stop()
     from importlib.metadata import version
 
     result.update(
@@ -179,7 +185,8 @@ def run_pgqueuer(args: argparse.Namespace) -> dict:
             "aiohttp": version("aiohttp"),
             "max_concurrent_tasks": args.concurrency,
             "batch_size": args.batch_size,
-            "worker": " ".join(worker.argv[1:]),
+            "processes": args.processes,
+            "worker": " ".join(workers[0].argv[1:]),
         },
     )
     return result
@@ -287,12 +294,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.peers", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="peer", required=True)
     pgq = commands.add_parser(
-        "pgqueuer", help="PgQueuer: execute_after=T, 64 async jobs, one aiohttp session"
+        "pgqueuer", help="PgQueuer: execute_after=T, one consumer process per core, 64 async jobs each"
     )
     add_common_arguments(pgq)
     pgq.add_argument("--concurrency", type=int, default=64, help="max_concurrent_tasks of the worker")
     pgq.add_argument(
         "--batch-size", type=int, default=32, help="dequeue batch (at most half the concurrency)"
+    )
+    pgq.add_argument(
+        "--processes",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="consumer processes (default: one per core, as PgQueuer's users run it)",
     )
     pgq.add_argument(
         "--analyze",
