@@ -3,10 +3,17 @@
 It needs `requests` and the standard library only: importing it never pulls in
 the server (Flask, SQLAlchemy, Celery). See punctual_client.client for the client.
 
+What a job is made of is typed (TypedDicts, plain dicts at run time: WebhookTarget,
+QueueTarget, CronSchedule, IntervalSchedule, OneOffSchedule, RetryPolicy, DstPolicy,
+Limits), states are Literals (JobState, RunState), and the package ships `py.typed`.
+`Client.wait_for_run(job_id)` waits for a run of the job to end and returns it.
+
 Every error is a PunctualError, mapped from the API's problem+json (punctual_client.errors):
 
     PunctualError
-    +-- TransportError      no HTTP answer (connection refused, timeout)
+    +-- ArgumentError       a value the client cannot use (empty API key, URL without scheme)
+    +-- TransportError      no HTTP answer (connection refused, timeout); `.reason` in plain words
+    +-- WaitTimeoutError    wait_for_run saw no run end in time
     +-- APIError            .status .title .detail .type .errors [FieldProblem(field, message)]
         +-- BadRequestError (400)  AuthenticationError (401)  NotFoundError (404)
         +-- ConflictError (409)  PayloadTooLargeError (413)  UnsupportedMediaTypeError (415)
@@ -16,7 +23,8 @@ Many jobs at once: `Client.create_jobs(bodies)` sends POST /jobs/batch (1,000 jo
 request) and answers one BatchResult per job: 201 created, 200 an earlier job its
 `idempotency_key` stands for, or the job's own error (never raised).
 
-Webhook receivers check `Punctual-Signature` with `verify_signature`:
+Webhook receivers check `Punctual-Signature` with `verify_signature`, which returns
+None or raises SignatureError saying why:
 
     from punctual_client import verify_signature, SignatureError
     verify_signature(signing_secret, request.headers["Punctual-Signature"], request.get_data())
@@ -29,6 +37,7 @@ while a receiver switches over.
 from punctual_client.client import DEFAULT_TIMEOUT_S, Client
 from punctual_client.errors import (
     APIError,
+    ArgumentError,
     AuthenticationError,
     BadRequestError,
     ConflictError,
@@ -40,8 +49,29 @@ from punctual_client.errors import (
     TransportError,
     UnsupportedMediaTypeError,
     ValidationError,
+    WaitTimeoutError,
 )
-from punctual_client.models import BatchResult, Job, Page, PreviewItem, Run
+from punctual_client.models import (
+    BatchResult,
+    CronSchedule,
+    DstFlag,
+    DstPolicy,
+    IntervalSchedule,
+    Job,
+    JobState,
+    Limits,
+    Misfire,
+    OneOffSchedule,
+    Page,
+    PreviewItem,
+    QueueTarget,
+    RetryPolicy,
+    Run,
+    RunState,
+    Schedule,
+    Target,
+    WebhookTarget,
+)
 from punctual_client.signature import SignatureError, verify_signature
 
 __all__ = [
@@ -52,8 +82,24 @@ __all__ = [
     "Page",
     "PreviewItem",
     "BatchResult",
+    "JobState",
+    "RunState",
+    "Misfire",
+    "DstFlag",
+    "Target",
+    "WebhookTarget",
+    "QueueTarget",
+    "Limits",
+    "Schedule",
+    "OneOffSchedule",
+    "CronSchedule",
+    "IntervalSchedule",
+    "RetryPolicy",
+    "DstPolicy",
     "PunctualError",
+    "ArgumentError",
     "TransportError",
+    "WaitTimeoutError",
     "APIError",
     "FieldProblem",
     "BadRequestError",

@@ -5,31 +5,50 @@
         job = punctual.create_job("nightly", {"type": "webhook", "url": "https://x.example/run"},
                                   {"cron": "0 0 * * *", "timezone": "Europe/Berlin"},
                                   idempotency_key="nightly-v1")
-        for run in punctual.iter_runs(job.id):
-            ...
+        run = punctual.wait_for_run(job.id, timeout_s=120)
 
 The transport is an injectable `requests.Session` (pass one with your own adapters,
-retries or proxies; the SDK itself never retries). Errors raise punctual_client.errors:
-APIError subclasses for answers, TransportError when no answer came.
+retries or proxies). The client never retries: a session it makes itself mounts
+adapters with urllib3's retries set to none, explicitly, since retries belong to
+the caller (who knows whether a request is safe to send again). Errors raise
+punctual_client.errors: APIError subclasses for answers, TransportError when no
+answer came, ArgumentError for a value the client cannot use.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator
+import socket
+import time
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import requests
+from requests.adapters import HTTPAdapter, Retry
 
-from punctual_client.errors import PunctualError, TransportError, error_for
-from punctual_client.models import BatchResult, Job, Page, PreviewItem, Run
+from punctual_client.errors import ArgumentError, PunctualError, TransportError, WaitTimeoutError, error_for
+from punctual_client.models import (
+    BatchResult,
+    DstPolicy,
+    Job,
+    Misfire,
+    Page,
+    PreviewItem,
+    RetryPolicy,
+    Run,
+    RunState,
+    Schedule,
+    Target,
+)
 
-__all__ = ["Client", "DEFAULT_TIMEOUT_S", "MAX_BATCH"]
+__all__ = ["Client", "DEFAULT_TIMEOUT_S", "MAX_BATCH", "ENDED"]
 
 DEFAULT_TIMEOUT_S = 30.0
 MAX_BATCH = 1000  # the most jobs POST /jobs/batch takes in one request
+# The states in which a run's occurrence is over: nothing more happens to it unless replayed.
+ENDED: tuple[RunState, ...] = ("succeeded", "dead")
 T = TypeVar("T")
 
 
@@ -57,10 +76,25 @@ class Client:
         session: requests.Session | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ):
+        """`base_url`: the API's http:// or https:// URL; `api_key`: from `punctual keys
+        create`. ArgumentError (nothing sent) for a URL without scheme or host, or an
+        empty key, which every request would only find out as a 401."""
+        problem = _url_problem(base_url)
+        if problem is not None:
+            raise ArgumentError(f"base_url {base_url!r} {problem}")
+        if not isinstance(api_key, str) or not api_key.strip():
+            raise ArgumentError("api_key is empty: pass the key `punctual keys create` printed")
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self._own_session = session is None
-        self.session = session or requests.Session()
+        if session is None:
+            session = requests.Session()
+            # requests' default adapters already make one attempt; said here, since the
+            # client's contract is that it never retries (retries are the caller's call).
+            never_retry = Retry(total=0, connect=0, read=0, redirect=0, status=0, other=0)
+            for prefix in ("http://", "https://"):
+                session.mount(prefix, HTTPAdapter(max_retries=never_retry))
+        self.session = session
         self._auth = {"Authorization": f"Bearer {api_key}"}
 
     def close(self) -> None:
@@ -78,13 +112,13 @@ class Client:
     def create_job(
         self,
         name: str,
-        target: dict[str, Any],
-        schedule: dict[str, Any],
+        target: Target,
+        schedule: Schedule,
         payload: Any = None,
         *,
-        retry: dict[str, Any] | None = None,
-        misfire: str | None = None,
-        dst: dict[str, Any] | None = None,
+        retry: RetryPolicy | None = None,
+        misfire: Misfire | None = None,
+        dst: DstPolicy | None = None,
         jitter_s: int | None = None,
         idempotency_key: str | None = None,
     ) -> Job:
@@ -103,13 +137,13 @@ class Client:
             {k: v for k, v in body.items() if v is not None}, idempotency_key=idempotency_key
         )
 
-    def create_job_from(self, body: dict[str, Any], *, idempotency_key: str | None = None) -> Job:
+    def create_job_from(self, body: Mapping[str, Any], *, idempotency_key: str | None = None) -> Job:
         """Create a job from a whole API body (as in docs/api.md)."""
         headers = {} if idempotency_key is None else {"Idempotency-Key": idempotency_key}
         return Job.from_json(self._request("POST", "/jobs", json_body=body, headers=headers))
 
     def create_jobs(
-        self, jobs: Iterable[dict[str, Any]], *, batch_size: int = MAX_BATCH
+        self, jobs: Iterable[Mapping[str, Any]], *, batch_size: int = MAX_BATCH
     ) -> list[BatchResult]:
         """Create many jobs through POST /jobs/batch, `batch_size` (at most 1,000) per request.
 
@@ -119,10 +153,14 @@ class Client:
         Only a failure of a whole request raises (say a TransportError); the requests
         before it were applied, so give jobs keys and send them again to resume.
         """
-        if not 1 <= batch_size <= MAX_BATCH:
-            raise ValueError(f"batch_size must be 1 to {MAX_BATCH}")
+        if (
+            isinstance(batch_size, bool)
+            or not isinstance(batch_size, int)
+            or not 1 <= batch_size <= MAX_BATCH
+        ):
+            raise ArgumentError(f"batch_size={batch_size!r}: must be an integer from 1 to {MAX_BATCH}")
         results: list[BatchResult] = []
-        chunk: list[dict[str, Any]] = []
+        chunk: list[Mapping[str, Any]] = []
         for job in jobs:
             chunk.append(job)
             if len(chunk) == batch_size:
@@ -132,7 +170,7 @@ class Client:
             results += self._create_batch(chunk)
         return results
 
-    def _create_batch(self, jobs: list[dict[str, Any]]) -> list[BatchResult]:
+    def _create_batch(self, jobs: list[Mapping[str, Any]]) -> list[BatchResult]:
         data = self._request("POST", "/jobs/batch", json_body={"jobs": jobs})
         return [BatchResult.from_json(item) for item in data["items"]]
 
@@ -191,6 +229,38 @@ class Client:
 
     def iter_runs(self, job_id: str, *, page_size: int = 100) -> Iterator[Run]:
         return self._follow(lambda cursor: self.list_runs(job_id, limit=page_size, cursor=cursor))
+
+    def wait_for_run(
+        self,
+        job_id: str,
+        *,
+        since: datetime | None = None,
+        states: Collection[RunState] = ENDED,
+        timeout_s: float = 60.0,
+        poll_s: float = 0.5,
+    ) -> Run:
+        """Wait until a run of the job is in one of `states` (default: ended, `succeeded`
+        or `dead`) and return it.
+
+        `since`: only a run whose scheduled_for is at or after it counts (for a recurring
+        job, pass the time you start waiting to wait for its next occurrence). When
+        several count, the oldest. Reads the job's newest 100 runs every `poll_s`;
+        WaitTimeoutError after `timeout_s`, NotFoundError for an unknown job.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            newest = self.list_runs(job_id, limit=100).items
+            matching = [
+                run for run in newest if run.state in states and (since is None or run.scheduled_for >= since)
+            ]
+            if matching:
+                return matching[-1]
+            if time.monotonic() >= deadline:
+                seen = f"its newest run is {newest[0].state}" if newest else "it has no run yet"
+                raise WaitTimeoutError(
+                    f"no run of job {job_id} reached {'/'.join(states)} within {timeout_s:g} s ({seen})"
+                )
+            time.sleep(max(0.0, min(poll_s, deadline - time.monotonic())))
 
     def list_dead_letters(self, *, limit: int | None = None, cursor: str | None = None) -> Page[Run]:
         data = self._request("GET", "/dead-letters", params={"limit": limit, "cursor": cursor})
@@ -276,7 +346,8 @@ class Client:
                 timeout=self.timeout_s,
             )
         except requests.RequestException as exc:
-            raise TransportError(f"{method} {path}: {exc}") from exc
+            reason = _transport_reason(exc, self.timeout_s)
+            raise TransportError(f"{method} {self.base_url}{path}: {reason}", reason) from exc
         try:
             body = response.json() if response.content else None
         except ValueError:
@@ -286,3 +357,43 @@ class Client:
         if not isinstance(body, dict):
             raise PunctualError(f"{method} {path}: expected a JSON object, got {response.text[:200]!r}")
         return body
+
+
+def _url_problem(url: object) -> str | None:
+    """Why `url` cannot be the API's base URL (None when it can)."""
+    if not isinstance(url, str):
+        return "is not a string"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (raises ValueError for a port that is not a number)
+    except ValueError as exc:
+        return f"is not a URL ({exc})"
+    if parts.scheme not in ("http", "https"):
+        return "has no http:// or https:// scheme" if "://" not in url else "is not an http(s) URL"
+    if not parts.hostname:
+        return "has no host"
+    return None
+
+
+def _transport_reason(exc: requests.RequestException, timeout_s: float) -> str:
+    """Why no answer came, in plain words: the innermost OS error, not urllib3's wrappers."""
+    if isinstance(exc, requests.ConnectTimeout):
+        return f"no connection within {timeout_s:g} s"
+    if isinstance(exc, requests.Timeout):
+        return f"no answer within {timeout_s:g} s"
+    seen: BaseException | None = exc
+    found: OSError | None = None
+    for _ in range(10):  # requests -> urllib3 MaxRetryError -> NewConnectionError -> socket error
+        if seen is None:
+            break
+        if isinstance(seen, OSError) and getattr(seen, "strerror", None):
+            found = seen
+        reason = getattr(seen, "reason", None)
+        seen = reason if isinstance(reason, BaseException) else (seen.__cause__ or seen.__context__)
+    if isinstance(found, socket.gaierror):
+        return f"cannot resolve the host ({found.strerror})"
+    if found is not None:
+        return str(found.strerror).lower()
+    if isinstance(exc, requests.exceptions.SSLError):
+        return "TLS handshake failed"
+    return type(exc).__name__

@@ -1,7 +1,10 @@
 """The SDK's exceptions: one tree, mapped from the API's problem+json answers.
 
 PunctualError
++-- ArgumentError             the client was called wrongly (an empty API key, a URL without scheme);
+|                             also a ValueError
 +-- TransportError            the request never got an HTTP answer (connection, timeout)
++-- WaitTimeoutError          Client.wait_for_run saw no run end in time; also a TimeoutError
 +-- APIError                  the API answered an error; .status, .title, .detail, .errors, .type
     +-- BadRequestError       400 malformed JSON
     +-- AuthenticationError   401 no or bad API key
@@ -19,7 +22,9 @@ from dataclasses import dataclass
 
 __all__ = [
     "PunctualError",
+    "ArgumentError",
     "TransportError",
+    "WaitTimeoutError",
     "APIError",
     "FieldProblem",
     "BadRequestError",
@@ -46,8 +51,24 @@ class PunctualError(Exception):
     """Every error the SDK raises."""
 
 
+class ArgumentError(PunctualError, ValueError):
+    """The client was called with a value it cannot use; nothing was sent."""
+
+
 class TransportError(PunctualError):
-    """No HTTP answer: the connection failed or timed out (the request may have been applied)."""
+    """No HTTP answer: the connection failed or timed out (the request may have been applied).
+
+    `reason` says why in plain words ("connection refused", "no answer within 30 s");
+    the client never retries, so one failed attempt is the whole story.
+    """
+
+    def __init__(self, message: str, reason: str = ""):
+        super().__init__(message)
+        self.reason = reason or message
+
+
+class WaitTimeoutError(PunctualError, TimeoutError):
+    """Client.wait_for_run gave up: no run of the job ended within the time given."""
 
 
 class APIError(PunctualError):

@@ -1,7 +1,11 @@
-"""Typed results of the SDK: Job, Run, Page, PreviewItem, BatchResult (plain dataclasses).
+"""Typed values of the SDK: what a job is made of, and what the API answers.
 
-Instants are aware UTC datetimes. Every model keeps the JSON it came from in `raw`,
-so a field added to the API later is never lost to an older SDK.
+What a caller sends (targets, schedules, retry and DST policies) are TypedDicts:
+plain dicts at run time, checked by a type checker (docs/api.md "Create: POST
+/jobs" gives every field). States and policies are Literals. Results (Job, Run,
+Page, PreviewItem, BatchResult) are frozen dataclasses; instants are aware UTC
+datetimes. Every result keeps the JSON it came from in `raw`, so a field added to
+the API later is never lost to an older SDK.
 """
 
 from __future__ import annotations
@@ -9,13 +13,101 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, NotRequired, TypeAlias, TypedDict, TypeVar
 
 from punctual_client.errors import APIError, error_for
 
-__all__ = ["Job", "Run", "Page", "PreviewItem", "BatchResult", "parse_time"]
+__all__ = [
+    "Job",
+    "Run",
+    "Page",
+    "PreviewItem",
+    "BatchResult",
+    "parse_time",
+    "JobState",
+    "RunState",
+    "Misfire",
+    "DstFlag",
+    "HttpMethod",
+    "Limits",
+    "WebhookTarget",
+    "QueueTarget",
+    "Target",
+    "OneOffSchedule",
+    "CronSchedule",
+    "IntervalSchedule",
+    "Schedule",
+    "RetryPolicy",
+    "DstPolicy",
+]
 
 T = TypeVar("T")
+
+JobState: TypeAlias = Literal["scheduled", "running", "paused", "completed", "cancelled", "dead"]
+RunState: TypeAlias = Literal["claimed", "running", "succeeded", "failed", "dead", "skipped", "replayed"]
+Misfire: TypeAlias = Literal["run_once", "run_all", "skip"]
+DstFlag: TypeAlias = Literal["gap_shifted", "overlap_first", "overlap_second"]
+HttpMethod: TypeAlias = Literal["POST", "PUT", "GET", "DELETE", "PATCH"]
+Instant: TypeAlias = datetime | str  # an aware datetime, or RFC 3339 text with an offset
+
+
+class Limits(TypedDict, total=False):
+    """A target's limits: jobs of one owner with the same `key` share them."""
+
+    key: str
+    rate_per_s: float
+    max_concurrency: int
+
+
+class WebhookTarget(TypedDict):
+    type: Literal["webhook"]
+    url: str
+    method: NotRequired[HttpMethod]
+    headers: NotRequired[dict[str, str]]
+    timeout_s: NotRequired[float]
+    limits: NotRequired[Limits]
+
+
+class QueueTarget(TypedDict):
+    """A topic on the AMQP exchange `punctual.jobs`."""
+
+    type: Literal["queue"]
+    topic: str
+    limits: NotRequired[Limits]
+
+
+Target: TypeAlias = WebhookTarget | QueueTarget
+
+
+class OneOffSchedule(TypedDict):
+    run_at: Instant
+
+
+class CronSchedule(TypedDict):
+    cron: str
+    timezone: NotRequired[str]  # an IANA zone id; UTC when left out
+    start_at: NotRequired[Instant]
+    end_at: NotRequired[Instant]
+
+
+class IntervalSchedule(TypedDict):
+    interval_s: int
+    start_at: NotRequired[Instant]
+    end_at: NotRequired[Instant]
+
+
+Schedule: TypeAlias = OneOffSchedule | CronSchedule | IntervalSchedule
+
+
+class RetryPolicy(TypedDict, total=False):
+    max_attempts: int
+    backoff_s: float
+    max_backoff_s: float
+
+
+class DstPolicy(TypedDict, total=False):
+    gap: Literal["shift", "skip"]
+    overlap: Literal["once", "twice"]
 
 
 def parse_time(text: str | None) -> datetime | None:
@@ -34,14 +126,14 @@ def _instant(text: str) -> datetime:
 class Job:
     id: str
     name: str
-    state: str  # scheduled | running | paused | completed | cancelled | dead
+    state: JobState
     next_run_at: datetime | None
-    target: dict[str, Any]
+    target: Target
     payload: Any
-    schedule: dict[str, Any]
-    retry: dict[str, Any]
-    misfire: str
-    dst: dict[str, Any]
+    schedule: Schedule
+    retry: RetryPolicy
+    misfire: Misfire
+    dst: DstPolicy
     jitter_s: int
     attempt: int
     created_at: datetime
@@ -75,13 +167,14 @@ class Run:
     job_id: str
     scheduled_for: datetime
     attempt: int  # 1-based
-    state: str  # claimed | running | succeeded | failed | dead | skipped | replayed
+    state: RunState
     started_at: datetime | None
     finished_at: datetime | None
     lateness_ms: int | None
     status_code: int | None
     error: str | None
     raw: dict[str, Any] = field(repr=False, compare=False)
+    job_name: str | None = None  # given by GET /dead-letters only
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Run:
@@ -97,6 +190,7 @@ class Run:
             status_code=data.get("status_code"),
             error=data.get("error"),
             raw=data,
+            job_name=data.get("job_name"),
         )
 
 
@@ -118,7 +212,7 @@ class Page(Generic[T]):
 class PreviewItem:
     at: datetime  # UTC
     local: datetime  # with the zone's offset
-    dst: str | None  # None | gap_shifted | overlap_first | overlap_second
+    dst: DstFlag | None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PreviewItem:

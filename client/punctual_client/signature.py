@@ -44,14 +44,15 @@ def verify_signature(
     body: bytes | str,
     tolerance_s: float = 300,
     now: float | None = None,
-) -> bool:
+) -> None:
     """Check a Punctual-Signature header against the raw request body.
 
     `secret` is the owner's signing secret, or several (say the old and the new one
     while you switch a receiver over): any of them matching any `v1` passes.
-    Returns True when valid. Raises SignatureError saying why otherwise: a missing
+    Returns None when valid; raises SignatureError saying why otherwise: a missing
     or malformed header, a timestamp more than `tolerance_s` away from `now`
-    (replay protection), or no `v1` that matches.
+    (replay protection), or no `v1` that matches. One behaviour, so a receiver
+    cannot mistake a falsy return for a pass.
     """
     if not header:
         raise SignatureError("missing Punctual-Signature header")
@@ -81,4 +82,3 @@ def verify_signature(
     matched = [hmac.compare_digest(e, c) for e in expected for c in candidates]
     if not any(matched):
         raise SignatureError("Punctual-Signature does not match the body")
-    return True

@@ -3,7 +3,7 @@
 - the server's wheel ships the Alembic scripts inside the app package (app/_migrations)
   and no top-level `migrations` that would shadow a user's own;
 - `punctual migrate` from that install, outside the repository, creates the schema;
-- punctual-client's wheel holds punctual_client only.
+- punctual-client's wheel holds punctual_client only, with its py.typed marker.
 """
 
 from __future__ import annotations
@@ -85,6 +85,7 @@ def test_the_server_wheel_ships_migrations_inside_app(wheels):
 def test_the_client_wheel_holds_the_client_only(wheels):
     names = zipfile.ZipFile(wheels["client"]).namelist()
     assert {name.split("/")[0] for name in names} == {"punctual_client", "punctual_client-0.1.0.dist-info"}
+    assert "punctual_client/py.typed" in names  # PEP 561: its annotations are for type checkers
     metadata = zipfile.ZipFile(wheels["client"]).read("punctual_client-0.1.0.dist-info/METADATA").decode()
     assert [line for line in metadata.splitlines() if line.startswith("Requires-Dist")] == [
         "Requires-Dist: requests<3,>=2.32"

