@@ -1,12 +1,14 @@
 """The private-address policy: which target addresses Punctual may call.
 
 docs/api.md "Private addresses": an address is callable only when it is globally
-routable. Loopback, RFC 1918, link-local, CGNAT, 0.0.0.0/8, multicast, reserved,
-IPv6 unique-local and link-local addresses are private; an IPv4-mapped IPv6
-address (::ffff:a.b.c.d) is judged by its IPv4 address. The API resolves a target
-host at create time with `resolve_target`; workers check the address a socket
-actually connected to (app.worker.webhook), so a DNS answer that changes between
-the two checks (DNS rebinding) gains nothing.
+routable, or allowed by the operator (PUNCTUAL_ALLOW_PRIVATE_TARGETS, all of them;
+PUNCTUAL_PRIVATE_TARGETS, the networks and host names listed:
+app.core.private_targets). Loopback, RFC 1918, link-local, CGNAT, 0.0.0.0/8,
+multicast, reserved, IPv6 unique-local and link-local addresses are private; an
+IPv4-mapped IPv6 address (::ffff:a.b.c.d) is judged by its IPv4 address. The API
+resolves a target host at create time with `resolve_target`; workers check the
+address a socket actually connected to (app.worker.webhook), so a DNS answer that
+changes between the two checks (DNS rebinding) gains nothing.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import ipaddress
 import socket
 from urllib.parse import urlsplit
+
+from app.core.private_targets import TargetPolicy, policy_of
 
 __all__ = [
     "TargetAddressError",
@@ -105,13 +109,13 @@ def _host_and_port(url: str) -> tuple[str, int]:
     return host, port or (443 if parts.scheme == "https" else 80)
 
 
-def resolve_target(url: str, allow_private: bool) -> list[str]:
+def resolve_target(url: str, allow_private: TargetPolicy) -> list[str]:
     """Resolve the host of a target URL to its addresses (deduplicated, in order).
 
-    Raises UnresolvableHost when the host has no address, with or without
-    `allow_private`; raises PrivateAddress when any address is not public and
-    `allow_private` is false (a client may connect to any of them, so one private
-    address is enough to refuse).
+    Raises UnresolvableHost when the host has no address, whatever `allow_private`
+    says; raises PrivateAddress when any address is neither public nor allowed by
+    `allow_private` (True: every one; a PrivateTargets: its networks and host
+    names) -- a client may connect to any of them, so one is enough to refuse.
     """
     host, port = _host_and_port(url)
     try:
@@ -121,11 +125,12 @@ def resolve_target(url: str, allow_private: bool) -> list[str]:
     addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
     if not addresses:
         raise UnresolvableHost(f"host {host!r} has no address")
-    if not allow_private:
-        private = [a for a in addresses if not is_public_address(a)]
-        if private:
-            raise PrivateAddress(
-                f"host {host!r} resolves to {private[0]}, which is not a public address"
-                " (loopback, private and link-local targets need PUNCTUAL_ALLOW_PRIVATE_TARGETS=1)"
-            )
+    policy = policy_of(allow_private)
+    refused = [a for a in addresses if not is_public_address(a) and not policy.allows(host, a)]
+    if refused:
+        raise PrivateAddress(
+            f"host {host!r} resolves to {refused[0]}, which is not a public address (loopback, private"
+            " and link-local targets need their network or host in PUNCTUAL_PRIVATE_TARGETS,"
+            " or PUNCTUAL_ALLOW_PRIVATE_TARGETS=1)"
+        )
     return addresses

@@ -101,7 +101,7 @@ def _plan(registry: Registry, owner: str, item: Any, now: datetime) -> _Plan:
         job_id, request_hash = idempotency.job_id_for(owner, key), idempotency.body_hash(body)
     shard = shard_for(job_id, registry.settings.shards)
     try:
-        spec = validate_job(body, allow_private=registry.settings.allow_private_targets)
+        spec = validate_job(body, allow_private=registry.settings.private_target_policy)
         run_at_not_past(spec.schedule, now, registry.settings.misfire_grace_s)
         first = first_fire_remembered(spec.schedule, spec.dst, now, now)
         if first is None:

@@ -27,6 +27,7 @@ from app.core.delivery import is_reserved_header
 from app.core.errors import FieldError, ValidationError
 from app.core.jitter import parse_jitter_s
 from app.core.misfire import MISFIRE_POLICIES, parse_misfire
+from app.core.private_targets import TargetPolicy
 from app.core.retries import RetryPolicy, parse_retry
 from app.core.schedules import DstPolicy, Schedule, parse_dst, parse_schedule
 from app.services import addresses
@@ -72,7 +73,7 @@ class JobSpec:
     jitter_s: int
 
 
-def validate_job(body: object, *, allow_private: bool) -> JobSpec:
+def validate_job(body: object, *, allow_private: TargetPolicy) -> JobSpec:
     """Validate a create body; raises ValidationError naming every bad field."""
     values = _validate(body, allow_private=allow_private, required=REQUIRED_FIELDS)
     return JobSpec(
@@ -87,12 +88,12 @@ def validate_job(body: object, *, allow_private: bool) -> JobSpec:
     )
 
 
-def validate_changes(body: object, *, allow_private: bool) -> dict[str, Any]:
+def validate_changes(body: object, *, allow_private: TargetPolicy) -> dict[str, Any]:
     """Validate a PATCH body: the named fields, parsed as a create parses them."""
     return _validate(body, allow_private=allow_private, required=())
 
 
-def _validate(body: object, *, allow_private: bool, required: tuple[str, ...]) -> dict[str, Any]:
+def _validate(body: object, *, allow_private: TargetPolicy, required: tuple[str, ...]) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ValidationError.single("body", "must be a JSON object")
     errors: list[FieldError] = []
@@ -144,12 +145,12 @@ def _jitter(value: object, _allow_private: bool) -> int:
     return 0 if value is None else parse_jitter_s(value)
 
 
-def _target(value: object, allow_private: bool) -> dict:
+def _target(value: object, allow_private: TargetPolicy) -> dict:
     if not isinstance(value, dict):
         raise ValidationError.single("target", "must be an object with type 'webhook' or 'queue'")
     kind = value.get("type")
     allowed: tuple[str, ...]
-    check: Callable[[dict[str, Any], dict[str, Any], list[FieldError], bool], None]
+    check: Callable[[dict[str, Any], dict[str, Any], list[FieldError], Any], None]
     if kind == "webhook":
         allowed, check = WEBHOOK_FIELDS, _webhook
     elif kind == "queue":
@@ -166,7 +167,7 @@ def _target(value: object, allow_private: bool) -> dict:
     return target
 
 
-def _webhook(value: dict, target: dict, errors: list[FieldError], allow_private: bool) -> None:
+def _webhook(value: dict, target: dict, errors: list[FieldError], allow_private: TargetPolicy) -> None:
     url = value.get("url")
     url_error = _url_problem(url)
     if url_error is None:
@@ -244,7 +245,7 @@ def _headers(value: object, errors: list[FieldError]) -> dict:
     return dict(value)
 
 
-def _queue(value: dict, target: dict, errors: list[FieldError], _allow_private: bool) -> None:
+def _queue(value: dict, target: dict, errors: list[FieldError], _allow_private: TargetPolicy) -> None:
     topic = value.get("topic")
     if not isinstance(topic, str) or len(topic) > TOPIC_MAX or not _TOPIC.match(topic):
         errors.append(
@@ -339,7 +340,8 @@ def run_at_not_past(schedule: Schedule, now: datetime, grace_s: float, field: st
     return schedule
 
 
-_PARSERS: dict[str, Callable[[Any, bool], Any]] = {
+# Each parser takes the value and the private-target policy (TargetPolicy; most ignore it).
+_PARSERS: dict[str, Callable[[Any, Any], Any]] = {
     "name": _name,
     "target": _target,
     "payload": _payload,

@@ -48,7 +48,7 @@ class WorkerContext:
 
         # A queue target's publish blocks, on one of the loop's threads: as many as calls.
         return WebhookCaller(
-            allow_private=self.settings.allow_private_targets, blocking_threads=self.settings.dispatch_threads
+            allow_private=self.settings.private_target_policy, blocking_threads=self.settings.dispatch_threads
         )
 
     @cached_property

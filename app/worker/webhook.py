@@ -12,10 +12,12 @@ keeps no cookies, reads no proxy from the environment, and never raises for anyt
 the target does: every answer, timeout or connection failure is a CallOutcome.
 
 Private targets are refused where it cannot be dodged: at the socket. Unless
-private targets are allowed, every new connection checks the address it is about to
-connect to (the connector's socket factory sees each address the name resolved to,
-an address literal included), before a single byte of HTTP or TLS is sent, so a
-host whose DNS answer changed since the API checked it (DNS rebinding) is refused.
+every private target is allowed, every new connection checks the address it is
+about to connect to (the connector's socket factory sees each address the name
+resolved to, an address literal included), before a single byte of HTTP or TLS is
+sent: public, or allowed by PUNCTUAL_PRIVATE_TARGETS (its network, or the URL's
+host name), so a host whose DNS answer changed since the API checked it (DNS
+rebinding) is refused.
 
 The last look: a request goes out only while its run's lease is known to hold
 (WebhookCall.may_send), asked once more right before the request is written to the
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import os
 import socket
 from collections.abc import Callable
@@ -45,6 +48,7 @@ from yarl import URL
 
 from app import __version__
 from app.core.delivery import delivery_headers, encode_payload, is_reserved_header
+from app.core.private_targets import PrivateTargets, TargetPolicy, policy_of
 from app.core.retries import CallOutcome
 from app.services.addresses import PrivateAddress, is_public_address
 from app.worker.event_loop import LoopThread
@@ -129,14 +133,16 @@ class _GuardedBody(BytesPayload):
         await super().write_with_length(writer, content_length)
 
 
-def _public_socket(addr_info: tuple) -> socket.socket:
-    """The connector's socket factory when private targets are refused: the address
-    about to be connected to must be public."""
+def _checked_socket(policy: PrivateTargets, addr_info: tuple) -> socket.socket:
+    """The connector's socket factory unless every private target is allowed: the
+    address about to be connected to must be public, or allowed by `policy` (its
+    network, or the host name of the URL being called)."""
     family, type_, proto, _, address = addr_info
     if not is_public_address(address[0]):
         sending = _sending.get()
-        host = URL(sending.url).host if sending is not None else "?"
-        raise PrivatePeer(f"target address {address[0]} of host {host!r} is not public")
+        host = URL(sending.url).host if sending is not None else None
+        if not policy.allows(host, address[0]):
+            raise PrivatePeer(f"target address {address[0]} of host {host or '?'!r} is not public")
     return socket.socket(family, type_, proto)
 
 
@@ -147,10 +153,11 @@ class WebhookCaller:
     from any other thread and waits for it.
     """
 
-    def __init__(self, allow_private: bool, blocking_threads: int = 32):
-        """`blocking_threads`: the most threads the loop starts for work that blocks
-        (app.worker.event_loop)."""
-        self.allow_private = allow_private
+    def __init__(self, allow_private: TargetPolicy, blocking_threads: int = 32):
+        """`allow_private`: True for every private target, or the operator's allow-list
+        (settings.private_target_policy); `blocking_threads`: the most threads the loop
+        starts for work that blocks (app.worker.event_loop)."""
+        self.private_targets = policy_of(allow_private)
         self.loop = LoopThread("calls", blocking_threads)
         self._session: aiohttp.ClientSession | None = None
         self._session_loop: asyncio.AbstractEventLoop | None = None
@@ -179,7 +186,11 @@ class WebhookCaller:
                 # process's PUNCTUAL_DISPATCH_THREADS), not by queueing here.
                 limit=0,
                 ttl_dns_cache=_DNS_TTL_S,
-                socket_factory=None if self.allow_private else _public_socket,
+                socket_factory=(
+                    None
+                    if self.private_targets.allow_all
+                    else functools.partial(_checked_socket, self.private_targets)
+                ),
             )
             self._session = aiohttp.ClientSession(
                 connector=connector,
