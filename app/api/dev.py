@@ -3,9 +3,11 @@
 Contract:
 - A call is any request that carries `Punctual-Job-Id` (whatever its method) and any
   POST, PUT, PATCH or DELETE. It is recorded and answered with what was received:
-  `{"received_at", "method", "path", "query", "headers", "body", "job_id",
+  `{"received_at", "method", "path", "query", "headers", "body", "raw_body", "job_id",
   "idempotency_key", "signature"}`; `body` is the JSON value when the body parses,
-  else its text; `signature` is "valid", or why not ("invalid: ...", "no job ...")
+  else its text; `raw_body` is the body exactly as received, as text (what the
+  signature covers: verify_signature(secret, headers["Punctual-Signature"],
+  raw_body) checks it); `signature` is "valid", or why not ("invalid: ...", "no job ...")
   as punctual_client.verify_signature judges `Punctual-Signature` under the job owner's
   signing secret.
 - The answer is 200, or the status `?status=NNN` names (100-599, else 422), to
@@ -100,6 +102,7 @@ def _record() -> dict:
         "query": request.args.to_dict(),
         "headers": dict(request.headers.items()),
         "body": body,
+        "raw_body": text,
         "job_id": job_id,
         "idempotency_key": request.headers.get("Idempotency-Key"),
         "signature": _signature(job_id, raw),

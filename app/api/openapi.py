@@ -198,6 +198,11 @@ def _schemas() -> dict:
             "error",
         ),
     )
+    # A run as everywhere, plus its job's name (the listing a person reads to decide what to replay).
+    dead_letter = _object(
+        {**run["properties"], "job_name": {"type": "string", "description": "the name of the run's job"}},
+        required=(*run["required"], "job_name"),
+    )
     return {
         "Limits": limits,
         "WebhookTarget": webhook,
@@ -273,6 +278,14 @@ def _schemas() -> dict:
         ),
         "RunPage": _object(
             {"items": {"type": "array", "items": _ref("Run")}, "next_cursor": {"type": ["string", "null"]}},
+            required=("items", "next_cursor"),
+        ),
+        "DeadLetter": dead_letter,
+        "DeadLetterPage": _object(
+            {
+                "items": {"type": "array", "items": _ref("DeadLetter")},
+                "next_cursor": {"type": ["string", "null"]},
+            },
             required=("items", "next_cursor"),
         ),
         "Preview": _object(
@@ -482,7 +495,7 @@ def _paths() -> dict:
         "/dead-letters": {
             "get": _op(
                 "List dead letters",
-                {"200": _ok("dead runs, newest first", "RunPage")},
+                {"200": _ok("dead runs with their job's name, newest first", "DeadLetterPage")},
                 "401 422",
                 params=_PAGE,
             )

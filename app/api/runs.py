@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import Blueprint, current_app, g, request
 
 from app.api.auth import protect
-from app.api.serialize import page_json, run_json
+from app.api.serialize import dead_letter_json, page_json, run_json
 from app.api.wire import json_response
 from app.core.timefmt import utcnow
 from app.services import runs
@@ -20,7 +20,7 @@ def list_dead_letters():
     page = runs.list_dead_letters(
         registry, g.owner, limit=parse_limit(request.args.get("limit")), cursor=request.args.get("cursor")
     )
-    return json_response(page_json(page, run_json))
+    return json_response(page_json(page, dead_letter_json))
 
 
 @bp.post("/runs/<run_id>/replay")

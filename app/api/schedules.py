@@ -1,103 +1,21 @@
 """/schedules/preview: the next fire instants of an expression, with DST flags.
 
-Query parameters (docs/api.md): `cron` or `interval_s`, `timezone` (default UTC),
-`count` 1-100 (default 10), `after` (default now, exclusive), `gap` and `overlap`
-(the job defaults), and `start_at`/`end_at` as in a job's schedule. Every invalid
-parameter is reported at once, named as the parameter (`cron`, not `schedule.cron`).
+The query is read and answered by app.services.previews, which `punctual preview`
+also runs when it computes locally.
 """
 
 from __future__ import annotations
-
-import dataclasses
-from collections.abc import Mapping
 
 from flask import Blueprint, request
 
 from app.api.auth import protect
 from app.api.serialize import preview_json
 from app.api.wire import json_response
-from app.core.errors import FieldError, ValidationError
-from app.core.schedules import parse_dst, parse_schedule, parse_timezone, preview
-from app.core.timefmt import parse_instant, utcnow
-from app.services.validation import MIN_YEAR, schedule_in_range
+from app.services.previews import preview_items
 
 bp = protect(Blueprint("schedules", __name__))
-
-COUNT = (1, 100)
-DEFAULT_COUNT = 10
 
 
 @bp.get("/schedules/preview")
 def preview_schedule():
-    schedule, dst, after, count = parse_preview_query(request.args)
-    try:
-        items = preview(schedule, dst, after, count)
-    except OverflowError:  # the occurrences run past year 9999
-        raise ValidationError.single("after", "the occurrences after this instant are out of range") from None
-    return json_response(preview_json(items))
-
-
-def parse_preview_query(args: Mapping[str, str]):
-    """(Schedule, DstPolicy, after, count) from the query; ValidationError naming each bad parameter."""
-    errors: list[FieldError] = []
-
-    def collect(name: str, parse):
-        try:
-            return parse()
-        except ValidationError as exc:  # the core names fields "schedule.cron", "dst.gap"
-            errors.extend(FieldError(e.field.split(".")[-1], e.message) for e in exc.errors)
-        except ValueError as exc:
-            errors.append(FieldError(name, str(exc)))
-        except OverflowError:  # an instant whose offset takes it past year 1 or 9999
-            errors.append(FieldError(name, "is out of range (years 1000 to 9999)"))
-        return None
-
-    cron, interval = args.get("cron"), args.get("interval_s")
-    data: dict = {"start_at": args.get("start_at"), "end_at": args.get("end_at")}
-    if (cron is None) == (interval is None):
-        errors.append(FieldError("cron", "give exactly one of cron or interval_s"))
-    elif cron is not None:
-        data["cron"] = cron
-    else:
-        assert interval is not None  # exactly one of the two is given
-        data["interval_s"] = collect("interval_s", lambda: _integer(interval))
-    zone = collect("timezone", lambda: parse_timezone(args.get("timezone", "UTC")))
-    after = collect("after", lambda: _after(args.get("after")))
-    count = collect("count", lambda: _count(args.get("count")))
-    dst = collect("dst", lambda: parse_dst({"gap": args.get("gap"), "overlap": args.get("overlap")}, "dst"))
-    schedule = None
-    if "cron" in data or data.get("interval_s") is not None:
-        schedule = collect("cron", lambda: schedule_in_range(parse_schedule(data, "schedule")))
-    if errors:
-        raise ValidationError(errors)
-    assert schedule is not None  # no errors: the schedule parsed
-    # An interval grid ignores the zone, but its local times and overlap flags use it.
-    return dataclasses.replace(schedule, timezone=zone), dst, after, count
-
-
-def _integer(raw: str) -> int:
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError("must be an integer number of seconds") from None
-
-
-def _after(raw: str | None):
-    if raw is None:
-        return utcnow()
-    after = parse_instant(raw)
-    if after.year < MIN_YEAR:
-        raise ValueError(f"must be in the years {MIN_YEAR} to 9999")
-    return after
-
-
-def _count(raw: str | None) -> int:
-    if raw is None:
-        return DEFAULT_COUNT
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if not COUNT[0] <= value <= COUNT[1]:
-        raise ValueError(f"must be an integer from {COUNT[0]} to {COUNT[1]}")
-    return value
+    return json_response(preview_json(preview_items(request.args)))

@@ -61,6 +61,11 @@ def run_json(row: Row) -> dict:
     }
 
 
+def dead_letter_json(row: Row) -> dict:
+    """A dead run as `run_json` has it, plus its job's name (docs/api.md "Runs")."""
+    return {**run_json(row), "job_name": row["job_name"]}
+
+
 def page_json(page: Page, item: Callable[[Row], dict]) -> dict:
     return {"items": [item(row) for row in page.items], "next_cursor": page.next_cursor}
 

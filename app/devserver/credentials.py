@@ -7,7 +7,9 @@ working. A key file whose key the registry does not know (the registry file was
 deleted, or the key file copied from elsewhere) is replaced by a new key.
 
 `<data dir>/dev.env` (mode 0600) sets PUNCTUAL_URL and PUNCTUAL_API_KEY for the
-client commands and the SDK examples: `. .punctual/dev.env` in another shell.
+client commands and the SDK examples, and WEBHOOK_SIGNING_SECRET (the dev owner's
+signing secret, which the README's receiver reads; not a PUNCTUAL_* name, which
+the settings would refuse as unknown): `. .punctual/dev.env` in another shell.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ def write_env_file(data_dir: Path, url: str, key: NewKey) -> Path:
                 "# Written by `punctual dev`; source it: . " + shlex.quote(str(path)) + "\n",
                 f"export PUNCTUAL_URL={shlex.quote(url)}\n",
                 f"export PUNCTUAL_API_KEY={shlex.quote(key.api_key)}\n",
-                f"# signing secret of owner {key.owner!r}: {key.signing_secret}\n",
+                f"# the signing secret of owner {key.owner!r}, for a receiver's verify_signature\n",
+                f"export WEBHOOK_SIGNING_SECRET={shlex.quote(key.signing_secret)}\n",
             ]
         ),
     )

@@ -45,7 +45,8 @@ def list_runs(registry: Registry, owner: str, job_id: str, *, limit: int, cursor
 
 
 def list_dead_letters(registry: Registry, owner: str, *, limit: int, cursor: str | None) -> Page:
-    """The owner's runs in state `dead`, newest first, over every DSN."""
+    """The owner's runs in state `dead`, newest first, over every DSN, each with its
+    job's name as `job_name` (read by key on the run's DSN: a job lives with its runs)."""
     position = decode_cursor("d", cursor)
     query = newest_first(
         sa.select(runs).where(runs.c.owner == owner, runs.c.state == "dead"),
@@ -57,7 +58,13 @@ def list_dead_letters(registry: Registry, owner: str, *, limit: int, cursor: str
     pages = []
     for index, engine in enumerate(registry.engines):
         with engine.connect() as conn:
-            pages.append(list(conn.execute(served_only(registry, index, query, runs)).mappings()))
+            rows = list(conn.execute(served_only(registry, index, query, runs)).mappings())
+            wanted = {row["job_id"] for row in rows}
+            names: dict = {}
+            if wanted:
+                query_names = sa.select(jobs.c.job_id, jobs.c.name).where(jobs.c.job_id.in_(wanted))
+                names = {job_id: name for job_id, name in conn.execute(query_names)}
+        pages.append([{**row, "job_name": names.get(row["job_id"])} for row in rows])
     return merge_newest("d", pages, limit, "created_at", "run_id")
 
 

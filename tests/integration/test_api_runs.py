@@ -105,6 +105,12 @@ def test_dead_letters_list_the_owners_dead_runs_across_shards(alice, bob, api_se
     assert listed == [str(d["run_id"]) for d in dead][::-1]
     assert rest["next_cursor"] is None
     assert all(r["state"] == "dead" for r in page["items"])
+    # Each dead letter names its job: a run's fields, plus the job's name beside its id.
+    names = {j["id"]: j["name"] for j in jobs}
+    assert all(r["job_name"] == names[r["job_id"]] for r in page["items"] + rest["items"])
+    assert set(page["items"][0]) == set(alice.get(f"/jobs/{jobs[0]['id']}/runs").get_json()["items"][0]) | {
+        "job_name"
+    }
 
 
 def test_dead_letters_bad_cursor_is_422(alice):

@@ -7,7 +7,9 @@ real Flask app; no external service.
 from __future__ import annotations
 
 import json
+import os
 import stat
+import subprocess
 
 import pytest
 
@@ -17,7 +19,7 @@ from app.registry.engines import registry_for
 from app.registry.migrate import migrate_all
 from app.services.owners import create_key
 from app.settings import Settings
-from punctual_client.signature import signature_header
+from punctual_client.signature import signature_header, verify_signature
 
 
 @pytest.fixture
@@ -82,6 +84,16 @@ def test_echo_answers_a_call_with_what_it_got_and_lists_it(client, dev_settings)
     assert client.get("/dev/echo?job_id=someone-else").get_json()["items"] == []
 
 
+def test_echo_gives_the_raw_body_a_signature_verifies_against(client, dev_settings):
+    key = create_key(registry_for(dev_settings), "dev")
+    job = _job(client, key.api_key)
+    body = b'{"b": [1, 2],  "a": "\xc3\xa9"}'  # spacing and key order json.dumps would not reproduce
+    client.post("/dev/echo", data=body, headers=_call_headers(job["id"], key.signing_secret, body))
+    [call] = client.get(f"/dev/echo?job_id={job['id']}").get_json()["items"]
+    assert call["raw_body"] == body.decode("utf-8") and call["body"] == {"b": [1, 2], "a": "é"}
+    verify_signature(key.signing_secret, call["headers"]["Punctual-Signature"], call["raw_body"])
+
+
 def test_echo_says_why_a_signature_does_not_verify(client, dev_settings):
     key = create_key(registry_for(dev_settings), "dev")
     job = _job(client, key.api_key)
@@ -125,3 +137,16 @@ def test_the_dev_key_is_created_once_kept_private_and_replaced_when_unknown(dev_
     env_file = credentials.write_env_file(data_dir, "http://127.0.0.1:8000", replaced)
     assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
     assert f"export PUNCTUAL_API_KEY={replaced.api_key}" in env_file.read_text()
+
+
+def test_the_env_file_exports_the_signing_secret_for_a_receiver(dev_settings):
+    key = credentials.dev_key(registry_for(dev_settings), dev_settings.data_dir)
+    env_file = credentials.write_env_file(dev_settings.data_dir, "http://127.0.0.1:8001", key)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PUNCTUAL_", "WEBHOOK_"))}
+    sourced = subprocess.run(
+        ["bash", "-c", f'. "{env_file}" && env -0'], env=clean, capture_output=True, check=True
+    ).stdout.decode()
+    env = dict(line.split("=", 1) for line in sourced.split("\0") if "=" in line)
+    assert env["WEBHOOK_SIGNING_SECRET"] == key.signing_secret  # what the README's receiver reads
+    assert env["PUNCTUAL_URL"] == "http://127.0.0.1:8001" and env["PUNCTUAL_API_KEY"] == key.api_key
+    Settings.from_env(env)  # nothing it sets is refused as an unknown PUNCTUAL_* variable
