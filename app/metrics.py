@@ -1,10 +1,12 @@
 """Prometheus metrics, defined once for every process; their names are part of the contract (docs/api.md).
 
-Workers and pollers count what they do (claims and their batch sizes, runs started
-and finished by outcome, start lateness, lease expiries, stale completions, dead
-letters); the API adds registry gauges (jobs by state, backlog per shard) computed
-at scrape time. A worker serves the sum over all its processes on
-PUNCTUAL_METRICS_PORT, the API on GET /metrics (app.metrics_endpoint).
+Workers and pollers count what they do (polls, claims and their batch sizes, runs
+started and finished by outcome, start lateness, lease expiries, stale completions,
+dead letters); the API adds registry gauges (jobs by state, backlog and its age per
+shard), computed at scrape time, whose names and help are REGISTRY_GAUGES. A worker
+serves the sum over all its processes on PUNCTUAL_METRICS_PORT, the API on GET
+/metrics (app.metrics_endpoint). The alert rules in deploy/prometheus/alerts.yml
+name only metrics of this module (tests/unit/test_alert_rules.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,12 @@ from collections.abc import Sequence
 
 from prometheus_client import Counter, Histogram
 
+POLLS = Counter(
+    "punctual_polls_total",
+    "Poll ticks that ran to the end, per logical shard (a fenced shard's included): a shard "
+    "whose rate is 0 is not being polled",
+    ["shard"],
+)
 CLAIMS = Counter("punctual_claims_total", "Occurrences claimed by pollers", ["shard"])
 CLAIM_BATCHES = Counter(
     "punctual_claim_batches_total", "Claim transactions that took at least one job", ["shard"]
@@ -46,6 +54,16 @@ START_LATENESS = Histogram(
     "When a run's call goes out (after its concurrency slot) minus its nominal scheduled instant",
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600),
 )
+
+# The API's registry gauges (app.api.ops.RegistryGauges), read from the databases at
+# scrape time rather than counted: their names and help, for the API and the alert rules.
+REGISTRY_GAUGES = {
+    "punctual_jobs": "Jobs in the registry by state",
+    "punctual_dead_letter_runs": "Runs in state dead (dead letters)",
+    "punctual_backlog_jobs": "Jobs due and not claimed yet, per logical shard",
+    "punctual_backlog_age_seconds": "How long the oldest job due and not claimed yet has been due, "
+    "per logical shard (0: none)",
+}
 
 # Per owner: one series per owner and event in each process that saw the owner (claimed
 # in pollers; started and held in workers). Their number grows with the owners that

@@ -5,7 +5,7 @@ HEALTH_TIMEOUT_S) and answers per LOGICAL shard, so an operator sees which shard
 dead primary takes down, plus `broker`: with the broker down no job fires, so the
 answer is 503 then too. /metrics is Prometheus text: the counters (app.metrics,
 summed over the process group in multiprocess mode, app.metrics_endpoint) plus
-registry gauges (jobs by state, dead letters, backlog per shard), counted while the
+registry gauges (jobs by state, dead letters, backlog and its age per shard), counted while the
 tables are small and estimated from PostgreSQL's statistics once they are big
 (app.registry.estimates), cached for GAUGE_TTL_S.
 """
@@ -26,6 +26,7 @@ import app.metrics  # noqa: F401  (defines the process's counters in the default
 from app.api.openapi import document
 from app.api.wire import json_response
 from app.core.timefmt import utcnow
+from app.metrics import REGISTRY_GAUGES
 from app.metrics_endpoint import collecting_registry
 from app.registry.engines import Registry
 from app.services import jobs, runs
@@ -124,11 +125,11 @@ class RegistryGauges:
         self._ttl_s = ttl_s
         self._lock = threading.Lock()
         self._expires = 0.0
-        self._values: tuple[dict[str, int], int, dict[int, int]] | None = None
+        self._values: tuple[dict[str, int], int, dict[int, tuple[int, float]]] | None = None
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
-    def _read(self) -> tuple[dict[str, int], int, dict[int, int]] | None:
+    def _read(self) -> tuple[dict[str, int], int, dict[int, tuple[int, float]]] | None:
         with self._lock:
             if time.monotonic() >= self._expires:
                 try:
@@ -147,14 +148,15 @@ class RegistryGauges:
         if values is None:
             return
         by_state, dead, backlog = values
-        family = GaugeMetricFamily("punctual_jobs", "Jobs in the registry by state", labels=["state"])
+        family = GaugeMetricFamily("punctual_jobs", REGISTRY_GAUGES["punctual_jobs"], labels=["state"])
         for state, count in sorted(by_state.items()):
             family.add_metric([state], count)
         yield family
-        yield GaugeMetricFamily("punctual_dead_letter_runs", "Runs in state dead (dead letters)", value=dead)
-        family = GaugeMetricFamily(
-            "punctual_backlog_jobs", "Jobs due and not claimed yet, per logical shard", labels=["shard"]
+        yield GaugeMetricFamily(
+            "punctual_dead_letter_runs", REGISTRY_GAUGES["punctual_dead_letter_runs"], value=dead
         )
-        for shard, count in sorted(backlog.items()):
-            family.add_metric([str(shard)], count)
-        yield family
+        for name, pick in (("punctual_backlog_jobs", 0), ("punctual_backlog_age_seconds", 1)):
+            family = GaugeMetricFamily(name, REGISTRY_GAUGES[name], labels=["shard"])
+            for shard, counted in sorted(backlog.items()):
+                family.add_metric([str(shard)], counted[pick])
+            yield family

@@ -24,6 +24,7 @@ import time
 import sqlalchemy as sa
 from celery import shared_task
 
+from app import metrics
 from app.core.timefmt import utcnow
 from app.logs import log_context
 from app.pollers import janitor, relay, retention
@@ -89,11 +90,15 @@ def poll(shard: int) -> dict:
 
     context = get_context()
     with log_context(shard=shard):
-        return _unless_fenced(
+        done = _unless_fenced(
             context.registry,
             shard,
             lambda engine: poll_shard(context.settings, engine, shard, send_dispatches, _weights(context)),
         )
+    # Counted once the tick ended (a fenced shard's too: it is served, by its move): a
+    # shard whose count stops rising has no worker on its queue, no beat, or a failing claim.
+    metrics.POLLS.labels(str(shard)).inc()
+    return done
 
 
 def _weights(context) -> dict[str, int]:

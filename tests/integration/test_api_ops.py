@@ -99,6 +99,10 @@ def test_openapi_fields_match_validation_and_serialization(alice, api_settings):
     assert set(schemas["Job"]["properties"]) == set(job) == set(schemas["Job"]["required"])
     run = insert_run(api_settings, job)
     assert set(schemas["Run"]["properties"]) == set(run_json(run)) == set(schemas["Run"]["required"])
+    [dead_letter] = alice.get("/dead-letters").get_json()["items"]
+    assert (
+        set(schemas["DeadLetter"]["properties"]) == set(dead_letter) == set(schemas["DeadLetter"]["required"])
+    )
     assert set(job_json(job_row(api_settings, job["id"]))) == set(job)
 
 
@@ -126,6 +130,8 @@ DOCUMENTED_METRICS = (
     "punctual_jobs",
     "punctual_dead_letter_runs",
     "punctual_backlog_jobs",
+    "punctual_backlog_age_seconds",
+    "punctual_polls_total",
 )
 
 
@@ -135,7 +141,7 @@ def test_metrics_declare_every_documented_name(api_settings):
     assert set(DOCUMENTED_METRICS) <= declared, set(DOCUMENTED_METRICS) - declared
 
 
-def test_the_backlog_counts_due_jobs_per_shard(api_settings, alice):
+def test_the_backlog_counts_due_jobs_per_shard_and_ages_the_oldest(api_settings, alice):
     from app.core.timefmt import format_instant, utcnow
 
     app = create_app(api_settings)
@@ -149,3 +155,11 @@ def test_the_backlog_counts_due_jobs_per_shard(api_settings, alice):
     }
     assert sorted(backlog, key=int) == [str(s) for s in range(api_settings.shards)]
     assert backlog[str(shard)] >= 1
+    age = {
+        line.split('"')[1]: float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("punctual_backlog_age_seconds{")
+    }
+    assert sorted(age, key=int) == sorted(backlog, key=int)
+    assert age[str(shard)] > 0  # due since the create, a moment ago
+    assert all(age[s] == 0 for s, count in backlog.items() if count == 0)

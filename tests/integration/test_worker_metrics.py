@@ -133,8 +133,12 @@ def test_one_port_counts_the_work_of_every_child(env, amqp_url, tmp_path):
                 re.sub(r"^histogram_(\d+)\.db$", r"\1", p.name) for p in metrics_dir.glob("histogram_*.db")
             }
         assert len(writers) >= 2, f"only {writers} ran polls"
-        total = _sample(_scrape(port), "punctual_claim_batch_size_count")
+        scraped = _scrape(port)
+        total = _sample(scraped, "punctual_claim_batch_size_count")
         assert total == before + sent  # every child's polls, each once
+        # The polls per shard, which the "shard not polled" alert reads: one per tick.
+        assert _sample(scraped, "punctual_polls_total") == total
+        assert re.search(r'^punctual_polls_total\{shard="0"\} ', scraped, re.M)
     finally:
         worker.stop()
 
