@@ -7,6 +7,7 @@ one-line error naming the variable.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -16,14 +17,21 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from app.core.errors import SettingsError
+from app.core.private_targets import PrivateTargets
 from app.logs import FORMATS as LOG_FORMATS
 
 
 @dataclass(frozen=True)
 class Variable:
     name: str
-    default: str
+    default: str  # the value an unset variable takes; "" when the default is not a value
     help: str
+    default_text: str = ""  # what an unset variable means when `default` is "" (for --help)
+
+    @property
+    def shown_default(self) -> str:
+        """The default as `punctual --help` prints it, once."""
+        return self.default or self.default_text
 
 
 # The contract of docs/api.md ("Running it"), then the operator's tuning knobs.
@@ -31,16 +39,14 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         "PUNCTUAL_DATABASE_URLS",
         "",
-        "comma-separated Postgres DSNs, the physical shards "
-        "(default: embedded SQLite file under PUNCTUAL_DATA_DIR)",
+        "comma-separated Postgres DSNs, the physical shards",
+        "embedded SQLite file under PUNCTUAL_DATA_DIR",
     ),
     Variable("PUNCTUAL_SHARDS", "16", "logical shards, a power of two"),
     Variable(
-        "PUNCTUAL_BROKER_URL",
-        "",
-        "Celery broker (default: embedded filesystem transport under PUNCTUAL_DATA_DIR)",
+        "PUNCTUAL_BROKER_URL", "", "Celery broker", "embedded filesystem transport under PUNCTUAL_DATA_DIR"
     ),
-    Variable("PUNCTUAL_REDIS_URL", "", "Redis for rate limits and concurrency caps (default: in-process)"),
+    Variable("PUNCTUAL_REDIS_URL", "", "Redis for rate limits and concurrency caps", "in-process"),
     Variable("PUNCTUAL_POLL_INTERVAL_S", "1", "how often beat asks each shard's poller to claim"),
     Variable(
         "PUNCTUAL_LEASE_S",
@@ -50,6 +56,12 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("PUNCTUAL_HEARTBEAT_S", "5", "lease extension interval while a call is in flight"),
     Variable("PUNCTUAL_MISFIRE_GRACE_S", "60", "lateness after which an occurrence counts as missed"),
     Variable("PUNCTUAL_ALLOW_PRIVATE_TARGETS", "0", "allow loopback/private target addresses"),
+    Variable(
+        "PUNCTUAL_PRIVATE_TARGETS",
+        "",
+        "networks and host names allowed as targets although private (10.0.0.0/8,db.internal,*.internal)",
+        "none",
+    ),
     Variable("PUNCTUAL_TARGET_RATE_PER_S", "0", "default per-target rate limit (0 = none)"),
     Variable("PUNCTUAL_TARGET_MAX_CONCURRENCY", "200", "default per-target concurrency cap (0 = none)"),
     Variable("PUNCTUAL_OWNER_MAX_IN_FLIGHT", "0", "calls in flight per owner across all workers (0 = none)"),
@@ -81,7 +93,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         "PUNCTUAL_BEAT_ALIVE_FILE",
         "",
-        "a file beat touches whenever it has sent tasks, for health checks (default: none)",
+        "a file beat touches whenever it has sent tasks, for health checks",
+        "none",
     ),
     Variable("PUNCTUAL_DEV_MODE", "0", "set by `punctual dev` for its children: serves the /dev/echo target"),
 )
@@ -163,6 +176,8 @@ class Settings:
     heartbeat_s: float = 5.0
     misfire_grace_s: float = 60.0
     allow_private_targets: bool = False
+    # The allow-list alone; private_target_policy adds allow_private_targets to it.
+    private_targets: PrivateTargets = PrivateTargets()
     target_rate_per_s: float = 0.0
     target_max_concurrency: int = 200
     owner_max_in_flight: int = 0
@@ -179,6 +194,12 @@ class Settings:
     history_days: float = 30.0
     # Set only by `punctual dev`: serves /dev/echo and allows the embedded defaults.
     dev_mode: bool = False
+
+    @property
+    def private_target_policy(self) -> PrivateTargets:
+        """Which private targets may be called: all (PUNCTUAL_ALLOW_PRIVATE_TARGETS), or
+        those of PUNCTUAL_PRIVATE_TARGETS."""
+        return dataclasses.replace(self.private_targets, allow_all=self.allow_private_targets)
 
     @property
     def embedded(self) -> bool:
@@ -250,6 +271,7 @@ class Settings:
             allow_private_targets=_flag(
                 "PUNCTUAL_ALLOW_PRIVATE_TARGETS", get("PUNCTUAL_ALLOW_PRIVATE_TARGETS")
             ),
+            private_targets=PrivateTargets.parse(get("PUNCTUAL_PRIVATE_TARGETS")),
             target_rate_per_s=_number(
                 "PUNCTUAL_TARGET_RATE_PER_S", get("PUNCTUAL_TARGET_RATE_PER_S"), float, minimum=0
             ),

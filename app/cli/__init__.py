@@ -1,8 +1,10 @@
 """The `punctual` command: operators' and scripts' entry point.
 
 Subcommands live in small modules (app.cli.ops, app.cli.keys, app.cli.jobs,
-app.cli.runs, app.cli.dev, app.cli.serve) and are attached here; each imports its
-heavy dependencies only when it runs, so `punctual --help` stays quick.
+app.cli.runs, app.cli.dev, app.cli.serve, app.cli.queues) and are attached here;
+each imports its heavy dependencies only when it runs, so `punctual --help` stays
+quick. Each command's first help sentence is its summary in `punctual --help`,
+kept short enough that click never cuts it (tests/unit/test_cli_help.py).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import importlib
 
 import click
 
+from app.cli.help import SummaryGroup
 from app.settings import VARIABLES
 
 _SUBCOMMAND_MODULES = (
@@ -21,6 +24,7 @@ _SUBCOMMAND_MODULES = (
     "app.cli.runs",
     "app.cli.dev",
     "app.cli.serve",
+    "app.cli.queues",
 )
 
 
@@ -28,8 +32,8 @@ def _variables_epilog() -> str:
     width = max(len(v.name) for v in VARIABLES)
     lines = ["Configuration (environment variables, read once at start-up):", ""]
     for v in VARIABLES:
-        default = v.default if v.default else "-"
-        lines.append(f"  {v.name.ljust(width)}  {v.help} [default: {default}]")
+        default = f" [default: {v.shown_default}]" if v.shown_default else ""
+        lines.append(f"  {v.name.ljust(width)}  {v.help}{default}")
     lines += [
         "",
         "Client commands (jobs, runs, dead-letters, preview) read PUNCTUAL_URL and PUNCTUAL_API_KEY.",
@@ -37,7 +41,7 @@ def _variables_epilog() -> str:
     return "\n".join(lines)
 
 
-class _Group(click.Group):
+class _Group(SummaryGroup):
     def format_epilog(self, ctx, formatter):
         # Keep the table's own line breaks; click would re-wrap the epilog.
         formatter.write("\n" + _variables_epilog() + "\n")

@@ -32,7 +32,11 @@ import click
     help="Where the registry, the broker folders and the dev key live [env PUNCTUAL_DATA_DIR].",
 )
 def dev(port: int, host: str, data_dir: Path) -> None:
-    """Run the API, beat and a worker on the embedded registry and broker (Ctrl-C stops all)."""
+    """Run the API, beat and a worker here, with no external service.
+
+    Everything runs on the embedded registry, broker and limiter, kept in the data
+    dir; Ctrl-C stops all.
+    """
     from app.devserver.supervisor import run
 
     sys.exit(run(host, port, data_dir))

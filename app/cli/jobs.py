@@ -1,8 +1,10 @@
 """Client commands: `punctual jobs ...` and `punctual preview`, thin over the SDK.
 
 They talk to a running API at PUNCTUAL_URL with PUNCTUAL_API_KEY (or --url and
---api-key). Output is a human table by default and the API's JSON with --json, for
+--api-key, after the group or the command: app.cli.connection). Output is a human
+table by default, the API's JSON with --json, and only the id with `create -q`, for
 scripts. An API error prints its problem (every invalid field) to stderr, exit 1.
+`punctual preview` computes locally unless a server is named.
 """
 
 from __future__ import annotations
@@ -14,63 +16,21 @@ from typing import Any
 
 import click
 
-DEFAULT_URL = "http://127.0.0.1:8000"
+from app.cli.connection import ClientCommand, ClientGroup, call, connect, server_named
 
-_url_option = click.option(
-    "--url",
-    envvar="PUNCTUAL_URL",
-    default=DEFAULT_URL,
-    show_default=True,
-    help="The API's base URL [env PUNCTUAL_URL].",
-)
-_key_option = click.option(
-    "--api-key",
-    envvar="PUNCTUAL_API_KEY",
-    help="An API key from `punctual keys create` [env PUNCTUAL_API_KEY].",
-)
 _json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print the API's JSON instead of a table."
 )
+_id_only_option = click.option(
+    "-q", "--id-only", "id_only", is_flag=True, help="Print only the job's id (for scripts)."
+)
 
 
-def _client(ctx: click.Context):
-    return _connect(ctx.obj["url"], ctx.obj["api_key"])
+def _client(ctx: click.Context | None = None):
+    return connect(ctx)
 
 
-def _connect(url: str, api_key: str | None):
-    from punctual_client import Client
-
-    if not api_key:
-        click.echo("punctual: no API key: set PUNCTUAL_API_KEY or pass --api-key", err=True)
-        sys.exit(2)
-    return Client(url, api_key)
-
-
-def _call(action: Callable[[], Any]) -> Any:
-    from punctual_client import PunctualError, TransportError
-
-    try:
-        return action()
-    except TransportError:  # no HTTP answer at all: say where we looked, not urllib3's retry story
-        click.echo(
-            f"punctual: no Punctual API answers at {_api_url()} (is `punctual api` running?)", err=True
-        )
-        sys.exit(1)
-    except PunctualError as exc:
-        click.echo(f"punctual: {exc}", err=True)
-        sys.exit(1)
-
-
-def _api_url() -> str:
-    """The --url / PUNCTUAL_URL the running command talks to."""
-    ctx = click.get_current_context(silent=True)
-    while ctx is not None:
-        if ctx.params.get("url"):
-            return ctx.params["url"]
-        if isinstance(ctx.obj, dict) and ctx.obj.get("url"):
-            return ctx.obj["url"]
-        ctx = ctx.parent
-    return DEFAULT_URL
+_call = call
 
 
 def _table(rows: Iterable[list[str]], header: list[str]) -> str:
@@ -148,13 +108,9 @@ def _show_page(page, as_json: bool, rows: Callable) -> None:
         click.echo(f"more: --cursor {page.next_cursor}", err=True)
 
 
-@click.group()
-@_url_option
-@_key_option
-@click.pass_context
-def jobs(ctx: click.Context, url: str, api_key: str) -> None:
+@click.group(cls=ClientGroup)
+def jobs() -> None:
     """Create, inspect and control jobs through the API."""
-    ctx.obj = {"url": url, "api_key": api_key}
 
 
 def _json_value(text: str | None, option: str) -> Any:
@@ -199,6 +155,7 @@ def _json_value(text: str | None, option: str) -> Any:
 @click.option("--jitter-s", type=int)
 @click.option("--idempotency-key", help="Repeat the command with the same key to get the same job.")
 @_json_option
+@_id_only_option
 @click.pass_context
 def create(
     ctx: click.Context,
@@ -226,18 +183,21 @@ def create(
     jitter_s,
     idempotency_key,
     as_json,
+    id_only,
 ) -> None:
-    """Create a job; prints it. With --from-file, create every job of a JSON Lines file."""
+    """Create a job; prints it (-q: its id only). With --from-file, every job of a JSON Lines file."""
+    if as_json and id_only:
+        raise click.UsageError("give --json or --id-only, not both")
     if from_file is not None:
         given = [
             name
             for name, value in ctx.params.items()
-            if name not in ("from_file", "as_json") and value not in (None, ())
+            if name not in ("from_file", "as_json", "id_only") and value not in (None, (), False)
         ]
         if given:
             option = "--" + given[0].replace("_", "-")
             raise click.UsageError(f"--from-file takes the jobs from the file; drop {option}")
-        _create_from_file(_client(ctx), from_file, as_json)
+        _create_from_file(_client(ctx), from_file, as_json, id_only)
         return
     job = _json_value(body, "--body") or {}
     if not isinstance(job, dict):
@@ -285,14 +245,19 @@ def create(
     if jitter_s is not None:
         job["jitter_s"] = jitter_s
     client = _client(ctx)
-    _show_job(_call(lambda: client.create_job_from(job, idempotency_key=idempotency_key)), as_json)
+    created = _call(lambda: client.create_job_from(job, idempotency_key=idempotency_key))
+    if id_only:
+        click.echo(created.id)
+    else:
+        _show_job(created, as_json)
 
 
 BATCH_SIZE = 1000  # the most POST /jobs/batch takes
 
 
-def _create_from_file(client, source: str, as_json: bool) -> None:
-    """One job per line (blank lines skipped), sent 1,000 at a time; one answer line per job.
+def _create_from_file(client, source: str, as_json: bool, id_only: bool = False) -> None:
+    """One job per line (blank lines skipped), sent 1,000 at a time; one answer line per job
+    (with `id_only`, the id of each job that exists, and the failures on stderr).
 
     A line that is not JSON stops the command (exit 2) before its batch is sent;
     batches before it were sent, so give each job an `idempotency_key` to rerun the
@@ -305,7 +270,10 @@ def _create_from_file(client, source: str, as_json: bool) -> None:
         results = _call(lambda: client.create_jobs([job for _, job in pending]))
         for (line, _), result in zip(pending, results, strict=True):
             counts["created" if result.created else "existing" if result.ok else "failed"] += 1
-            _show_line(line, result, as_json)
+            if id_only and result.job is not None:
+                click.echo(result.job.id)
+            else:
+                _show_line(line, result, as_json, err=id_only)
         pending.clear()
 
     with click.open_file(source, encoding="utf-8") as stream:
@@ -328,7 +296,7 @@ def _create_from_file(client, source: str, as_json: bool) -> None:
         sys.exit(1)
 
 
-def _show_line(line: int, result, as_json: bool) -> None:
+def _show_line(line: int, result, as_json: bool, err: bool = False) -> None:
     if as_json:
         answer = {"line": line, "status": result.status}
         if result.job is not None:
@@ -342,7 +310,7 @@ def _show_line(line: int, result, as_json: bool) -> None:
         error = result.error
         fields = "; ".join(f"{e.field}: {e.message}" for e in error.errors)
         why = f"{error.title}: {error.detail}" + (f" ({fields})" if fields else "")
-        click.echo(f"line {line}: {result.status} {why}")
+        click.echo(f"line {line}: {result.status} {why}", err=err)
 
 
 def _header(text: str) -> tuple[str, str]:
@@ -386,6 +354,44 @@ def _merged(current: dict, given: dict) -> dict:
     """`given` over `current`: PATCH replaces a field whole, so options that set part of
     one (--max-attempts of retry) keep the rest as the job has it."""
     return {**current, **{k: v for k, v in given.items() if v is not None}}
+
+
+# The schedule fields each kind takes besides its own (docs/api.md "Schedule"), and the
+# defaults the API writes out, which carry nothing worth keeping.
+_KIND_TAKES = {"cron": ("timezone", "start_at", "end_at"), "interval_s": ("start_at", "end_at"), "run_at": ()}
+_KIND_NAMES = {"cron": "a cron", "interval_s": "an interval", "run_at": "a one-off"}
+_SCHEDULE_DEFAULTS = {"timezone": "UTC"}
+
+
+def _new_schedule(current: dict, kind: dict, bounds: dict) -> dict:
+    """The whole schedule `jobs update` sends for a new --cron, --interval-s or --run-at.
+
+    PATCH replaces `schedule` whole, so the job's timezone, start_at and end_at are
+    carried into the new schedule where its kind takes them (the options given win).
+    One the new kind cannot take would be lost silently: that ends the command with
+    one line naming it (exit 2); --body with a whole schedule replaces it on purpose.
+    """
+    [(name, value)] = kind.items()
+    schedule = {name: value}
+    lost = []
+    for field in ("timezone", "start_at", "end_at"):
+        if bounds[field] is not None:
+            schedule[field] = bounds[field]  # the API says if the kind does not take it
+        elif current.get(field) not in (None, _SCHEDULE_DEFAULTS.get(field)):
+            if field in _KIND_TAKES[name]:
+                schedule[field] = current[field]
+            else:
+                lost.append(f"{field} {current[field]}")
+    if lost:
+        option = "--" + name.replace("_", "-")
+        click.echo(
+            f"punctual: {option} makes {_KIND_NAMES[name]} schedule, which would lose the job's "
+            f"{' and '.join(lost)}; to replace the schedule whole, give it with --body "
+            """'{"schedule": {...}}'""",
+            err=True,
+        )
+        sys.exit(2)
+    return schedule
 
 
 @jobs.command("update")
@@ -444,8 +450,9 @@ def update(
     """Change a job (PATCH): only the fields given change; prints the job.
 
     Options that set part of a field (--timezone, --max-attempts, --method, --gap,
-    ...) keep the rest of that field as the job has it. A new --cron, --interval-s
-    or --run-at replaces the schedule (with --timezone, --start-at, --end-at if given).
+    ...) keep the rest of that field as the job has it: a new --cron, --interval-s or
+    --run-at keeps the job's timezone, start_at and end_at where the new kind takes
+    them, and refuses (one line) to drop one it cannot take.
     """
     changes = _json_value(body, "--body") or {}
     if not isinstance(changes, dict):
@@ -462,13 +469,16 @@ def update(
     if name is not None:
         changes["name"] = name
     bounds = {"timezone": timezone, "start_at": start_at, "end_at": end_at}
-    kind = {"cron": cron, "interval_s": interval_s, "run_at": run_at}
-    if sum(value is not None for value in kind.values()) > 1:
+    kind = {
+        k: v for k, v in {"cron": cron, "interval_s": interval_s, "run_at": run_at}.items() if v is not None
+    }
+    if len(kind) > 1:
         raise click.UsageError("give one of --cron, --interval-s, --run-at")
-    if any(value is not None for value in kind.values()):
-        changes["schedule"] = {k: v for k, v in {**kind, **bounds}.items() if v is not None}
-    elif any(value is not None for value in bounds.values()):
-        changes["schedule"] = _merged(job()["schedule"], bounds)
+    if kind or any(value is not None for value in bounds.values()):
+        # --body's schedule, when it gives one, stands for the job's: it is the whole schedule.
+        given = changes.get("schedule")
+        base = given if isinstance(given, dict) else job()["schedule"]
+        changes["schedule"] = _new_schedule(base, kind, bounds) if kind else _merged(base, bounds)
     if target_url is not None and topic is not None:
         raise click.UsageError("give --target-url or --topic, not both")
     target_parts = {
@@ -546,24 +556,36 @@ def runs(ctx: click.Context, job_id: str, limit, cursor, as_json: bool) -> None:
     _show_page(_call(lambda: client.list_runs(job_id, limit=limit, cursor=cursor)), as_json, _run_rows)
 
 
-@click.command()
+@click.command(cls=ClientCommand)
 @click.argument("cron")
 @click.option("--timezone", default="UTC", show_default=True, help="IANA zone the expression runs in.")
 @click.option("--count", default=10, show_default=True, type=int, help="How many instants (1-100).")
 @click.option("--after", help="Start after this instant (RFC 3339; default now).")
 @click.option("--gap", type=click.Choice(["shift", "skip"]))
 @click.option("--overlap", type=click.Choice(["once", "twice"]))
-@_url_option
-@_key_option
 @_json_option
-def preview(cron, timezone, count, after, gap, overlap, url, api_key, as_json) -> None:
-    """The next fire instants of CRON, in UTC and local time, with DST flags."""
-    client = _connect(url, api_key)
-    items = _call(
-        lambda: client.preview_schedule(
-            cron, timezone=timezone, count=count, after=after, gap=gap, overlap=overlap
-        )
-    )
+@click.pass_context
+def preview(ctx: click.Context, cron, timezone, count, after, gap, overlap, as_json) -> None:
+    """The next fire instants of a cron expression.
+
+    In UTC and local time, with DST flags. Computed here, by the code the API
+    runs, unless a server is named (--url, or PUNCTUAL_URL set): then the API
+    answers, with its own time-zone data. The output is the same either way.
+    """
+    query = {
+        "cron": cron,
+        "timezone": timezone,
+        "count": count,
+        "after": after,
+        "gap": gap,
+        "overlap": overlap,
+    }
+    query = {k: v for k, v in query.items() if v is not None}
+    if server_named(ctx):
+        client = _client(ctx)
+        items = _call(lambda: client.preview_schedule(**query))
+    else:
+        items = _local_preview(query)
     if as_json:
         click.echo(
             json.dumps(
@@ -587,6 +609,24 @@ def preview(cron, timezone, count, after, gap, overlap, url, api_key, as_json) -
             ["UTC", "LOCAL", "DST"],
         )
     )
+
+
+def _local_preview(query: dict[str, Any]) -> list:
+    """GET /schedules/preview's answer, computed in this process: the same parsing, the
+    same core and the same JSON, read back through the SDK's model as an answer is."""
+    from app.api.problems import problem_for
+    from app.api.serialize import preview_json
+    from app.core.errors import ValidationError
+    from app.services.previews import preview_items
+    from punctual_client import PreviewItem
+    from punctual_client.errors import error_for
+
+    try:
+        answer = preview_json(preview_items({k: str(v) for k, v in query.items()}))
+    except ValidationError as exc:
+        click.echo(f"punctual: {error_for(422, problem_for(exc))}", err=True)
+        sys.exit(1)
+    return [PreviewItem.from_json(item) for item in answer["items"]]
 
 
 COMMANDS = [jobs, preview]

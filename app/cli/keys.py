@@ -12,6 +12,7 @@ import json
 
 import click
 
+from app.cli.help import SummaryGroup
 from app.cli.ops import load_registry
 
 _json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
@@ -21,7 +22,7 @@ def _registry():
     return load_registry()  # refused with one line on a DSN list the shard map disagrees with
 
 
-@click.group()
+@click.group(cls=SummaryGroup)
 def keys() -> None:
     """API keys and signing secrets."""
 

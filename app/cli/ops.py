@@ -12,6 +12,7 @@ import sys
 
 import click
 
+from app.cli.help import SummaryGroup
 from app.core.errors import SettingsError
 
 
@@ -33,24 +34,46 @@ def load_registry(serving: bool = False):
     from app.registry.engines import registry_for
     from app.registry.shard_map import MapUnavailable, ShardMapError
 
-    registry = registry_for(load_settings())
+    settings = load_settings()
+    registry = registry_for(settings)
     try:
         registry.check()
     except MapUnavailable as exc:
         if not serving:
-            click.echo(f"punctual: {exc}", err=True)
+            click.echo(f"punctual: {_embedded_reason(settings) or exc}", err=True)
             sys.exit(2)
         click.echo(f"punctual: warning: {exc}; the map is read when it answers", err=True)
     except ShardMapError as exc:
-        click.echo(f"punctual: {exc}", err=True)
+        click.echo(f"punctual: {_embedded_reason(settings) or exc}", err=True)
         sys.exit(2)
     return registry
 
 
+def _embedded_reason(settings) -> str | None:
+    """Why the embedded registry was not there, when PUNCTUAL_DATABASE_URLS is unset
+    (an operator command run away from `punctual dev`'s data dir, or with the
+    variable not exported): the real cause, not "no database answers"."""
+    import os
+    from pathlib import Path
+
+    if os.environ.get("PUNCTUAL_DATABASE_URLS") or not settings.embedded:
+        return None
+    path = Path(settings.database_urls[0].removeprefix("sqlite:///"))
+    found = "does not exist" if not path.exists() else "holds no migrated registry"
+    return (
+        f"PUNCTUAL_DATABASE_URLS is not set, so the embedded registry in PUNCTUAL_DATA_DIR "
+        f"({settings.data_dir}) was used, and {path} {found}: set PUNCTUAL_DATABASE_URLS to your "
+        f"databases' DSNs, or run this where `punctual dev` keeps its data"
+    )
+
+
 @click.command()
 def migrate() -> None:
-    """Create or upgrade the schema on every database (safe to repeat); the first run
-    also writes the shard map, and a database added at the end gets its identity."""
+    """Create or upgrade the schema on every database.
+
+    Safe to repeat. The first run also writes the shard map, and a database added
+    at the end of PUNCTUAL_DATABASE_URLS gets its identity.
+    """
     import sqlalchemy as sa
 
     from app.registry.migrate import establish_cluster, migrate_schema
@@ -99,10 +122,13 @@ def _reason(exc: Exception) -> str:
     return " ".join(text.split())
 
 
-@click.group(invoke_without_command=True)
+@click.group(cls=SummaryGroup, invoke_without_command=True)
 @click.pass_context
 def owners(ctx: click.Context) -> None:
-    """Owners: their weights, quota and runs on the way (alone: `owners list`)."""
+    """Owners: their weights, quota and runs on the way.
+
+    Alone, the same as `owners list`.
+    """
     if ctx.invoked_subcommand is None:
         ctx.invoke(owners_list)
 
@@ -112,12 +138,11 @@ def owners(ctx: click.Context) -> None:
 def owners_list(as_json: bool) -> None:
     """Every owner: weight, quota (PUNCTUAL_OWNER_MAX_IN_FLIGHT), and its jobs due,
     runs waiting (claimed, not started) and running, counted in the registry now."""
-    from app.registry.engines import registry_for
     from app.services.owners import activity
 
-    settings = load_settings()
-    quota = settings.owner_max_in_flight or None
-    found = activity(registry_for(settings))
+    registry = load_registry()
+    quota = registry.settings.owner_max_in_flight or None
+    found = activity(registry)
     if as_json:
         for item in found:
             click.echo(json.dumps({**item.as_dict(), "max_in_flight": quota}))
@@ -143,12 +168,10 @@ def owners_list(as_json: bool) -> None:
 )
 def owners_set(owner: str, weight: int) -> None:
     """Set an owner's weight (pollers pick it up within 30 s)."""
-    from app.registry.engines import registry_for
     from app.services.owners import set_weight
 
-    settings = load_settings()
     try:
-        set_weight(registry_for(settings), owner, weight)
+        set_weight(load_registry(), owner, weight)
     except LookupError as exc:
         click.echo(f"punctual: {exc.args[0]}", err=True)
         sys.exit(1)

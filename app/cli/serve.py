@@ -111,7 +111,10 @@ def api(
     graceful_timeout_s: int,
     control_socket: str | None,
 ) -> None:
-    """Serve the HTTP API (gunicorn, gthread workers, graceful shutdown on SIGTERM)."""
+    """Serve the HTTP API under gunicorn.
+
+    gthread workers; SIGTERM stops accepting and lets requests in flight finish.
+    """
     from gunicorn.app.base import BaseApplication
 
     settings = load_settings()  # a bad variable stops here, before any worker starts

@@ -14,15 +14,19 @@ from datetime import UTC, datetime
 
 import click
 
+from app.cli.help import SummaryGroup
 from app.cli.ops import load_registry
 
 
-@click.group(invoke_without_command=True)
+@click.group(cls=SummaryGroup, invoke_without_command=True)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list, one object per shard.")
 @click.pass_context
 def shards(ctx: click.Context, as_json: bool) -> None:
-    """One row per logical shard: its database (index into PUNCTUAL_DATABASE_URLS), jobs,
-    jobs due now, the oldest due, runs in flight, and a move in progress."""
+    """Where each logical shard lives, and what it holds.
+
+    One row per logical shard: its database (index into PUNCTUAL_DATABASE_URLS),
+    jobs, jobs due now, the oldest due, runs in flight, and a move in progress.
+    """
     if ctx.invoked_subcommand is not None:
         return
     from app.registry.census import shard_census

@@ -112,7 +112,7 @@ def create_job(
     shard = shard_for(job_id, registry.settings.shards)
     engine = registry.engine_for_shard(shard)
     try:
-        spec = validate_job(body, allow_private=registry.settings.allow_private_targets)
+        spec = validate_job(body, allow_private=registry.settings.private_target_policy)
         run_at_not_past(spec.schedule, now, registry.settings.misfire_grace_s)
         first = first_fire_remembered(spec.schedule, spec.dst, now, now)
         if first is None:
@@ -274,22 +274,26 @@ def count_by_state(registry: Registry) -> dict[str, int]:
     return counts
 
 
-def backlog_by_shard(registry: Registry, now: datetime) -> dict[int, int]:
-    """Jobs due by `now` and not claimed yet, per logical shard (operator metrics).
+def backlog_by_shard(registry: Registry, now: datetime) -> dict[int, tuple[int, float]]:
+    """(jobs due by `now` and not claimed yet, seconds the oldest of them has been due)
+    per logical shard, (0, 0.0) for a shard with none (operator metrics).
 
-    A backlog that stays above zero means the pollers and workers do not keep up.
+    A backlog that stays above zero, or grows old, means the pollers and workers do not
+    keep up, or nothing polls the shard.
     """
-    counts = dict.fromkeys(range(registry.settings.shards), 0)
+    found = dict.fromkeys(range(registry.settings.shards), (0, 0.0))
     query = (
-        sa.select(jobs.c.shard, sa.func.count())
+        sa.select(jobs.c.shard, sa.func.count(), sa.func.min(jobs.c.next_run_at))
         .where(jobs.c.state == "scheduled", jobs.c.next_run_at <= now)
         .group_by(jobs.c.shard)
     )
     for engine in registry.engines:
         with engine.connect() as conn:
-            for shard, count in conn.execute(query):
-                counts[shard] = counts.get(shard, 0) + count
-    return counts
+            for shard, count, oldest in conn.execute(query):
+                before, age = found.get(shard, (0, 0.0))
+                oldest_age = max(0.0, (now - oldest).total_seconds())
+                found[shard] = (before + count, max(age, oldest_age))
+    return found
 
 
 # --- change ------------------------------------------------------------------------
@@ -305,7 +309,7 @@ def patch_job(registry: Registry, owner: str, job_id: str, body: object, now: da
     dst or jitter_s restarts the cursor at first_fire(now) (no occurrence left: the
     job is completed).
     """
-    changes = validate_changes(body, allow_private=registry.settings.allow_private_targets)
+    changes = validate_changes(body, allow_private=registry.settings.private_target_policy)
     if "schedule" in changes:
         run_at_not_past(changes["schedule"], now, registry.settings.misfire_grace_s)
     engine, key = locate(registry, job_id)

@@ -90,4 +90,26 @@ def test_a_client_command_with_no_api_running_says_so_in_one_line():
         port = probe.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     result = _run([PUNCTUAL, "jobs", "list"], _env(PUNCTUAL_URL=url, PUNCTUAL_API_KEY="pk_anything"))
-    assert _one_line(result) == f"punctual: no Punctual API answers at {url} (is `punctual api` running?)"
+    assert _one_line(result) == (
+        f"punctual: no Punctual API answers at {url}: connection refused (is `punctual api` running?)"
+    )
+
+
+def test_a_url_without_its_scheme_is_named_as_the_cause():
+    result = _run([PUNCTUAL, "jobs", "list"], _env(PUNCTUAL_URL="localhost:8000", PUNCTUAL_API_KEY="pk_x"))
+    assert _one_line(result) == (
+        "punctual: PUNCTUAL_URL='localhost:8000' has no scheme: say http://localhost:8000 or https://localhost:8000"
+    )
+    assert result.returncode == 2
+    typed = _run([PUNCTUAL, "dead-letters", "--url", "localhost:8000"], _env(PUNCTUAL_API_KEY="pk_x"))
+    assert _one_line(typed).startswith("punctual: --url='localhost:8000' has no scheme")
+
+
+def test_an_operator_command_away_from_a_clone_names_the_unset_variable(tmp_path):
+    result = subprocess.run(
+        [PUNCTUAL, "keys", "list"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=60
+    )
+    line = _one_line(result)
+    assert line.startswith("punctual: PUNCTUAL_DATABASE_URLS is not set, so the embedded registry"), line
+    assert f"{tmp_path}/.punctual/registry.sqlite3 does not exist" in line
+    assert not (tmp_path / ".punctual").exists()  # looking created nothing
