@@ -1,13 +1,17 @@
 """docker-compose.yml is for users: hold every service to the CLI and the settings.
 
-There is no Docker engine here, so the file is parsed and checked: images, start
-order, commands against the real `punctual` and Celery command lines, the shard
-queues split across workers, and configuration through PUNCTUAL_* only.
-`docker compose config` also runs where the compose plugin exists.
+There is no Docker engine here, so the file is parsed, its variables interpolated
+as compose does, and checked: images, start order, commands against the real
+`punctual` and Celery command lines, the shard queues split across workers by
+`punctual queues`, configuration through PUNCTUAL_* only, credentials that have
+no default, and ports published on this host only. `docker compose config` also
+runs where the compose plugin exists.
 """
 
 from __future__ import annotations
 
+import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,16 +22,70 @@ from click.testing import CliRunner
 
 from app.cli import main
 from app.registry.sharding import queue_name
-from app.settings import VARIABLES, Settings
+from app.settings import VARIABLES, Settings, use_settings
 
 ROOT = Path(__file__).resolve().parents[2]
-COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-SERVICES = COMPOSE["services"]
+RAW = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+# What an operator sets before `docker compose up` (docker-compose.yml's header).
+CREDENTIALS = {"POSTGRES_PASSWORD": "pg-secret", "RABBITMQ_PASSWORD": "mq-secret", "FLOWER_BASIC_AUTH": "a:b"}
 PUNCTUAL_SERVICES = {"migrate", "api", "beat", "worker-a", "worker-b", "flower"}
+# Compose's interpolation: $$, ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?error}, ${VAR?error}.
+_VARIABLE = re.compile(r"\$\$|\$\{(\w+)(?:(:?[-?])([^}]*))?\}")
+
+
+class Unset(Exception):
+    """A required variable (${VAR:?...}) is not set: compose refuses to start."""
+
+
+def interpolate(value, env: dict[str, str]):
+    if isinstance(value, dict):
+        return {key: interpolate(item, env) for key, item in value.items()}
+    if isinstance(value, list):
+        return [interpolate(item, env) for item in value]
+    if not isinstance(value, str):
+        return value
+
+    def one(match: re.Match) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name, kind, word = match.group(1), match.group(2), match.group(3)
+        given = env.get(name)
+        missing = given is None or (given == "" and kind is not None and kind.startswith(":"))
+        if missing and kind in (":?", "?"):
+            raise Unset(f"{name}: {word}")
+        return word if missing and kind in (":-", "-") else (given or "")
+
+    return _VARIABLE.sub(one, value)
+
+
+COMPOSE = interpolate(RAW, CREDENTIALS)
+SERVICES = COMPOSE["services"]
 
 
 def _command(name: str) -> list[str]:
-    return SERVICES[name]["command"]
+    """The service's argv; a `sh -c '...'` command is split as its shell would."""
+    argv = SERVICES[name]["command"]
+    if argv[:2] == ["sh", "-c"]:
+        words = shlex.split(argv[2])
+        return words[1:] if words[0] == "exec" else words
+    return argv
+
+
+def _queues(argv: list[str]) -> list[str]:
+    """A worker's -Q list, running the `$(punctual queues ...)` it gets it from."""
+    value = argv[argv.index("-Q") + 1]
+    computed = re.fullmatch(r"\$\(punctual (queues[^)]*)\)", value)
+    if computed is None:
+        return value.split(",")
+    use_settings(None)  # the command reads the service's environment, as in its container
+    try:
+        result = CliRunner().invoke(
+            main, shlex.split(computed.group(1)), env=SERVICES["worker-a"]["environment"]
+        )
+    finally:
+        use_settings(None)
+    assert result.exit_code == 0, result.output
+    return result.stdout.strip().split(",")
 
 
 def test_every_service_has_an_image_and_known_dependencies():
@@ -80,8 +138,36 @@ def test_celery_services_point_at_the_app_and_split_every_shard_queue_once():
     for name in ("worker-a", "worker-b"):
         argv = _command(name)
         assert argv[3] == "worker"
-        queues += argv[argv.index("-Q") + 1].split(",")
+        assert "$(punctual queues --worker" in argv[argv.index("-Q") + 1], "a hand-written queue list"
+        queues += _queues(argv)
     assert sorted(queues) == [queue_name(s) for s in range(16)]
+
+
+def test_credentials_come_from_the_environment_with_no_default():
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert "punctual:punctual" not in text and "guest" not in text
+    for variable in CREDENTIALS:
+        with pytest.raises(Unset, match=variable):
+            interpolate(RAW, {k: v for k, v in CREDENTIALS.items() if k != variable})
+    assert SERVICES["postgres-a"]["environment"]["POSTGRES_PASSWORD"] == "pg-secret"
+    assert SERVICES["rabbitmq"]["environment"]["RABBITMQ_DEFAULT_PASS"] == "mq-secret"
+    settings = Settings.from_env(SERVICES["api"]["environment"])
+    assert all(":pg-secret@" in dsn for dsn in settings.database_urls)
+    assert settings.broker_url == "amqp://punctual:mq-secret@rabbitmq:5672//"
+
+
+def test_published_ports_listen_on_this_host_only_and_rabbitmqs_ui_is_not_published():
+    assert "ports" not in SERVICES["rabbitmq"]
+    published = [(name, port) for name, service in SERVICES.items() for port in service.get("ports", ())]
+    assert published, "nothing published: the API would be unreachable"
+    for name, port in published:
+        assert port.startswith("127.0.0.1:"), (name, port)
+
+
+def test_rabbitmq_keeps_its_messages_across_a_restart():
+    rabbitmq = SERVICES["rabbitmq"]
+    assert "rabbitmq:/var/lib/rabbitmq" in rabbitmq["volumes"] and "rabbitmq" in COMPOSE["volumes"]
+    assert rabbitmq["hostname"] == "rabbitmq"  # the node name its data is kept under
 
 
 @pytest.mark.skipif(
@@ -122,8 +208,8 @@ def test_workers_are_health_checked_by_pinging_their_own_node_name():
         kind, check = SERVICES[name]["healthcheck"]["test"]
         assert kind == "CMD-SHELL"
         assert check.startswith("celery -A app inspect ping -d ")
-        # $$ is compose's escape: the shell in the container sees $HOSTNAME.
-        assert f" -d {node.replace('%h', '$$HOSTNAME')} " in check + " ", check
+        # $$ is compose's escape (interpolated above): the shell in the container sees $HOSTNAME.
+        assert f" -d {node.replace('%h', '$HOSTNAME')} " in check + " ", check
 
 
 def test_beat_is_health_checked_by_the_age_of_the_file_it_touches():
@@ -138,10 +224,12 @@ def test_flower_is_behind_basic_auth_from_the_environment_and_shows_queue_length
     argv = _command("flower")
     [auth] = [a for a in argv if a.startswith("--basic_auth=")]
     # compose refuses to start without it (`:?`), so Flower never runs open.
-    assert auth.startswith("--basic_auth=${FLOWER_BASIC_AUTH:?")
+    assert auth == "--basic_auth=a:b"
     [api] = [a for a in argv if a.startswith("--broker_api=")]
     assert api.endswith(":15672/api/") and "@rabbitmq:" in api
-    assert "15672:15672" in SERVICES["rabbitmq"]["ports"] and "management" in SERVICES["rabbitmq"]["image"]
+    assert "management" in SERVICES["rabbitmq"]["image"]
+    [raw] = [a for a in RAW["services"]["flower"]["command"] if a.startswith("--basic_auth=")]
+    assert raw.startswith("--basic_auth=${FLOWER_BASIC_AUTH:?")
 
 
 def test_each_worker_serves_its_metrics_on_a_port_of_its_own():
@@ -150,7 +238,7 @@ def test_each_worker_serves_its_metrics_on_a_port_of_its_own():
         port = Settings.from_env(SERVICES[name]["environment"]).metrics_port
         assert port > 0, name
         [mapping] = SERVICES[name]["ports"]
-        host_port, container_port = mapping.split(":")
+        _host, host_port, container_port = mapping.split(":")
         assert int(container_port) == port
         published.append(int(host_port))
     assert len(set(published)) == 2, published
