@@ -356,8 +356,8 @@ def _merged(current: dict, given: dict) -> dict:
     return {**current, **{k: v for k, v in given.items() if v is not None}}
 
 
-# The schedule fields each kind takes besides its own (docs/api.md "Schedule"), and the
-# defaults the API writes out, which carry nothing worth keeping.
+# The schedule fields each kind takes besides its own (docs/api.md "Create: `POST /jobs`"),
+# and the defaults the API writes out, which carry nothing worth keeping.
 _KIND_TAKES = {"cron": ("timezone", "start_at", "end_at"), "interval_s": ("start_at", "end_at"), "run_at": ()}
 _KIND_NAMES = {"cron": "a cron", "interval_s": "an interval", "run_at": "a one-off"}
 _SCHEDULE_DEFAULTS = {"timezone": "UTC"}

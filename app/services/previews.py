@@ -2,7 +2,7 @@
 
 One code path for `GET /schedules/preview` and for `punctual preview` computing
 locally (no server named), so both answer the same. Parameters (docs/api.md
-"Schedules preview"): `cron` or `interval_s`, `timezone` (default UTC), `count`
+"Schedules preview: `GET /schedules/preview`"): `cron` or `interval_s`, `timezone` (default UTC), `count`
 1-100 (default 10), `after` (default now, exclusive), `gap` and `overlap` (the job
 defaults), and `start_at`/`end_at` as in a job's schedule. Every invalid parameter
 is reported at once, named as the parameter (`cron`, not `schedule.cron`).

@@ -1,8 +1,8 @@
 """Typed values of the SDK: what a job is made of, and what the API answers.
 
 What a caller sends (targets, schedules, retry and DST policies) are TypedDicts:
-plain dicts at run time, checked by a type checker (docs/api.md "Create: POST
-/jobs" gives every field). States and policies are Literals. Results (Job, Run,
+plain dicts at run time, checked by a type checker (docs/api.md "Create:
+`POST /jobs`" gives every field). States and policies are Literals. Results (Job, Run,
 Page, PreviewItem, BatchResult) are frozen dataclasses; instants are aware UTC
 datetimes. Every result keeps the JSON it came from in `raw`, so a field added to
 the API later is never lost to an older SDK.

@@ -66,7 +66,8 @@ def test_each_bad_entry_gets_a_line_naming_the_variable():
         "PUNCTUAL_PRIVATE_TARGETS: '10.0.0.1/8' has bits set after its prefix: the network is 10.0.0.0/8",
         "PUNCTUAL_PRIVATE_TARGETS: 'not a host' is not a network, an address or a host name"
         " (say 10.0.0.0/8, 10.1.2.3, db.internal or *.internal)",
-        "PUNCTUAL_PRIVATE_TARGETS: '10.0.0.0/33' is not a network (an address and a prefix length, say 10.0.0.0/8)",
+        "PUNCTUAL_PRIVATE_TARGETS: '10.0.0.0/33' is not a network"
+        " (an address and a prefix length, say 10.0.0.0/8)",
         "PUNCTUAL_PRIVATE_TARGETS: '-bad-.internal' is not a network, an address or a host name"
         " (say 10.0.0.0/8, 10.1.2.3, db.internal or *.internal)",
     ]
