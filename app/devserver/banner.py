@@ -76,7 +76,8 @@ def banner(url: str, key: NewKey, data_dir: Path, env_file: Path, ignored: tuple
         textwrap.indent(curl_example(url, key.api_key), "  "),
         "",
         f"In another shell, `. {shlex.quote(str(env_file))}` sets PUNCTUAL_URL and PUNCTUAL_API_KEY for",
-        "`punctual jobs ...` and the SDK. Loopback and private targets are allowed in dev mode.",
+        "`punctual jobs ...` and the SDK, and WEBHOOK_SIGNING_SECRET for a receiver's verify_signature.",
+        "Loopback and private targets are allowed in dev mode.",
     ]
     if ignored:
         lines.append(f"Ignored in dev mode (the embedded defaults are used): {', '.join(ignored)}.")
