@@ -32,7 +32,6 @@ from pathlib import Path
 
 import pytest
 
-from app.settings import VARIABLES
 from punctual_client import Client
 from punctual_client.signature import signature_header
 from tests.acceptance.dev_process import DevProcess, clean_env, kill_leftovers, leftovers, wait_until
@@ -59,18 +58,6 @@ def test_every_block_the_tests_run_is_marked_in_the_readme():
     assert set(blocks()) == TESTED
     install, serve = run_block()
     assert install.startswith("pip install") and serve.startswith("punctual dev")
-
-
-def test_the_configuration_table_lists_every_variable_with_its_default():
-    rows = {}
-    for line in README.read_text().splitlines():
-        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if len(cells) == 3 and cells[0].startswith("PUNCTUAL_"):
-            rows[cells[0]] = cells[2]
-    for variable in VARIABLES:
-        assert variable.name in rows, f"README's configuration table lacks {variable.name}"
-        if variable.default:
-            assert rows[variable.name] == variable.default, (variable.name, rows[variable.name])
 
 
 @pytest.fixture(scope="module")

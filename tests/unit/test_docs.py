@@ -25,6 +25,7 @@ from app.settings import VARIABLES
 ROOT = Path(__file__).resolve().parents[2]
 API_MD = ROOT / "docs" / "api.md"
 DESIGN_MD = ROOT / "docs" / "design.md"
+README_MD = ROOT / "README.md"
 
 HTTP_METHODS = ("get", "put", "post", "delete", "patch", "head", "options", "trace")
 # Options documented once for every command that has them, not in each row.
@@ -276,9 +277,9 @@ def test_no_tracked_file_cites_a_document_the_repository_does_not_have():
 
 def test_every_module_the_docs_name_exists():
     missing = []
-    for doc in (API_MD, DESIGN_MD):
+    for doc in sorted((ROOT / "docs").glob("*.md")):
         text = doc.read_text(encoding="utf-8")
-        for name in sorted(set(re.findall(r"\b(?:app|tests|bench|migrations)/[\w/.]*\w", text))):
+        for name in sorted(set(re.findall(r"\b(?:app|tests|bench|migrations)/[\w/.-]*\w", text))):
             if not (ROOT / name).exists():
                 missing.append(f"{doc.relative_to(ROOT)}: {name}")
     assert not missing, "the docs name modules that do not exist:\n" + "\n".join(missing)
@@ -338,3 +339,37 @@ def test_the_module_map_names_every_module():
         if not any(re.search(rf"\b{re.escape(package)}/(?:[\w.]+, )*{name}\b", row) for row in rows):
             unnamed.append(relative.as_posix())
     assert not unnamed, "modules missing from docs/design.md 'Module map':\n" + "\n".join(unnamed)
+
+
+# --- README.md: a newcomer's hour ---------------------------------------------------
+
+
+def test_the_readme_is_short_and_its_lines_are_readable():
+    lines = README_MD.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines; what is longer belongs in docs/"
+    long = [number for number, line in enumerate(lines, 1) if len(line) > 400]
+    assert not long, f"README.md lines over 400 characters: {long}"
+
+
+def test_the_performance_section_is_one_short_table_with_dated_commands():
+    performance = section(README_MD.read_text(encoding="utf-8"), "## Performance")
+    tables = re.findall(r"(?:^\|.*\n?)+", performance, flags=re.M)
+    assert len(tables) == 1, "README.md 'Performance' holds one table"
+    rows = table_rows(tables[0])
+    assert 5 <= len(rows) <= 10, f"{len(rows)} rows: at most 10, the most important"
+    for row in rows:
+        assert all(len(cell) <= 160 for cell in row), f"a cell over 160 characters: {row[0]}"
+        line = " | ".join(row)
+        assert re.search(r"\b20\d\d-\d\d-\d\d\b", line), f"no date: {row[0]}"
+        assert "python -m bench." in line, f"no command: {row[0]}"
+
+
+def test_the_readme_points_at_the_configuration_table_and_names_only_real_variables(api_md):
+    readme = README_MD.read_text(encoding="utf-8")
+    configuration = section(readme, "## Configuration")
+    assert "punctual --help" in configuration and "docs/api.md" in configuration
+    assert '"Configuration"' in configuration, "the pointer names docs/api.md's section"
+    known = {v.name for v in VARIABLES}
+    known |= set(documented_variables(api_md, "### The client commands' variables"))
+    unknown = sorted(set(re.findall(r"PUNCTUAL_[A-Z_]*[A-Z]", readme)) - known)
+    assert not unknown, f"README.md names variables that do not exist: {unknown}"
