@@ -373,3 +373,23 @@ def test_the_readme_points_at_the_configuration_table_and_names_only_real_variab
     known |= set(documented_variables(api_md, "### The client commands' variables"))
     unknown = sorted(set(re.findall(r"PUNCTUAL_[A-Z_]*[A-Z]", readme)) - known)
     assert not unknown, f"README.md names variables that do not exist: {unknown}"
+
+
+# --- bench/: a methods document and the results it cites ----------------------------
+
+RESULT_FILE = re.compile(r"\bbench/results/[\w.-]+\.json\b")
+
+
+def test_the_bench_readme_is_a_methods_document_not_a_diary():
+    lines = (ROOT / "bench" / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 500, f"bench/README.md has {len(lines)} lines; history goes to docs/design.md"
+
+
+def test_bench_results_tracks_exactly_the_files_the_docs_cite():
+    documents = [README_MD, ROOT / "bench" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    cited = {name for doc in documents for name in RESULT_FILE.findall(doc.read_text(encoding="utf-8"))}
+    tracked = {path.relative_to(ROOT).as_posix() for path in tracked_text_files(("bench/results/",))}
+    assert cited, "no document cites a result file: the pattern no longer matches how they cite"
+    assert len(tracked) <= 40, f"bench/results/ tracks {len(tracked)} files"
+    assert not cited - tracked, f"cited but not tracked (git add -f): {sorted(cited - tracked)}"
+    assert not tracked - cited, f"tracked but cited nowhere (git rm): {sorted(tracked - cited)}"
