@@ -14,6 +14,7 @@ import click
 
 from app.cli.help import SummaryGroup
 from app.core.errors import SettingsError
+from app.core.weights import MAX_WEIGHT, MIN_WEIGHT
 
 
 def load_settings():
@@ -162,9 +163,10 @@ def owners_list(as_json: bool) -> None:
 @click.argument("owner")
 @click.option(
     "--weight",
-    type=click.IntRange(1, 1000),
+    type=click.IntRange(MIN_WEIGHT, MAX_WEIGHT),
     required=True,
-    help="The owner's share of each claim batch relative to other owners with due rows (1-1000).",
+    help=f"The owner's share of each claim batch relative to other owners with due rows "
+    f"({MIN_WEIGHT}-{MAX_WEIGHT}).",
 )
 def owners_set(owner: str, weight: int) -> None:
     """Set an owner's weight (pollers pick it up within 30 s)."""

@@ -3,9 +3,10 @@
 The claim (app.pollers.claim) first lists the owners of a shard that have due rows;
 `fair_shares` then says how many rows each may take in this batch of `limit`:
 
-- A round gives every owner with due rows `weight` rows (the owner's weight, set
-  with `punctual owners set`, default 1). As many whole rounds as fit in the batch are given, and what is left
-  goes one row each to the owners waiting longest (oldest due instant first).
+- A round gives every owner with due rows `weight` rows (the owner's weight,
+  app.core.weights; set with `punctual owners set`, default 1). As many whole rounds
+  as fit in the batch are given, and what is left goes one row each to the owners
+  waiting longest (oldest due instant first).
 - When one round does not fit (more owners due than the batch holds), the owners
   waiting longest get their round and the others wait for the next batch. Those
   served move on to later rows, so the ones left out are the oldest next time:
@@ -22,10 +23,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-__all__ = ["DEFAULT_WEIGHT", "MAX_WEIGHT", "Shares", "fair_shares"]
+from app.core.weights import DEFAULT_WEIGHT, weight_of
 
-DEFAULT_WEIGHT = 1
-MAX_WEIGHT = 1000
+__all__ = ["Shares", "fair_shares"]
 
 
 class Shares(NamedTuple):
@@ -48,7 +48,7 @@ def fair_shares(
     by_name = sorted(set(due_owners))
     turn = next((i for i, owner in enumerate(by_name) if after is not None and owner > after), 0)
     order = by_name[turn:] + by_name[:turn]
-    weight = {owner: _weight(weights.get(owner, DEFAULT_WEIGHT)) for owner in order}
+    weight = {owner: weight_of(weights.get(owner, DEFAULT_WEIGHT)) for owner in order}
     round_rows = sum(weight.values())
     if round_rows > limit:  # not every owner fits: those next in turn get their round
         takes, left = [], limit
@@ -67,10 +67,3 @@ def fair_shares(
     for owner in order[:odd]:
         extra[owner] += 1
     return Shares([(owner, rounds * weight[owner] + extra[owner]) for owner in order], turn_ends)
-
-
-def _weight(value) -> int:
-    try:
-        return min(MAX_WEIGHT, max(1, int(value)))
-    except (TypeError, ValueError):
-        return DEFAULT_WEIGHT

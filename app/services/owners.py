@@ -1,7 +1,7 @@
 """Owners, their API keys, signing secrets and weights.
 
-An owner's weight (default 1) is its share of each claim batch relative to the other
-owners with due rows (app.pollers.shares); `punctual owners set OWNER --weight N`.
+An owner's weight (app.core.weights, default 1) is its share of each claim batch
+relative to the other owners with due rows; `punctual owners set OWNER --weight N`.
 
 Owners and keys live on the home database (app.registry.shard_map). Only the SHA-256 of a key
 is stored; a request's key is hashed and looked up, then compared in constant time.
@@ -34,7 +34,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from app.core.timefmt import format_instant, utcnow
-from app.pollers.shares import DEFAULT_WEIGHT, MAX_WEIGHT
+from app.core.weights import DEFAULT_WEIGHT, MAX_WEIGHT, MIN_WEIGHT
 from app.registry.bulk import key_in
 from app.registry.engines import Registry
 from app.registry.schema import api_keys, jobs, owners, runs
@@ -158,8 +158,8 @@ class OwnerActivity:
 
 def set_weight(registry: Registry, owner: str, weight: int) -> None:
     """Store `owner`'s weight; the pollers see it within CACHE_TTL_S."""
-    if not DEFAULT_WEIGHT <= weight <= MAX_WEIGHT:
-        raise ValueError(f"weight must be an integer from {DEFAULT_WEIGHT} to {MAX_WEIGHT}")
+    if not MIN_WEIGHT <= weight <= MAX_WEIGHT:
+        raise ValueError(f"weight must be an integer from {MIN_WEIGHT} to {MAX_WEIGHT}")
     with registry.home.begin() as conn:
         update = sa.update(owners).where(owners.c.owner == owner).values(weight=weight)
         changed = conn.execute(update).rowcount

@@ -5,8 +5,9 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime
 
+from app.core.weights import DEFAULT_WEIGHT, MAX_WEIGHT, MIN_WEIGHT, weight_of
 from app.lifecycle.message import round_robin
-from app.pollers.shares import MAX_WEIGHT, fair_shares
+from app.pollers.shares import fair_shares
 
 T = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -85,6 +86,18 @@ def test_nothing_due_or_no_room_gives_no_share():
 def test_bad_weights_are_clamped_not_trusted():
     assert shares_of(_due("a", "b"), {"a": 0, "b": -5}, 4) == [("a", 2), ("b", 2)]
     assert shares_of(_due("a", "b"), {"a": 10**9}, MAX_WEIGHT + 1) == [("a", MAX_WEIGHT), ("b", 1)]
+
+
+def test_a_stored_weight_is_read_within_its_bounds_or_as_the_default():
+    assert [weight_of(v) for v in (5, 0, -3, 10**9, "7", 2.9)] == [
+        5,
+        MIN_WEIGHT,
+        MIN_WEIGHT,
+        MAX_WEIGHT,
+        7,
+        2,
+    ]
+    assert [weight_of(v) for v in (None, "heavy", "")] == [DEFAULT_WEIGHT] * 3
 
 
 def test_property_shares_fill_the_batch_in_weight_proportion():
