@@ -8,9 +8,9 @@ import os
 
 from kombu import Exchange, Queue
 
-from app.pollers.beat import beat_schedule as _beat_schedule
-from app.pollers.beat import route_task, shard_queues
+from app.beat.schedule import beat_schedule as _beat_schedule
 from app.settings import get_settings
+from app.tasks.routing import route_task, shard_queues
 
 _settings = get_settings()
 
@@ -117,7 +117,7 @@ task_send_sent_event = False
 # Beat: in-memory schedule (no celerybeat-schedule file), so several beats can run
 # side by side and a restarted beat starts fresh; a missed tick is harmless because
 # a poll claims everything due, however late.
-beat_scheduler = "app.pollers.beat_scheduler:TickScheduler"
+beat_scheduler = "app.beat.scheduler:TickScheduler"
 beat_schedule = _beat_schedule(_settings)
 beat_max_loop_interval = max(0.05, min(1.0, _settings.poll_interval_s / 2))
 

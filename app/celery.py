@@ -33,9 +33,9 @@ import threading
 from celery import Celery, signals
 
 from app.core.errors import SettingsError
-from app.pollers.beat import POLL_TASK, SWEEP_TASK
 from app.settings import get_settings
 from app.tasks.gate import DispatchGateStep
+from app.tasks.routing import POLL_TASK, SWEEP_TASK
 
 try:
     _settings = get_settings()
@@ -140,7 +140,7 @@ def _worker_stopping(**_kw) -> None:
 
 @signals.beat_init.connect
 def _beat_started(**_kw) -> None:
-    from app.pollers import beat_process
+    from app.beat import process as beat_process
 
     beat_process.start(_settings, _settings.beat_alive_file)
 

@@ -30,8 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.pollers.beat import shard_queues
 from app.settings import Settings
+from app.tasks.routing import shard_queues
 
 EMBEDDED = ("PUNCTUAL_DATABASE_URLS", "PUNCTUAL_BROKER_URL", "PUNCTUAL_REDIS_URL")
 

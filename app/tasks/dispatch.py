@@ -27,11 +27,11 @@ from celery.utils.log import get_task_logger
 
 from app.lifecycle.message import DispatchRun, decode_runs, encode_runs, message_headers
 from app.logs import log_context
-from app.pollers.beat import DISPATCH_TASK
 from app.registry.engines import is_fence_error
 from app.registry.sharding import queue_name
 from app.registry.transient import is_transient
 from app.tasks.batch_publisher import BatchPublisher
+from app.tasks.routing import DISPATCH_TASK
 from app.worker.context import get_context
 
 log = get_task_logger("punctual.dispatch")

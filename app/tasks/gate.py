@@ -32,7 +32,7 @@ from typing import Any
 from celery import bootsteps
 
 from app.lifecycle.message import LANE_HEADER, ONE_OFF_LANE, OWNER_HEADER, RUNS_HEADER
-from app.pollers.beat import DISPATCH_TASK, POLL_TASK, SWEEP_TASK
+from app.tasks.routing import DISPATCH_TASK, POLL_TASK, SWEEP_TASK
 from app.worker.turns import Turns
 
 log = logging.getLogger("punctual.gate")

@@ -6,7 +6,7 @@ after its COMMIT, so one tick drains a burst; then the relay sweep publishes
 outbox rows that are due (triggered and replayed runs, off-schedule retries, runs a
 crashed poller left unpublished), so those wait at most about one poll interval.
 
-sweep (slower, see app.pollers.beat): the janitor takes back expired leases, the
+sweep (slower, see app.beat.schedule): the janitor takes back expired leases, the
 relay sweep runs once more, and retention deletes history older than
 PUNCTUAL_HISTORY_DAYS (app.pollers.retention).
 
@@ -28,11 +28,11 @@ from app import metrics
 from app.core.timefmt import utcnow
 from app.logs import log_context
 from app.pollers import janitor, relay, retention
-from app.pollers.beat import POLL_TASK, SWEEP_TASK
 from app.pollers.claim import claim_batch
 from app.registry.engines import is_fence_error
 from app.registry.transient import retrying
 from app.settings import Settings
+from app.tasks.routing import POLL_TASK, SWEEP_TASK
 from app.worker.context import get_context
 
 log = logging.getLogger("punctual.poll")

@@ -19,8 +19,8 @@ from kombu import Connection
 
 from app.core.timefmt import utcnow
 from app.lifecycle.message import message_headers
-from app.pollers.beat import DISPATCH_TASK
 from app.registry.sharding import queue_name
+from app.tasks.routing import DISPATCH_TASK
 from tests.e2e.conftest import make_env
 from tests.e2e.processes import start_worker, wait_ready
 

@@ -14,10 +14,10 @@ from kombu import Connection
 from app.core.timefmt import parse_instant, utcnow
 from app.lifecycle.message import DispatchRun, decode_runs, encode_runs
 from app.pollers import relay
-from app.pollers.beat import DISPATCH_TASK, route_task, shard_queues
 from app.pollers.claim import claim_batch, relay_grace_s
 from app.registry.engines import registry_for
 from app.tasks.batch_publisher import BatchPublisher
+from app.tasks.routing import DISPATCH_TASK, route_task, shard_queues
 from tests.rows import insert_jobs, job, job_row, runs_of
 
 pytestmark = pytest.mark.integration

@@ -1,11 +1,11 @@
-"""app.pollers.beat_process: what beat says about itself, and its alive file."""
+"""app.beat.process: what beat says about itself, and its alive file."""
 
 from __future__ import annotations
 
 import os
 import time
 
-from app.pollers.beat_process import SentCounter, liveness_line, schedule_summary
+from app.beat.process import SentCounter, liveness_line, schedule_summary
 from app.settings import Settings
 
 

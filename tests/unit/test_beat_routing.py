@@ -5,16 +5,9 @@ from __future__ import annotations
 import importlib
 from datetime import timedelta
 
-from app.pollers.beat import (
-    DISPATCH_TASK,
-    POLL_TASK,
-    SWEEP_TASK,
-    beat_schedule,
-    route_task,
-    shard_queues,
-    sweep_interval_s,
-)
+from app.beat.schedule import beat_schedule, sweep_interval_s
 from app.settings import Settings
+from app.tasks.routing import DISPATCH_TASK, POLL_TASK, SWEEP_TASK, route_task, shard_queues
 
 
 def settings(**env) -> Settings:

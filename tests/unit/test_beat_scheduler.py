@@ -14,7 +14,7 @@ import pytest
 from celery import Celery
 from celery.beat import Scheduler
 
-from app.pollers.beat_scheduler import TickScheduler
+from app.beat.scheduler import TickScheduler
 
 
 class Recording:

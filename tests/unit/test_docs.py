@@ -11,6 +11,7 @@ file may point outside the repository or cite a document it does not have.
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 from pathlib import Path
@@ -393,3 +394,63 @@ def test_bench_results_tracks_exactly_the_files_the_docs_cite():
     assert len(tracked) <= 40, f"bench/results/ tracks {len(tracked)} files"
     assert not cited - tracked, f"cited but not tracked (git add -f): {sorted(cited - tracked)}"
     assert not tracked - cited, f"tracked but cited nowhere (git rm): {sorted(tracked - cited)}"
+
+
+# --- layers -------------------------------------------------------------------------
+
+
+def layers() -> list[tuple[str, ...]]:
+    """docs/design.md "Layers": the modules and packages of each layer, lowest first,
+    as dotted names (`app/core/` -> app.core, `app/celery.py` -> app.celery)."""
+    listed = section(DESIGN_MD.read_text(encoding="utf-8"), "### Layers")
+    found = []
+    for line in re.findall(r"^\d+\. (.*)$", listed, flags=re.M):
+        paths = re.findall(r"`(app/[\w/.]+)`", line)
+        found.append(tuple(p.removesuffix(".py").strip("/").replace("/", ".") for p in paths))
+    return found
+
+
+def layer_of(module: str, order: list[tuple[str, ...]]) -> int | None:
+    for index, names in enumerate(order):
+        if any(module == name or module.startswith(name + ".") for name in names):
+            return index
+    return None
+
+
+def app_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) for every import of an app module in `path`, at any depth."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "app":  # `from app import metrics`
+                found += [(node.lineno, f"app.{alias.name}") for alias in node.names]
+            elif node.module.startswith("app."):
+                found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names if alias.name.startswith("app.")]
+    return found
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    order = layers()
+    assert len(order) >= 10 and order[0] == ("app.core",), "docs/design.md 'Layers' no longer reads"
+    upward, unplaced = [], []
+    for path in tracked_text_files(("app/",)):
+        if path.suffix != ".py":
+            continue
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        if module == "app":
+            continue  # the package itself: its version and nothing else
+        own = layer_of(module, order)
+        if own is None:
+            unplaced.append(module)
+            continue
+        for line, imported in app_imports(path):
+            if imported == "app.__version__":
+                continue
+            theirs = layer_of(imported, order)
+            if theirs is None or theirs > own:
+                upward.append(f"{module}:{line} imports {imported}")
+    assert not unplaced, f"modules in no layer of docs/design.md 'Layers': {unplaced}"
+    assert not upward, "imports from a layer above:\n" + "\n".join(upward)

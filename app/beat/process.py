@@ -26,8 +26,9 @@ from pathlib import Path
 
 from celery import signals
 
-from app.pollers.beat import POLL_TASK, SWEEP_TASK, sweep_interval_s
+from app.beat.schedule import sweep_interval_s
 from app.settings import Settings
+from app.tasks.routing import POLL_TASK, SWEEP_TASK
 
 LIVENESS_S = 60.0
 STOP_GRACE_S = 5.0

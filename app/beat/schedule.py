@@ -1,4 +1,4 @@
-"""The beat schedule and the queue routing: pure functions of Settings.
+"""The beat schedule: what beat sends, where and how often (pure functions of Settings).
 
 Every PUNCTUAL_POLL_INTERVAL_S beat sends one `punctual.poll` per logical shard to
 that shard's queue; a slower `punctual.sweep` per shard runs the janitor and the
@@ -12,10 +12,7 @@ from datetime import timedelta
 
 from app.registry.sharding import queue_name
 from app.settings import Settings
-
-POLL_TASK = "punctual.poll"
-SWEEP_TASK = "punctual.sweep"
-DISPATCH_TASK = "punctual.dispatch"
+from app.tasks.routing import POLL_TASK, SWEEP_TASK
 
 
 def sweep_interval_s(settings: Settings) -> float:
@@ -51,14 +48,3 @@ def beat_schedule(settings: Settings) -> dict[str, dict]:
             "options": {"queue": queue, "expires": sweep_interval_s(settings) * 3},
         }
     return schedule
-
-
-def route_task(name: str, args, kwargs, options, task=None, **_kw) -> dict | None:
-    """Celery task router: every Punctual task goes to the queue of its `shard` kwarg."""
-    if name in (POLL_TASK, SWEEP_TASK, DISPATCH_TASK) and kwargs and "shard" in kwargs:
-        return {"queue": queue_name(int(kwargs["shard"]))}
-    return None
-
-
-def shard_queues(settings: Settings) -> list[str]:
-    return [queue_name(shard) for shard in range(settings.shards)]

@@ -3,16 +3,16 @@
 Celery's Scheduler wakes 10 ms before an entry is due (`adjust`'s drift), finds it
 not due yet, puts it back at "now" and is called again at once: it spins for those
 10 ms before every entry it sends. Punctual's schedule sends a poll to each shard
-every PUNCTUAL_POLL_INTERVAL_S and a sweep every few seconds (app.pollers.beat), 18
-or so entries a second with 16 shards, so an idle beat spun through about 110 ticks
-a second and spent a tenth of a core (bench/README.md, 2026-12-04). Here a tick
-sleeps until the entry is due; `time.sleep` does not wake early, so the entry is
-due when it wakes (or a few microseconds later, one short sleep more).
+every PUNCTUAL_POLL_INTERVAL_S and a sweep every few seconds (app.beat.schedule),
+18 or so entries a second with 16 shards, so an idle beat spent most of its CPU
+spinning. Here a tick sleeps until the entry is due; `time.sleep` does not wake
+early, so the entry is due when it wakes (or a few microseconds later, one short
+sleep more).
 
 "Sending due task" is logged at DEBUG, not INFO: at INFO it was 18 lines a second
-that said nothing the liveness line (app.pollers.beat_process, once a minute, how
-many of each task were sent) does not, and formatting them cost a third of beat's
-CPU. A failure to send is still logged at ERROR, as Celery does.
+that said nothing the liveness line (app.beat.process, once a minute, how many of
+each task were sent) does not, and formatting them was a large share of beat's CPU.
+A failure to send is still logged at ERROR, as Celery does.
 """
 
 from __future__ import annotations
