@@ -34,8 +34,8 @@ from celery import Celery, signals
 
 from app.core.errors import SettingsError
 from app.settings import get_settings
-from app.tasks.gate import DispatchGateStep
 from app.tasks.routing import POLL_TASK, SWEEP_TASK
+from app.tasks.turnstile import TurnstileStep
 
 try:
     _settings = get_settings()
@@ -52,7 +52,7 @@ if _settings.metrics_port:
 app = Celery("punctual")
 app.config_from_object("celeryconfig")
 # Dispatch messages reach the pool in fair turns, not first come first served.
-app.steps["consumer"].add(DispatchGateStep)
+app.steps["consumer"].add(TurnstileStep)
 
 log = logging.getLogger("punctual.worker")
 

@@ -248,8 +248,9 @@ def to_messages(
     return messages
 
 
-# What a worker's gate reads from a dispatch message's headers, without decoding its
-# body (app.tasks.gate): its lane, the owner it is charged to, and how many runs it holds.
+# What a worker's turnstile reads from a dispatch message's headers, without decoding
+# its body (app.tasks.turnstile): its lane, the owner it is charged to, and how many
+# runs it holds.
 LANE_HEADER = "punctual_lane"
 OWNER_HEADER = "punctual_owner"
 RUNS_HEADER = "punctual_runs"

@@ -66,7 +66,7 @@ def send_dispatch(shard: int, entries: list[dict], eta: datetime | None = None, 
         kwargs={"shard": shard, "runs": encode_runs(entries)},
         eta=eta,
         shadow=shown_name(shard, len(entries)),
-        # Read by the worker's gate (app.tasks.gate) to take turns without the body.
+        # Read by the worker's turnstile (app.tasks.turnstile) to take turns without the body.
         headers=message_headers(entries),
         **({"producer": producer, "retry": False} if producer is not None else {}),
     )

@@ -1,7 +1,7 @@
 """Turns: which waiting dispatch message a worker starts next.
 
 A worker holds every dispatch message whose instant has come until one of its
-processes is free for it (app.tasks.gate). Under a burst that is thousands of
+processes is free for it (app.tasks.turnstile). Under a burst that is thousands of
 messages, and the order in which they are served decides who is late:
 
 1. Lanes. Messages of the recurring lane (they hold occurrences of cron and interval
@@ -16,7 +16,7 @@ messages, and the order in which they are served decides who is late:
    banks no credit, while an owner served a moment ago keeps what it was served.
 3. Within an owner and lane, messages go in the order they came (their instants).
 
-Pure: no Celery here, no clock; the gate calls `push`, `pop` and nothing else.
+Pure: no Celery here, no clock; the turnstile calls `push`, `pop` and nothing else.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ shard, batches of 10, one batch per 0.25 s tick, nothing claimed ahead), so a ba
 stays in the registry, where the claim is fair: they pin the claim's fairness as the
 workers see it. One test keeps the shipped claim (batches of 500, claimed 10 s ahead),
 so that the whole burst is published before its instant and waits in the worker: it
-pins the worker's turns (app.tasks.gate: the recurring lane first, then the owner
+pins the worker's turns (app.tasks.turnstile: the recurring lane first, then the owner
 served least).
 """
 

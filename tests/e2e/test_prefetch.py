@@ -1,5 +1,5 @@
 """A worker takes its messages as fast as the broker hands them out, however many it
-already holds for their eta (app.tasks.gate.settle_prefetch).
+already holds for their eta (app.tasks.turnstile.settle_prefetch).
 
 Each message held for its eta widens the consumer's prefetch window by one, but
 Celery sends a changed window once per turn of its loop, and the messages read while

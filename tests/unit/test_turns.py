@@ -1,5 +1,5 @@
-"""Which waiting dispatch message goes next (app.worker.turns), and the gate that keeps
-at most one per pool process in the pool (app.tasks.gate), without Celery or I/O."""
+"""Which waiting dispatch message goes next (app.worker.turns), and the turnstile that keeps
+at most one per pool process in the pool (app.tasks.turnstile), without Celery or I/O."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from kombu.common import QoS
 
 from app.lifecycle.message import message_headers, to_messages
-from app.tasks.gate import SETTLE_ROUNDS, Gate, _when_ended, settle_prefetch, ticks_in_pool
+from app.tasks.turnstile import SETTLE_ROUNDS, Turnstile, _when_ended, settle_prefetch, ticks_in_pool
 from app.worker.turns import Turns
 from tests.unit.test_message import NOW, run
 
@@ -103,7 +103,7 @@ def test_every_message_comes_out_once_and_the_count_is_kept(pushes):
     assert lanes == sorted(lanes, key=lambda lane: lane != "recurring")
 
 
-# The gate.
+# The turnstile.
 
 
 class FakeRequest:
@@ -117,20 +117,20 @@ class FakeRequest:
 
 def test_the_gate_keeps_at_most_limit_requests_in_the_pool_and_lets_the_next_in_when_one_ends():
     in_pool: list[FakeRequest] = []
-    gate = Gate(2, in_pool.append)
+    turnstile = Turnstile(2, in_pool.append)
     requests = [FakeRequest(f"a-{i}") for i in range(5)]
     for request in requests:
-        _when_ended(request, gate.done)
-        gate.offer(request, "one-off", "a", 100)
-    assert [r.name for r in in_pool] == ["a-0", "a-1"] and gate.waiting() == 3
+        _when_ended(request, turnstile.done)
+        turnstile.offer(request, "one-off", "a", 100)
+    assert [r.name for r in in_pool] == ["a-0", "a-1"] and turnstile.waiting() == 3
     late = FakeRequest("b-0")
-    _when_ended(late, gate.done)
-    gate.offer(late, "one-off", "b", 10)
+    _when_ended(late, turnstile.done)
+    turnstile.offer(late, "one-off", "b", 10)
     in_pool[0].on_success((False, None, 0.1))
     in_pool[0].on_success((False, None, 0.1))  # a second callback of one request counts once
     assert [r.name for r in in_pool] == ["a-0", "a-1", "b-0"]
     in_pool[1].on_failure(None)
-    assert [r.name for r in in_pool][-1] == "a-2" and gate.waiting() == 2
+    assert [r.name for r in in_pool][-1] == "a-2" and turnstile.waiting() == 2
 
 
 def test_a_pool_that_runs_the_request_inside_submit_does_not_nest_the_gate():
@@ -145,12 +145,12 @@ def test_a_pool_that_runs_the_request_inside_submit_does_not_nest_the_gate():
         request.on_success((False, None, 0.0))
         depth[0] -= 1
 
-    gate = Gate(1, submit)
+    turnstile = Turnstile(1, submit)
     for i in range(500):
         request = FakeRequest(f"r-{i}")
-        _when_ended(request, gate.done)
-        gate.offer(request, "one-off", "a", 1)
-    assert len(served) == 500 and depth[1] == 1 and gate.waiting() == 0
+        _when_ended(request, turnstile.done)
+        turnstile.offer(request, "one-off", "a", 1)
+    assert len(served) == 500 and depth[1] == 1 and turnstile.waiting() == 0
 
 
 def test_a_failing_submit_gives_its_slot_back():
@@ -161,11 +161,11 @@ def test_a_failing_submit_gives_its_slot_back():
         if request.name == "bad":
             raise RuntimeError("pool closed")
 
-    gate = Gate(1, submit)
+    turnstile = Turnstile(1, submit)
     for name in ("bad", "good"):
         request = FakeRequest(name)
-        _when_ended(request, gate.done)
-        gate.offer(request, "one-off", "a", 1)
+        _when_ended(request, turnstile.done)
+        turnstile.offer(request, "one-off", "a", 1)
     assert calls == ["bad", "good"]
 
 
@@ -177,14 +177,14 @@ def test_the_gate_is_safe_from_many_threads():
         with lock:
             in_pool.append(request)
 
-    gate = Gate(4, submit)
+    turnstile = Turnstile(4, submit)
     requests = [FakeRequest(str(i)) for i in range(400)]
     for request in requests:
-        _when_ended(request, gate.done)
+        _when_ended(request, turnstile.done)
 
     def offer(part):
         for request in part:
-            gate.offer(request, "one-off", request.name[-1], 1)
+            turnstile.offer(request, "one-off", request.name[-1], 1)
 
     threads = [threading.Thread(target=offer, args=(requests[i::4],)) for i in range(4)]
     for thread in threads:
@@ -202,10 +202,10 @@ def test_the_gate_is_safe_from_many_threads():
         for thread in ending:
             thread.join()
         finished += len(pending)
-    assert len(in_pool) == 400 and gate.waiting() == 0
+    assert len(in_pool) == 400 and turnstile.waiting() == 0
 
 
-# The messages the gate reads.
+# The messages the turnstile reads.
 
 
 def test_recurring_runs_travel_apart_and_first_and_say_so_in_their_headers():
@@ -241,56 +241,58 @@ def test_owners_are_forgotten_once_nobody_waits_so_memory_stays_bounded():
 def test_messages_held_in_the_gate_widen_the_prefetch_window_and_give_it_back():
     in_pool: list[FakeRequest] = []
     window = [0]
-    gate = Gate(
+    turnstile = Turnstile(
         2, in_pool.append, prefetch=lambda change: window.__setitem__(0, window[0] + change), hold_max=8
     )
     for i in range(5):
         request = FakeRequest(str(i))
-        _when_ended(request, gate.done)
-        gate.offer(request, "one-off", "a", 100)
+        _when_ended(request, turnstile.done)
+        turnstile.offer(request, "one-off", "a", 100)
     # By what waits, plus one per process: room for the next poll or message.
-    assert gate.waiting() == 3 and window[0] == 5
+    assert turnstile.waiting() == 3 and window[0] == 5
     for i in range(5, 9):
         request = FakeRequest(str(i))
-        _when_ended(request, gate.done)
-        gate.offer(request, "one-off", "a", 100)
-    assert gate.waiting() == 7 and window[0] == 8  # at most hold_max
+        _when_ended(request, turnstile.done)
+        turnstile.offer(request, "one-off", "a", 100)
+    assert turnstile.waiting() == 7 and window[0] == 8  # at most hold_max
     finished = 0
     while finished < len(in_pool):
         in_pool[finished].on_success((False, None, 0.0))
         finished += 1
-    assert len(in_pool) == 9 and gate.waiting() == 0 and window[0] == 0
+    assert len(in_pool) == 9 and turnstile.waiting() == 0 and window[0] == 0
 
 
 def test_a_closed_gate_hands_the_pool_nothing_more():
     in_pool: list[FakeRequest] = []
-    gate = Gate(1, in_pool.append)
+    turnstile = Turnstile(1, in_pool.append)
     requests = [FakeRequest(str(i)) for i in range(3)]
     for request in requests:
-        _when_ended(request, gate.done)
-        gate.offer(request, "one-off", "a", 1)
-    gate.close()
+        _when_ended(request, turnstile.done)
+        turnstile.offer(request, "one-off", "a", 1)
+    turnstile.close()
     in_pool[0].on_success((False, None, 0.0))
-    assert [r.name for r in in_pool] == ["0"] and gate.waiting() == 2
+    assert [r.name for r in in_pool] == ["0"] and turnstile.waiting() == 2
 
 
 def test_a_consumer_restarted_after_a_lost_connection_drops_what_waited_and_serves_again():
     in_pool: list[FakeRequest] = []
     window = [0]
-    gate = Gate(1, in_pool.append, prefetch=lambda change: window.__setitem__(0, window[0] + change))
+    turnstile = Turnstile(
+        1, in_pool.append, prefetch=lambda change: window.__setitem__(0, window[0] + change)
+    )
     for i in range(4):
         request = FakeRequest(str(i))
-        _when_ended(request, gate.done)
-        gate.offer(request, "one-off", "a", 1)
-    assert gate.waiting() == 3 and window[0] == 4
-    gate.close()  # Celery stops the consumer's steps, then starts them again
-    assert gate.reopen() == 3
+        _when_ended(request, turnstile.done)
+        turnstile.offer(request, "one-off", "a", 1)
+    assert turnstile.waiting() == 3 and window[0] == 4
+    turnstile.close()  # Celery stops the consumer's steps, then starts them again
+    assert turnstile.reopen() == 3
     window[0] = 0  # the new connection's window
     in_pool[0].on_success((False, None, 0.0))
-    assert len(in_pool) == 1 and gate.waiting() == 0 and window[0] == 0
+    assert len(in_pool) == 1 and turnstile.waiting() == 0 and window[0] == 0
     request = FakeRequest("after")
-    _when_ended(request, gate.done)
-    gate.offer(request, "one-off", "a", 1)
+    _when_ended(request, turnstile.done)
+    turnstile.offer(request, "one-off", "a", 1)
     assert in_pool[-1].name == "after"
 
 
@@ -327,20 +329,20 @@ def test_settling_the_window_is_bounded_and_waits_for_a_consumer_that_has_none()
 
 
 def test_a_request_found_revoked_on_its_way_to_the_pool_gives_its_place_back():
-    """An expired poll is refused by Celery after it left the gate (the pool's semaphore
+    """An expired poll is refused by Celery after it left the turnstile (the pool's semaphore
     held it), and then no success or failure callback ever comes."""
     in_pool: list[FakeRequest] = []
-    gate = Gate(1, in_pool.append)
+    turnstile = Turnstile(1, in_pool.append)
     first, second = FakeRequest("poll-1"), FakeRequest("poll-2")
     for request in (first, second):
-        _when_ended(request, gate.done)
-        gate.offer(request, "one-off", "", 1)
+        _when_ended(request, turnstile.done)
+        turnstile.offer(request, "one-off", "", 1)
     assert [r.name for r in in_pool] == ["poll-1"]
     assert first.revoked() is False and [r.name for r in in_pool] == ["poll-1"]
     first.expired = True
     assert first.revoked() is True
     first.revoked()  # asked again: still counted once
-    assert [r.name for r in in_pool] == ["poll-1", "poll-2"] and gate.waiting() == 0
+    assert [r.name for r in in_pool] == ["poll-1", "poll-2"] and turnstile.waiting() == 0
 
 
 def test_polls_and_sweeps_leave_one_process_to_the_dispatches():

@@ -1,21 +1,21 @@
-"""The dispatch gate: a worker hands its processes dispatch messages in fair turns.
+"""The dispatch turnstile: a worker hands its processes dispatch messages in fair turns.
 
 Celery hands a message to its pool as soon as the message may run: at once, or at
 its eta for runs claimed ahead. Under a burst every message of the burst may run at
 the same instant, and the pool queues them first come, first served: a recurring
 job's next occurrence, or another owner's few runs due a moment later, wait behind
-the whole burst. The gate sits between the consumer and the pool (a consumer
+the whole burst. The turnstile sits between the consumer and the pool (a consumer
 bootstep that wraps `on_task_request`, the one call through which Celery hands a
 request to its pool) and keeps at most one dispatch message per pool process in the
-pool; the others wait in the gate, and each time a dispatch ends the next one is
+pool; the others wait in the turnstile, and each time a dispatch ends the next one is
 chosen by app.worker.turns (the recurring lane first, then the owner served least).
 It reads the lane and the owner from the message's headers
 (app.lifecycle.message.message_headers), not from its body.
 
-Nothing about delivery changes: a message waiting in the gate is unacknowledged, as
+Nothing about delivery changes: a message waiting in the turnstile is unacknowledged, as
 it would be in the pool's queue, so a worker that dies hands it back to the broker
 and another worker starts its runs at once (fenced). Polls and sweeps pass through
-a gate of their own, which keeps one process free of them (`ticks_in_pool`). The
+a turnstile of their own, which keeps one process free of them (`ticks_in_pool`). The
 step also keeps the consumer's widened prefetch window reaching the broker
 (`settle_prefetch`), without which a worker holding a burst claimed ahead took its
 messages a few a second.
@@ -35,10 +35,10 @@ from app.lifecycle.message import LANE_HEADER, ONE_OFF_LANE, OWNER_HEADER, RUNS_
 from app.tasks.routing import DISPATCH_TASK, POLL_TASK, SWEEP_TASK
 from app.worker.turns import Turns
 
-log = logging.getLogger("punctual.gate")
+log = logging.getLogger("punctual.turnstile")
 
 
-# How far the gate widens the consumer's prefetch window, at most (messages). A message
+# How far the turnstile widens the consumer's prefetch window, at most (messages). A message
 # waiting here is unacknowledged, so it fills the window (prefetch 1 per process:
 # celeryconfig). Were the window not widened, nothing published after a burst's
 # instant would reach this worker until its backlog was gone: not the polls (so no
@@ -50,7 +50,7 @@ log = logging.getLogger("punctual.gate")
 HOLD_MAX = 1000
 
 
-class Gate:
+class Turnstile:
     """At most `limit` dispatch requests in the pool; the rest wait their turn.
 
     `submit(request)` hands a request to the pool. `done(request)` must be called once
@@ -143,20 +143,20 @@ def ticks_in_pool(processes: int) -> int:
     batch after batch for up to PUNCTUAL_POLL_BUDGET_S while a burst is being claimed,
     and beat sends one per shard every second: unbounded, the polls took every process
     and a run due meanwhile (another owner's, or the burst's own) waited seconds behind
-    them, although its message was first in the gate."""
+    them, although its message was first in the turnstile."""
     return max(1, processes - 1)
 
 
-class DispatchGateStep(bootsteps.StartStopStep):
-    """The consumer bootstep (app.celery adds it) that puts gates in front of the pool:
+class TurnstileStep(bootsteps.StartStopStep):
+    """The consumer bootstep (app.celery adds it) that puts turnstiles in front of the pool:
     one for dispatch messages (in turns), one for polls and sweeps (first come, first
     served, `ticks_in_pool` at a time)."""
 
     def __init__(self, c, **kwargs):
         super().__init__(c, **kwargs)
         handle = c.on_task_request  # hands a request to the pool (WorkController._process_task)
-        self.gate: Gate | None = None
-        self.ticks: Gate | None = None
+        self.dispatches: Turnstile | None = None
+        self.ticks: Turnstile | None = None
 
         def submit(request) -> None:
             handle(request)
@@ -167,19 +167,19 @@ class DispatchGateStep(bootsteps.StartStopStep):
         def on_task_request(request) -> None:
             if request.type in (POLL_TASK, SWEEP_TASK):
                 if self.ticks is None:
-                    self.ticks = Gate(ticks_in_pool(processes()), submit, functools.partial(_widen, c))
+                    self.ticks = Turnstile(ticks_in_pool(processes()), submit, functools.partial(_widen, c))
                 _when_ended(request, self.ticks.done)
                 self.ticks.offer(request, ONE_OFF_LANE, "", 1)
                 return
             if request.type != DISPATCH_TASK:
                 handle(request)
                 return
-            if self.gate is None:
+            if self.dispatches is None:
                 # Created on first use: the pool's size and the QoS are known by then.
-                self.gate = Gate(processes(), submit, functools.partial(_widen, c))
-            _when_ended(request, self.gate.done)
+                self.dispatches = Turnstile(processes(), submit, functools.partial(_widen, c))
+            _when_ended(request, self.dispatches.done)
             headers = request.request_dict
-            self.gate.offer(
+            self.dispatches.offer(
                 request,
                 headers.get(LANE_HEADER) or ONE_OFF_LANE,
                 headers.get(OWNER_HEADER) or "",
@@ -196,16 +196,16 @@ class DispatchGateStep(bootsteps.StartStopStep):
         if c.hub is not None and self._settle not in c.hub.on_tick:
             self._settle = functools.partial(settle_prefetch, c)
             c.hub.on_tick.add(self._settle)
-        dropped = sum(gate.reopen() for gate in (self.gate, self.ticks) if gate is not None)
+        dropped = sum(line.reopen() for line in (self.dispatches, self.ticks) if line is not None)
         if dropped:
             log.warning("dropped %d messages of a lost connection; the broker sends them again", dropped)
 
     def stop(self, c) -> None:
         """The worker is stopping: a warm shutdown waits for what is in the pool, not
-        for everything the gate holds."""
-        for gate in (self.gate, self.ticks):
-            if gate is not None:
-                gate.close()
+        for everything the turnstile holds."""
+        for line in (self.dispatches, self.ticks):
+            if line is not None:
+                line.close()
 
     shutdown = stop
 
@@ -232,11 +232,11 @@ def settle_prefetch(c) -> None:
 
     Celery sends a changed window once per turn of its loop, and `basic.qos` waits for
     the broker's answer, reading and handling whatever messages arrive first. Each
-    message held for its eta (or waiting in the gate) widens the window again, but
+    message held for its eta (or waiting in the turnstile) widens the window again, but
     nothing sends that: the window the broker has is full, so no message comes to end
     the wait for the sockets, and the loop sleeps until its next timer (up to 10 s,
-    often the next eta). Measured: a worker holding a burst claimed ahead took about 7
-    messages a second, and the polls queued behind them expired, so no claim ran
+    often the next eta). A worker holding a burst claimed ahead then took only a
+    few messages a second, and the polls queued behind them expired, so no claim ran
     until the burst's instant. Sending the window until it stops changing keeps
     messages flowing as fast as the broker hands them out."""
     qos = c.qos
@@ -252,8 +252,8 @@ def _when_ended(request, ended: Callable[[], None]) -> None:
     """Call `ended` once when `request` ends: its success or failure callback (a pool
     passes them on from the instance), a child lost included, or when it is found
     revoked. An expired poll is found so on its way to the pool, possibly long after
-    it left the gate (the pool's semaphore may hold it), and then no callback comes:
-    without this its place in the gate was lost for good, and once every place was,
+    it left the turnstile (the pool's semaphore may hold it), and then no callback comes:
+    without this its place in the turnstile was lost for good, and once every place was,
     the worker stopped polling."""
     fired = threading.Event()
 
