@@ -11,13 +11,24 @@ from __future__ import annotations
 import os
 import threading
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from app.registry.engines import Registry, registry_for
 from app.services.owners import OwnerDirectory
 from app.settings import Settings, get_settings
 
+if TYPE_CHECKING:  # imported at run time only when each part is first made
+    from app.limits.keys import LimitKeyDirectory
+    from app.limits.limiter import Limiter
+    from app.worker.engine import Dispatcher
+    from app.worker.queue_publisher import QueuePublisher
+    from app.worker.webhook import WebhookCaller
+
 
 class WorkerContext:
+    """One process's parts, each made on first use; `pid` tells a forked child's
+    inherited context from its own."""
+
     def __init__(self, settings: Settings):
         self.settings = settings
         self.pid = os.getpid()
@@ -31,19 +42,19 @@ class WorkerContext:
         return OwnerDirectory(self.registry)
 
     @cached_property
-    def limiter(self):
+    def limiter(self) -> Limiter:
         from app.limits import limiter_for
 
         return limiter_for(self.settings)
 
     @cached_property
-    def limit_keys(self):
+    def limit_keys(self) -> LimitKeyDirectory:
         from app.limits.keys import LimitKeyDirectory
 
         return LimitKeyDirectory(self.registry)
 
     @cached_property
-    def webhooks(self):
+    def webhooks(self) -> WebhookCaller:
         from app.worker.webhook import WebhookCaller
 
         # A queue target's publish blocks, on one of the loop's threads: as many as calls.
@@ -52,7 +63,7 @@ class WorkerContext:
         )
 
     @cached_property
-    def queues(self):
+    def queues(self) -> QueuePublisher:
         from celery import current_app
 
         from app.worker.queue_publisher import QueuePublisher
@@ -67,7 +78,7 @@ class WorkerContext:
         )
 
     @cached_property
-    def dispatcher(self):
+    def dispatcher(self) -> Dispatcher:
         from app.worker.engine import Dispatcher
 
         return Dispatcher(
