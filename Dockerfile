@@ -2,7 +2,7 @@
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /srv/punctual
-COPY setup.cfg setup.py pyproject.toml README.md ./
+COPY setup.cfg pyproject.toml README.md ./
 COPY client ./client
 COPY app ./app
 COPY migrations ./migrations

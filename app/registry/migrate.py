@@ -25,7 +25,7 @@ from app.registry.shard_map import establish
 def _script_location() -> str:
     """Where env.py and versions/ are: the package app._migrations.
 
-    The repository keeps them in migrations/; setup.py installs that directory as
+    The repository keeps them in migrations/; setup.cfg installs that directory as
     app/_migrations in a wheel and maps app._migrations onto it in an editable
     install, so nothing named `migrations` lands at the top of site-packages.
     Alembic reads the files by path. Running from a checkout that is not installed

@@ -42,7 +42,6 @@ pytestmark = pytest.mark.acceptance
 REPO = README.parent
 INSTALL_SET = (
     "setup.cfg",
-    "setup.py",
     "pyproject.toml",
     "README.md",
     "celeryconfig.py",

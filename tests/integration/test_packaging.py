@@ -1,7 +1,8 @@
 """The built distributions, installed as a user installs them (not editable):
 
-- the server's wheel ships the Alembic scripts inside the app package (app/_migrations)
-  and no top-level `migrations` that would shadow a user's own;
+- the server's wheel ships every package of app/ (setup.cfg lists them), and the
+  Alembic scripts inside the app package (app/_migrations), with no top-level
+  `migrations` that would shadow a user's own;
 - `punctual migrate` from that install, outside the repository, creates the schema;
 - punctual-client's wheel holds punctual_client only, with its py.typed marker.
 """
@@ -27,7 +28,6 @@ REPO = Path(__file__).resolve().parents[2]
 # What a build reads: the files the Dockerfile copies.
 SOURCE_SET = (
     "setup.cfg",
-    "setup.py",
     "pyproject.toml",
     "README.md",
     "celeryconfig.py",
@@ -80,6 +80,18 @@ def test_the_server_wheel_ships_migrations_inside_app(wheels):
     in_repo = {p.name for p in (REPO / "migrations" / "versions").glob("0*.py")}
     assert shipped == in_repo and len(in_repo) >= 3
     assert not any(n.startswith(("app/sdk/", "punctual_client/")) for n in names)
+
+
+def test_the_server_wheel_ships_every_package_of_app(wheels):
+    names = set(zipfile.ZipFile(wheels["server"]).namelist())
+    packages = sorted(init.parent for init in (REPO / "app").rglob("__init__.py"))
+    assert len(packages) >= 10
+    missing = [
+        package.relative_to(REPO).as_posix()
+        for package in packages
+        if f"{package.relative_to(REPO).as_posix()}/__init__.py" not in names
+    ]
+    assert not missing, f"packages of app/ not in the wheel (setup.cfg [options] packages): {missing}"
 
 
 def test_the_client_wheel_holds_the_client_only(wheels):
