@@ -102,9 +102,7 @@ worker_prefetch_multiplier = 1
 # process while the Celery task itself only starts runs and returns; prefork spreads
 # the Python work (HTTP, JSON, HMAC) over the cores, which one threaded process under
 # the GIL cannot. One process more than cores: a process is GIL-bound but also waits
-# on database and broker round trips, and the extra one keeps the cores busy
-# (measured on 2 cores with the old bench.endtoend, now part of bench.burst: 2 processes
-# ~970 starts/s, 3 ~1,150, with no per-target cap).
+# on database and broker round trips, and the extra one keeps the cores busy.
 # `-c N` on the command line overrides it.
 worker_pool = "prefork"
 worker_concurrency = (os.cpu_count() or 1) + 1

@@ -18,8 +18,8 @@ Logs: Celery's own set-up is replaced (the setup_logging signal) by app.logs, so
 beat and the workers log in PUNCTUAL_LOG_FORMAT like every other process. A worker's
 "received" and "succeeded" lines for the beat's ticks (a poll of every shard every
 second, a sweep every few) come out only at DEBUG (app.logs.QuietTasks): at INFO they
-were two lines a tick, 36 lines a second from an idle worker, and a tenth of its idle
-CPU. The dispatch messages' lines stay at INFO.
+were two lines a tick, 36 lines a second from an idle worker, and a good part of its
+idle CPU. The dispatch messages' lines stay at INFO.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def _child_started(**_kw) -> None:
     reset_after_fork()
     # Import the dispatch path now, not on the first dispatch message: under a burst
     # that message comes at the due instant, and the imports (Redis, urllib3, the SDK's
-    # signature and its package) took seconds of a busy box's CPU right then (py-spy).
+    # signature and its package) would take the busy box's CPU right then.
     # On a thread, so that the child takes its first task (a poll) without waiting.
     threading.Thread(target=_warm_up, name="warm-up", daemon=True).start()
 

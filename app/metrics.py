@@ -90,8 +90,8 @@ def observe_many(histogram: Histogram, amounts: Sequence[float]) -> None:
     """Observe each of `amounts` in `histogram` (one without labels, or one child), as
     `observe` would one by one, with one write for the sum and one per bucket that
     gains: in a worker process each write of a metric is a lock and a write to a file
-    the processes share, and a run's start lateness observed alone cost the calls'
-    loop 3-6 us a run (bench/README.md). The histogram's own buckets and sum are
+    the processes share, so observing each run's start lateness alone was a cost the
+    calls' loop paid per run. The histogram's own buckets and sum are
     written, as observe writes them (each amount counts in the first bucket whose
     bound is at or above it)."""
     if not amounts:

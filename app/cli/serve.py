@@ -4,7 +4,7 @@ Workers: gunicorn's gthread worker, `--workers` processes (default: the number o
 CPU cores, because a request is mostly Python work and the GIL gives one core per
 process) x `--threads` threads each (default 8: a create waits on its commit's WAL
 flush, and more commits in flight share one flush). On a 2-core box that is 2 x 8,
-measured best of 2x4, 2x8, 2x16 and 3x4 with bench.create; set `--workers` to
+which served creates best of the shapes tried; set `--workers` to
 2 x cores + 1 when requests wait on slow shards more than they compute. Keep
 workers x threads within PUNCTUAL_DB_POOL_SIZE x 2 (the pool's overflow included).
 Connections are opened lazily in each worker after the fork (never shared with the master).

@@ -1,41 +1,28 @@
 """The limiter contract, shared by the Redis and the in-process implementations.
 
 For each run, a worker asks to start it under all of its specs (app.limits.policy)
-at once. Admission is all or nothing, atomically: either the run is admitted under
-every spec, or it takes nothing now and learns why and until when (`Admission`).
+at once. Admission is all or nothing, atomically: the run is admitted under every
+spec, or it takes nothing now and learns why and until when (`Admission`).
 
-- Rate (`rate_per_s` R): a GCRA, the virtual-scheduling form of a token bucket
-  holding max(R, 1) tokens (one second of burst). Each key keeps its theoretical
-  arrival time `tat`; a start is conforming when tat - tolerance <= now, where the
-  tolerance is (max(R, 1) - 1) / R, and it moves tat on by 1/R.
-- Reservation: a run the rate holds back is not simply told "later". Its start is
-  RESERVED: it gets the next conforming instant (tat - tolerance, which then moves on
-  by 1/R) as `retry_at`, recorded under its `reserver` id. When it comes back at that
-  instant it is admitted without touching the rate again, so a held run is held once,
-  however many newcomers arrive meanwhile, and starts come out at exactly R/s. The
-  caller must come back with the same reserver id (a schedule run: its job id, since
-  the run row is made anew at the next claim). A reservation not used within
-  RESERVATION_KEEP_S is forgotten (its job was paused or cancelled); its turn is lost.
+- Rate (`rate_per_s` R): a GCRA with one second of burst. Each key keeps its
+  theoretical arrival time `tat`; a start conforms when tat - (max(R, 1) - 1) / R <=
+  now, and moves tat on by 1/R. A run held back has its start RESERVED at the next
+  conforming instant (`retry_at`) under its `reserver` id (a schedule run's: its job
+  id); back then, it is admitted without touching the rate again, so a held run is
+  held once and starts come out at R/s. A reservation unused for RESERVATION_KEEP_S
+  is forgotten (its job was paused or cancelled) with its turn.
 - Concurrency cap (`max_concurrency` C): a run holds a slot from admission until
   `release`, or until its lease (`lease_s`, extended by `renew`) runs out, so a dead
-  worker's slots come back by themselves. A run that finds every slot taken takes
-  nothing and reserves nothing (`reason` "cap"): a slot frees when a call ends, which
-  no schedule predicts, so the caller waits for a release (app.worker.slot_wait) and
-  asks again. Its `retry_at` is only a hint: the first slot's lease end, at most
-  `hold_s` away.
+  worker's slots come back by themselves. A run that finds every slot taken takes and
+  reserves nothing (`reason` "cap"): no schedule predicts when a call ends, so the
+  caller waits for a release (app.worker.slot_wait) and asks again (`retry_at`, at
+  most `hold_s` away, is a hint).
 
-A run blocked by a rate and by a cap at once is held by the rate (reason "rate"):
-it cannot start before its reservation anyway.
-
-`now` is the caller's clock: unix seconds, or an aware datetime. `retry_at` comes
-back in the same form.
-
-A caller on an event loop (app.worker.slot_wait, on the worker's calls' loop) uses
-the `*_async` forms of admission, release and the free slots' count: the same
-answers, without blocking the loop. The base class runs the blocking form on a
-thread; the in-memory limiter answers on the loop at once, and the Redis one awaits
-its own connection there, since a thread hop cost a worker's loop more than the
-round trip itself under a burst (bench/README.md).
+A run blocked by a rate and a cap at once is held by the rate. `now` is the caller's
+clock (unix seconds or an aware datetime), and `retry_at` comes in its form. A caller
+on an event loop uses the `*_async` forms: the base class runs the blocking form on a
+thread, the in-memory limiter answers at once, and the Redis one awaits a connection
+of its own on the loop (a hop to a thread cost the loop more than the round trip).
 """
 
 from __future__ import annotations
@@ -57,8 +44,8 @@ Request = tuple[Sequence[LimitSpec], str] | tuple[Sequence[LimitSpec], str, str]
 
 # When a capped key is full, the latest retry hint given (seconds).
 DEFAULT_HOLD_S = 1.0
-# An instant due this soon counts as come: unix times in floats are exact to ~0.2 us
-# only, and a run that comes back at its retry time must find its turn.
+# An instant due this soon counts as come: unix times in floats are not exact to the
+# microsecond, and a run that comes back at its retry time must find its turn.
 EARLY_S = 1e-6
 # How long an unused rate reservation is kept (seconds): a held run comes back at its
 # turn unless its job was paused or cancelled, or the registry fell far behind.

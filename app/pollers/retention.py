@@ -25,9 +25,9 @@ from app.registry.schema import runs
 PRUNE_BATCH = 1000
 # A sweep runs in the worker's pool, beside the dispatches: a budget of 2 s per shard
 # and sweep kept a 2-process worker pruning most of the time while a backlog lasted,
-# and the steady load's lateness grew several-fold (bench.prune). 0.2 s is still 2 to
-# 3 batches, ~2,000 rows per shard a sweep: 16 shards keep up with ~2,000 finished
-# runs/s, and a backlog drains over many sweeps.
+# and the steady load's lateness grew several-fold. 0.2 s still deletes a few batches
+# per shard a sweep, more than a steady load finishes, and a backlog drains over many
+# sweeps.
 PRUNE_BUDGET_S = 0.2
 FINISHED_STATES = ("succeeded", "failed", "dead", "skipped", "replayed")
 

@@ -119,8 +119,8 @@ def closed_by_server(dbapi_connection) -> bool:
 # process that stopped mid-transaction (SIGSTOP, a frozen VM, a partition) gets there,
 # and its row locks must not outlive that: a poll stopped inside its claim holds the
 # claimed rows FOR UPDATE, and every other poller skips them (SKIP LOCKED) for as long
-# as it is stopped. A recurring job among them missed every occurrence for the 70 s a
-# worker was stopped (bench.faults worker-stop) before this was set.
+# as it is stopped: a recurring job among them missed every occurrence while the
+# worker was stopped.
 IDLE_IN_TRANSACTION_S = 10
 
 

@@ -1,34 +1,27 @@
 """`punctual shards move`: a logical shard moves whole onto another database, online.
 
-The steps, each recorded in the shard's map row (shard_map.move_step) before it
-starts, so a move killed at any point is finished by running it again or undone
-by `--abort`:
+The steps (docs/design.md, "Moving a shard"), each recorded in the shard's map row
+(shard_map.move_step) before it starts, so a move killed at any point is finished by
+running it again or undone by `--abort`:
 
-1. copying: the target refuses writes to the shard (a fence, app's migration
-   0004); the source keeps serving and records the keys of the shard's rows that
-   change (`tracking`). Jobs and runs (history and dead letters) are copied in
-   batches, keyset by primary key, then the recorded changes are copied until few
-   are left.
-2. fenced: pollers stop claiming the shard (they read the map), and the source
-   refuses the shard's writes; the mover waits for every transaction that began
-   before the fence, copies the last changes, and compares the counts on both
-   sides. A worker's start, hold, heartbeat or completion refused meanwhile waits
-   for the switch and is written on the new database (Registry.for_each_database):
-   nothing is lost and nothing is written twice. The fence lasts the final delta,
-   not the whole copy.
-3. switched: the map names the target (pollers claim there at once) and the
-   target's fence is lifted; the source's rows of the shard are deleted in
-   batches. The source keeps refusing the shard's writes, so a process still
-   holding the old map can never write where nobody reads: a worker's write
-   asks for the fence first (refuse_moved_shards), since once the rows are gone
-   an UPDATE there would change nothing and fire no trigger.
+1. copying: the target refuses writes to the shard (a fence, migration 0004); the
+   source keeps serving and records the keys of the shard's rows that change
+   (`tracking`). Jobs and runs are copied in batches, keyset by primary key, then
+   the recorded changes until few are left.
+2. fenced: pollers stop claiming the shard and the source refuses its writes; the
+   mover waits for every transaction that began before the fence, copies the last
+   changes and compares the counts. A worker's write refused meanwhile waits for the
+   switch and is written on the new database (Registry.for_each_database): nothing
+   lost, nothing written twice. The fence lasts the final delta, not the whole copy.
+3. switched: the map names the target and its fence is lifted; the source's rows
+   are deleted in batches, and the source refuses the shard's writes for good: a
+   worker's write asks for the fence first (refuse_moved_shards), since once the
+   rows are gone an UPDATE there would change nothing and fire no trigger.
 
 A change made while the shard is tracked locks its key in shard_changes until it
 commits (migration 0006), and the mover takes keys FOR UPDATE SKIP LOCKED, so it
-never copies a row that an uncommitted change is about to replace.
-
-A database restart makes the command fail; running it again resumes at the
-recorded step (the copies are idempotent: a batch replaces its rows).
+never copies a row an uncommitted change is about to replace. The copies are
+idempotent (a batch replaces its rows), so a failed command resumes at its step.
 """
 
 from __future__ import annotations

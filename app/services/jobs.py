@@ -149,8 +149,8 @@ def _insert(engine: sa.Engine, row: dict[str, Any], *, idempotent: bool) -> bool
     Idempotent inserts skip a row whose id exists and answer False then (RETURNING,
     not rowcount: under psycopg 3 SQLAlchemy reports -1 for it). On Postgres the
     statement goes straight to the pooled driver connection: SQLAlchemy's execution
-    layer cost ~150 us of CPU per create, a tenth of the whole request, on the API's
-    hottest path. Other dialects (the embedded SQLite of `punctual dev`) use Core.
+    layer was a sizeable share of a create's CPU, on the API's hottest path. Other
+    dialects (the embedded SQLite of `punctual dev`) use Core.
     """
     if is_postgres(engine):
         return _insert_postgres(engine, row, idempotent)
@@ -191,7 +191,7 @@ def _insert_postgres(engine: sa.Engine, row: dict[str, Any], idempotent: bool) -
 
 
 # Cron schedule -> (since, first occurrence after since). Many jobs share an expression
-# ("0 0 * * *"), and croniter costs ~0.3 ms a call, a third of a create.
+# ("0 0 * * *"), and a croniter call cost more than the rest of a create.
 _FIRST_FIRE: dict[tuple[Schedule, DstPolicy], tuple[datetime, datetime]] = {}
 _FIRST_FIRE_MAX = 4096
 

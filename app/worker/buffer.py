@@ -8,17 +8,14 @@ registry sees one transaction per batch rather than one per run.
 Under load the delay grows: while completions arrive at `busy_rate` (20) a second or
 more (measured over the previous batch: its items over the time since the batch
 before it was taken), the next batch may wait up to `busy_delay_s` (~200 ms). A
-flush costs a few statements whatever its size, and at a few hundred completions a
-second 50 ms made batches of about a dozen, so those fixed costs were most of the
-completion's CPU; at 200 ms they are spread over four times as many runs. The
-steady load of 200 runs a second (bench.steady) gives each of a worker's three
-processes about 70 a second: with the bar at 100 they flushed every 50 ms, three or
-four runs a batch, 60 transactions a second in all. Below the bar (a quiet worker,
-one run now and then) nothing waits longer than 50 ms. What a longer wait delays is
-the record of an outcome, and with it the claim of a recurring job's next
-occurrence (claimed ahead of its instant, so only a job due again within a poll
-interval or so can notice); a call's concurrency slot goes back when the call ends,
-and its lease is renewed until the record is written.
+flush costs a few statements whatever its size, so at a steady load, where each
+process sees a few dozen completions a second, batches of a few runs spent most of
+the completion's CPU on those fixed costs; a longer wait spreads them over more
+runs. Below the bar (a quiet worker) nothing waits longer than `max_delay_s`. What a
+longer wait delays is the record of an outcome, and with it the claim of a recurring
+job's next occurrence (claimed ahead, so only a job due again within a poll interval
+or so can notice); a call's concurrency slot goes back when the call ends, and its
+lease is renewed until the record is written.
 
 A flush that fails (the database is away) keeps its items and is tried again, soon
 at first (0.1 s, doubling to 2 s: app.registry.transient's pauses), for as long as

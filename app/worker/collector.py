@@ -6,13 +6,8 @@ hundred calls in flight, each with its request, its task, its futures and its
 headers alive across awaits, so that count is crossed again and again by objects
 that are still alive: each collection walks them and promotes them, and they fill
 the older generations, whose collections walk the whole heap (the imported modules,
-Celery, SQLAlchemy's caches) again and again. An engine handed 10,000 runs
-(bench.dispatch) made about 3,000 young, 275 middle and 25 full collections and
-spent 0.61-0.70 CPU-ms per run; with the young threshold at 50,000, 8 collections
-and 0.44-0.53; with the heap frozen as well, 0.48-0.56 whatever the threshold. In the
-burst as a user runs it (bench.burst, 20,000 runs), the worker's CPU per run fell
-from 1.00-1.09 ms to 0.69-0.85 and its starts per second rose by a third to a half
-(bench/README.md, 2026-12-03).
+Celery, SQLAlchemy's caches) again and again. That collecting was a large share of
+a worker's CPU per run under a burst (docs/design.md, "Decisions").
 
 So a pool process, once its imports are done:
 
@@ -20,8 +15,8 @@ So a pool process, once its imports are done:
   start-up are never walked again;
 - collects the young generation after a growth of YOUNG_THRESHOLD objects, not 700.
   Garbage in a cycle waits longer to be freed; objects freed by their reference
-  count, nearly all of them, go at once as before. Under a 20,000 burst the pool
-  processes peaked at 99-101 MiB resident against 98-99 MiB before.
+  count, nearly all of them, go at once as before, so the processes' resident size
+  barely grows.
 """
 
 from __future__ import annotations

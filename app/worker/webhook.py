@@ -4,8 +4,8 @@ A worker process holds one `WebhookCaller`: one aiohttp session on the process's
 event loop (app.worker.event_loop), so a call is a task on that loop, not a thread
 blocked on a socket. On the burst the call is the worker's hot path: with urllib3 on
 a pool of threads, the GIL handed between a hundred threads and http.client's
-pure-Python parsing made it about 43% of the worker's CPU (py-spy); on the loop the
-whole worker spends 5-10% less CPU per run (bench/README.md). The caller never
+pure-Python parsing made it the largest share of the worker's CPU, and on the loop
+the whole worker spends less per run. The caller never
 retries (retries live in the registry, docs/design.md invariant 3), never follows a
 redirect (a 3xx comes back as a status, which the retry policy treats as fatal),
 keeps no cookies, reads no proxy from the environment, and never raises for anything
