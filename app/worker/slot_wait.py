@@ -1,54 +1,28 @@
 """Waiting in the worker for a concurrency slot (app.limits: a cap bounds calls in flight).
 
-A run takes its concurrency slots on the calls' loop, right before its call, not
-before its start: a slot is held for the call and the few milliseconds around it,
-not for the fenced start and the loop's queue as well (held from the admission, a
-slot of a 1 ms call was taken for 120-140 ms, and the default cap of 200 became
-about 1,500 calls a second, bench/README.md 2026-12-03). The run is `running` while
-it waits, its lease kept by the heartbeat like any call in flight, so a wait costs
-no registry write and expires no lease.
+A run takes its concurrency slots on the calls' loop right before its call: a slot is
+held for the call, not for the fenced start and the loop's queue too. A waiting run is
+`running`, its lease kept by the heartbeat: a wait costs no registry write and expires
+no lease (why each rule is so: docs/design.md, "Limits").
 
 The `SlotGate` of a process (every method on its loop):
 
-- `take` gives a run a slot parked in the process (below), or asks the limiter for
-  its slots. The runs that ask while a round trip is under way go together in the
-  next one, so a message's runs cost one script call, and only a slot asked of the
-  limiter is named (`name`: after the run it is admitted for). A run that finds a
-  cap full waits in line, behind the runs of this process that wait under the same
-  caps (first come, first served). A run that waits is an entry in its line, not a
-  task: its call's task is made once it has its slot (`start`);
-- `give` hands the slot of a call that ended straight to the first run waiting under
-  exactly the same caps: no release, no poll, no admission, no start, so behind a
-  full cap the next call starts in the same turn of the loop. The slot keeps the
-  name it was admitted under: the limiter sees one slot held all along, renewed by
-  the heartbeat of whichever run uses it and released by the last. It is handed on
-  only while its lease is known to run past the next run's first heartbeat, and for
-  at most HAND_OVER_FOR_S since its admission; then it goes back to the limiter,
-  where the runs waiting in other processes compete for it;
-- when nobody in the process waits for it, the slot of a call that ended is kept
-  (`parked`) for at most PARK_S, for the process's next run under the same caps: a
-  burst's runs come to the loop in waves of a message's worth, and each run asked
-  Redis for a slot and gave it back, two round trips a run to a cap that had room
-  all along. A slot is parked only while no run of the process found those caps
-  full in the last HAND_OVER_FOR_S: behind a cap that binds, a call's slot goes back
-  at once, for the runs of every process;
-- every POLL_S while runs wait (and as soon as this process gave slots back), one
-  read counts the free slots of the caps waited for (`Limiter.free_slots`), and only
-  as many waiting runs as that are asked for again, in one script call;
-- a run still waiting after `wait_s` (a second or two) is put off: held back to the
-  registry once, no attempt spent, with next_run_at when its turn is expected at the
-  pace slots came to the runs waiting here (`expected_slot_at`);
-- `release` gives a slot back: the slots given back in one turn of the loop go in one
-  round trip, after which the runs waiting here look for free slots at once.
+- `take` gives a run a slot parked in the process, or asks the limiter (the runs that
+  ask during a round trip go together in the next). A run that finds a cap full waits
+  in line behind this process's runs under the same caps, as an entry, not a task;
+- `give` hands the slot of a call that ended, under the name it was admitted with, to
+  the first run waiting under the same caps, in the same turn of the loop, while its
+  lease holds past that run's first heartbeat, for HAND_OVER_FOR_S from admission at
+  most; else it is `parked` PARK_S for the process's next run, unless those caps were
+  found full in the last HAND_OVER_FOR_S;
+- every POLL_S while runs wait (and when slots were given back) one read counts the
+  free slots, and only that many runs ask again;
+- a run still waiting after `wait_s` is put off: held back to the registry once, no
+  attempt spent, with next_run_at at its expected turn (`expected_slot_at`);
+- `release` gives slots back, those of one turn of the loop in one round trip.
 
-The gate's round trips to the limiter run on the loop itself (`Limiter.*_async`: an
-asyncio Redis client), not on threads: under a burst, a hop to a thread and back
-cost each of them tens of milliseconds of waiting for the GIL and the loop, while
-the slots it admitted or gave back sat idle (bench/README.md, 2026-12-05).
-
-A run's rate is not the gate's: it is admitted before the run's start (a rate must
-see each start and hold a run back before it is started), so only the caps are
-asked for here.
+Round trips run on the loop (`Limiter.*_async`), never on threads. Only caps are
+asked for here: a run's rate is admitted before its start.
 """
 
 from __future__ import annotations
@@ -144,7 +118,7 @@ class SlotGate:
     A run that finds no slot at hand is not a task waiting on a future: it is an entry
     in its line, and its call's task is made once it has its slot. Waited on a future,
     each such run cost the loop a future, a suspended task and its wake-up more than a
-    run that found its slot at once (bench.gate).
+    run that found its slot at once.
 
     Callbacks: `start(item, slot)` (on the loop) for a run that waited and got its
     slot; `put_off(items)` (on a thread) with (item, when its turn is expected) for
@@ -289,8 +263,8 @@ class SlotGate:
 
     def release(self, caps: Sequence, holder: str) -> None:
         """Give a slot back to the limiter: with the others given back in this turn of
-        the loop, in one round trip on the loop (no thread: a thread hop cost the
-        slot tens of milliseconds under a burst, bench/README.md), after which the
+        the loop, in one round trip on the loop (no thread: under a burst a thread hop
+        left the slot idle while it waited for the GIL and the loop), after which the
         runs waiting here look for free slots at once. A failed release is only
         logged: the slot's lease runs out by itself."""
         self._releasing.append((tuple(caps), holder))
