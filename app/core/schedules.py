@@ -296,7 +296,7 @@ def _flagged(
             yield run_at, None
         return
     if schedule.start_at is not None and after < schedule.start_at:
-        # Occurrences must be >= start_at; "> start_at - 1 us" says that exactly.
+        # Occurrences must be >= start_at: "> start_at less a microsecond" says that exactly.
         after = schedule.start_at - _ONE_MICROSECOND
     if schedule.kind == "cron":
         stream = cron.occurrences(cron.parse_cron(schedule.cron), schedule.zone, dst.gap, dst.overlap, after)

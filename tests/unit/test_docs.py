@@ -12,8 +12,11 @@ file may point outside the repository or cite a document it does not have.
 from __future__ import annotations
 
 import ast
+import io
 import re
 import subprocess
+import tokenize
+from datetime import date
 from pathlib import Path
 
 import click
@@ -454,3 +457,95 @@ def test_no_module_imports_from_a_layer_above_its_own():
                 upward.append(f"{module}:{line} imports {imported}")
     assert not unplaced, f"modules in no layer of docs/design.md 'Layers': {unplaced}"
     assert not upward, "imports from a layer above:\n" + "\n".join(upward)
+
+
+# --- no measurement diary in app/ ---------------------------------------------------
+
+# Figures live in the docs: a comment or docstring in app/ states the contract and the
+# reason, not a dated run, a bench reference, a profiler's share or a timing. The hot
+# path's modules (the bulk writes, the claim, the relay, a run's lifecycle, the engine)
+# keep theirs until their SQL is gathered in one place; this covers every other module.
+HOT_PATH = (
+    "app/registry/bulk.py",
+    "app/pollers/claim.py",
+    "app/pollers/relay.py",
+    "app/lifecycle/",
+    "app/worker/engine.py",
+)
+MEASUREMENT_NOTE = re.compile(
+    r"\bbench(?:/README\.md|/results|\.[a-z_]+)"  # bench/README.md, bench.dispatch
+    r"|\bpy-spy\b|\bcProfile\b|\bCPU-ms\b"
+    r"|\b\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)? ?(?:us|µs)\b"  # a timing in microseconds
+    r"|\b\d+(?:\.\d+)?% of\b"  # a profile's share
+)
+DATE = re.compile(r"\b(20\d\d)-(\d\d)-(\d\d)\b(?![T ]\d\d:)")
+
+
+def comments_and_docstrings(source: str) -> list[tuple[int, str]]:
+    found = [
+        (token.start[0], token.string)
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type == tokenize.COMMENT
+    ]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            docstring = ast.get_docstring(node, clean=False)
+            if docstring:
+                found.append((node.body[0].lineno, docstring))
+    return found
+
+
+def measurement_notes(text: str) -> list[str]:
+    """The measurement notes in a comment or docstring. A date is one unless it is an
+    example: an instant with its time of day, or a day that does not exist (bad input)."""
+    notes = [match.group() for match in MEASUREMENT_NOTE.finditer(text)]
+    for match in DATE.finditer(text):
+        try:
+            date(*(int(part) for part in match.groups()))
+        except ValueError:
+            continue
+        notes.append(match.group())
+    return notes
+
+
+def cleaned_modules() -> list[Path]:
+    files = tracked_text_files(("app/", "celeryconfig.py"))
+    return [
+        path
+        for path in files
+        if path.suffix == ".py" and not path.relative_to(ROOT).as_posix().startswith(HOT_PATH)
+    ]
+
+
+def test_comments_and_docstrings_in_app_hold_no_measurement_notes():
+    modules = cleaned_modules()
+    assert len(modules) > 50, "found too few modules: the check would pass vacuously"
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {note}"
+        for path in modules
+        for line, text in comments_and_docstrings(path.read_text(encoding="utf-8"))
+        for note in measurement_notes(text)
+    ]
+    assert not found, "measurement notes belong in the docs:\n" + "\n".join(found)
+
+
+def test_the_note_finder_finds_what_it_is_for():
+    assert measurement_notes("(bench/README.md, 2026-12-05)") == ["bench/README.md", "2026-12-05"]
+    assert measurement_notes("13 us a run in bench.dispatch, 43% of the CPU (py-spy)") == [
+        "13 us",
+        "bench.dispatch",
+        "43% of",
+        "py-spy",
+    ]
+    assert measurement_notes("such as 2026-12-01T00:00:00Z; 2026-02-30 is refused") == []
+
+
+def test_module_docstrings_in_app_are_at_most_25_lines():
+    long = []
+    for path in cleaned_modules():
+        docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")), clean=False) or ""
+        if len(docstring.splitlines()) > 25:
+            long.append(f"{path.relative_to(ROOT)}: {len(docstring.splitlines())} lines")
+    assert not long, "module docstrings over 25 lines (the rest belongs in docs/design.md):\n" + "\n".join(
+        long
+    )
