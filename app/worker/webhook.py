@@ -2,22 +2,20 @@
 
 A worker process holds one `WebhookCaller`: one aiohttp session on the process's
 event loop (app.worker.event_loop), so a call is a task on that loop, not a thread
-blocked on a socket. On the burst the call is the worker's hot path: with urllib3 on
-a pool of threads, the GIL handed between a hundred threads and http.client's
-pure-Python parsing made it the largest share of the worker's CPU, and on the loop
-the whole worker spends less per run. The caller never
-retries (retries live in the registry, docs/design.md invariant 3), never follows a
-redirect (a 3xx comes back as a status, which the retry policy treats as fatal),
-keeps no cookies, reads no proxy from the environment, and never raises for anything
-the target does: every answer, timeout or connection failure is a CallOutcome.
+blocked on a socket: on threads, the GIL handed between a hundred of them and
+http.client's pure-Python parsing made the call the largest share of the worker's
+CPU. The caller never retries (retries live in the registry, docs/design.md
+invariant 3), never follows a redirect (a 3xx comes back as a status, which the
+retry policy treats as fatal), keeps no cookies, reads no proxy from the
+environment, and never raises for anything the target does: every answer, timeout
+or connection failure is a CallOutcome.
 
-Private targets are refused where it cannot be dodged: at the socket. Unless
-every private target is allowed, every new connection checks the address it is
-about to connect to (the connector's socket factory sees each address the name
-resolved to, an address literal included), before a single byte of HTTP or TLS is
-sent: public, or allowed by PUNCTUAL_PRIVATE_TARGETS (its network, or the URL's
-host name), so a host whose DNS answer changed since the API checked it (DNS
-rebinding) is refused.
+Private targets are refused where it cannot be dodged: at the socket. Unless every
+private target is allowed, each new connection checks the address it is about to
+connect to (the socket factory sees each address the name resolved to, a literal
+included) before a byte of HTTP or TLS is sent: public, or allowed by
+PUNCTUAL_PRIVATE_TARGETS (its network, or the URL's host name), so a host whose DNS
+answer changed since the API checked it (DNS rebinding) is refused.
 
 The last look: a request goes out only while its run's lease is known to hold
 (WebhookCall.may_send), asked once more right before the request is written to the
