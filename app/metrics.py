@@ -47,6 +47,11 @@ SLOTS_HANDED_OVER = Counter(
     "Concurrency slots passed straight from a call that ended to a run waiting in the same process",
 )
 DEAD_LETTERS = Counter("punctual_dead_letters_total", "Runs that became dead")
+COMPLETIONS_GIVEN_UP = Counter(
+    "punctual_completions_given_up_total",
+    "Finished attempts whose outcome could not be written at all; their leases run out and the janitor "
+    "takes them back",
+)
 LEASES_EXPIRED = Counter("punctual_leases_expired_total", "Leases the janitor took back", ["shard"])
 PUBLISHED = Counter("punctual_dispatch_messages_total", "Dispatch messages published", ["shard"])
 START_LATENESS = Histogram(

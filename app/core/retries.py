@@ -7,7 +7,8 @@ d = min(max_backoff_s, backoff_s x 2^(n-1)): full exponential growth, "equal jit
 so that a fleet of jobs failing together does not come back together, and a floor of
 d/2 so that a retry is never almost immediate. A Retry-After answer replaces that
 (the target said when), capped at max_backoff_s so a hostile header cannot park a
-job for a year.
+job for a year. Reading it is total: whatever the target sent, the worse case is
+that it is ignored and the job's own backoff applies.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from app.core.errors import FieldError, ValidationError
 MAX_ATTEMPTS = 100
 MAX_BACKOFF_S = 86_400
 MAX_MAX_BACKOFF_S = 86_400 * 7
+# The longest Retry-After read (no HTTP date is half as long): a longer one is
+# ignored, as garbage is. Seconds above RETRY_AFTER_MAX_S count as that many.
+RETRY_AFTER_MAX_CHARS = 64
+RETRY_AFTER_MAX_S = MAX_MAX_BACKOFF_S
 
 
 @dataclass(frozen=True)
@@ -116,29 +121,37 @@ def is_retryable_status(status: int) -> bool:
     return status in (408, 429) or 500 <= status <= 599
 
 
-_SECONDS = re.compile(r"^[+-]?\d+$")
+_SECONDS = re.compile(r"[+-]?[0-9]+")  # ASCII digits only: int() also reads "١٢"
 
 
-def parse_retry_after(value: str | None, now: datetime) -> float | None:
+def parse_retry_after(value: object, now: datetime) -> float | None:
     """Seconds to wait from a Retry-After value: delta-seconds or an HTTP-date.
 
-    A negative result (or a date in the past) means "now", 0. Garbage is None, and
-    the caller falls back to its own backoff.
+    Total: never raises, whatever the target sent. A negative result (or a date in
+    the past) means "now", 0; seconds (or a date) beyond RETRY_AFTER_MAX_S count as
+    RETRY_AFTER_MAX_S. Anything else (garbage, a value over RETRY_AFTER_MAX_CHARS,
+    not a string) is None, and the caller falls back to its own backoff.
     """
-    if value is None:
+    if not isinstance(value, str) or len(value) > RETRY_AFTER_MAX_CHARS:
         return None
     text = value.strip()
-    if _SECONDS.match(text):
-        return float(max(0, int(text)))
+    if _SECONDS.fullmatch(text):
+        # Compared as text first: int() of a long digit string is slow, and float() of a
+        # large one overflows.
+        digits = text.lstrip("+-").lstrip("0")
+        if text.startswith("-"):
+            return 0.0
+        if len(digits) > len(str(RETRY_AFTER_MAX_S)):
+            return float(RETRY_AFTER_MAX_S)
+        return float(min(RETRY_AFTER_MAX_S, int(digits or "0")))
     try:
         when = parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError, OverflowError):
+        if when.tzinfo is None:  # "-0000" parses naive; HTTP dates are GMT anyway
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - now).total_seconds()
+    except Exception:  # the email parser raises several kinds for malformed dates
         return None
-    if when is None:
-        return None
-    if when.tzinfo is None:  # "-0000" parses naive; HTTP dates are GMT anyway
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - now).total_seconds())
+    return min(float(RETRY_AFTER_MAX_S), max(0.0, seconds))
 
 
 def backoff_delay_s(policy: RetryPolicy, attempt: int, u: float) -> float:

@@ -19,13 +19,20 @@ Under a burst a batch holds tens of runs, and each statement's fixed cost (SQLAl
 the driver, a round trip) is what counts: the run rows are not locked by a SELECT
 of their own, their UPDATE is the fence (three statements a batch, not four).
 
+Each attempt is settled on its own: one whose answer cannot be settled (a bug, or
+an answer nobody foresaw) is recorded as failed with the reason, and what a target
+sent is cut to text the registry keeps (ERROR_MAX_CHARS, no NUL or lone surrogate),
+so one target's answer never fails the batch of every owner.
+
 The janitor settles expired leases through `apply` too, with the run states it
 may take back (`claimed` as well as `running`) and retry_now.
 """
 
 from __future__ import annotations
 
+import logging
 import random
+import re
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -39,12 +46,13 @@ from sqlalchemy.dialects import postgresql
 from app import metrics
 from app.core.retries import CallOutcome
 from app.lifecycle.message import DispatchRun
-from app.lifecycle.settlement import Attempt, settle
+from app.lifecycle.settlement import Attempt, Settlement, settle
 from app.registry.bulk import insert_many, key_in, state_in, update_many
 from app.registry.dialect import locks_rows
 from app.registry.engines import Registry, refuse_moved_shards
 from app.registry.records import run_row
 from app.registry.schema import jobs, runs
+from app.registry.transient import first_line
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,13 @@ class CompletionReport:
     def __add__(self, other: CompletionReport) -> CompletionReport:
         return CompletionReport(self.applied + other.applied, self.stale + other.stale)
 
+
+log = logging.getLogger("punctual.completion")
+
+# A run's `error` is at most this long: enough for any reason Punctual writes, and a
+# target's text (an exception naming what it sent) cannot grow the row.
+ERROR_MAX_CHARS = 1000
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")  # NUL and lone surrogates: Postgres' text refuses them
 
 _RUN_COLUMNS = ("state", "finished_at", "status_code", "error")
 _CALLED_COLUMNS = (*_RUN_COLUMNS, "started_at", "lateness_ms")
@@ -160,14 +175,14 @@ def apply(
         if not run.off_schedule and (job is None or job["lease_token"] != run.lease_token):
             continue  # stale: its job's lease is gone
         attempt = Attempt(run.job_id, run.origin, run.scheduled_for, run.attempt, run.retry)
-        settled = settle(attempt, item.outcome, job, now, rand, retry_now=retry_now)
+        settled, status_code = _settle_one(attempt, item.outcome, job, now, rand, retry_now)
         write = {
             "run_id": run.run_id,
             "lease_token": run.lease_token,
             "state": settled.run_state,
             "finished_at": item.finished_at,
-            "status_code": item.outcome.status_code,
-            "error": settled.error,
+            "status_code": status_code,
+            "error": recordable(settled.error),
         }
         if item.called_at is not None:
             write["started_at"] = item.called_at
@@ -222,6 +237,42 @@ def apply(
     if stale:
         metrics.STALE_COMPLETIONS.inc(stale)
     return CompletionReport(applied=len(written), stale=stale)
+
+
+def _settle_one(
+    attempt: Attempt,
+    outcome: CallOutcome,
+    job: Any,
+    now: datetime,
+    rand: Callable[[], float],
+    retry_now: bool,
+) -> tuple[Settlement, int | None]:
+    """The settlement of one attempt and the status to record. An outcome that cannot
+    be settled (its status is not an HTTP status, or settling it raised) is settled
+    as a failed call saying why, a retry following as after any failure: the others
+    of the batch are written all the same."""
+    status = outcome.status_code
+    try:
+        if status is not None and (
+            isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 999
+        ):
+            raise ValueError(f"status {str(status)[:20]!r} is not an HTTP status")
+        return settle(attempt, outcome, job, now, rand, retry_now=retry_now), status
+    except Exception as exc:
+        reason = f"the answer could not be settled ({type(exc).__name__}: {first_line(exc)})"
+        log.warning("run of job %s attempt %d: %s", attempt.job_id, attempt.attempt, reason)
+        failure = CallOutcome(error=reason)
+        return settle(attempt, failure, job, now, rand, retry_now=retry_now), None
+
+
+def recordable(text: str | None) -> str | None:
+    """`text` as a run's `error` can hold it: at most ERROR_MAX_CHARS, without the
+    characters PostgreSQL's text refuses (each becomes U+FFFD)."""
+    if text is None:
+        return None
+    if len(text) > ERROR_MAX_CHARS:
+        text = text[: ERROR_MAX_CHARS - 1] + "\u2026"
+    return _UNSTORABLE.sub("\ufffd", text)
 
 
 # What settling needs from a job row: not its target or payload (JSON to decode).

@@ -106,7 +106,7 @@ def retrying(
                     "%s failed (%s: %s); retrying for up to %gs",
                     what,
                     type(exc).__name__,
-                    str(exc).splitlines()[0] if str(exc) else "",
+                    first_line(exc),
                     budget_s,
                 )
             sleep(pause)
@@ -115,3 +115,11 @@ def retrying(
         if failures:
             log.warning("%s succeeded after %d transient failure(s)", what, failures)
         return result
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of a failure's text, at most 200 characters: what a log line
+    or a run's error says of it (SQLAlchemy's go on with the statement and its
+    parameters; a target's may be anything)."""
+    lines = str(exc).splitlines()
+    return lines[0][:200] if lines else ""

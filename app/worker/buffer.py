@@ -17,10 +17,15 @@ job's next occurrence (claimed ahead, so only a job due again within a poll inte
 or so can notice); a call's concurrency slot goes back when the call ends, and its
 lease is renewed until the record is written.
 
-A flush that fails (the database is away) keeps its items and is tried again, soon
-at first (0.1 s, doubling to 2 s: app.registry.transient's pauses), for as long as
-it takes: an outcome has nowhere else to go. The runs stay in flight meanwhile, so
-their leases keep being extended once the database answers again.
+A flush that fails because the database is away (app.registry.transient) keeps its
+items and is tried again, soon at first (0.1 s, doubling to 2 s), for as long as it
+takes: an outcome has nowhere else to go. The runs stay in flight meanwhile, so their
+leases keep being extended once the database answers again. A flush that fails for
+any other reason is split in halves, each flushed on its own, down to the one item
+that fails: that item is recorded instead as a failed attempt saying why (`salvage`),
+and when even that cannot be written it is given up (`give_up`: its lease then runs
+out and the janitor takes it back), counted in punctual_completions_given_up_total
+with one log line. A batch never waits on one item that cannot be written.
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from app.registry.transient import FIRST_PAUSE_S, MAX_PAUSE_S
+from app import metrics
+from app.registry.engines import is_fence_error
+from app.registry.transient import FIRST_PAUSE_S, MAX_PAUSE_S, first_line, is_transient
 
 T = TypeVar("T")
 log = logging.getLogger("punctual.completion")
@@ -45,8 +52,17 @@ class CompletionBuffer(Generic[T]):
         max_delay_s: float = 0.05,
         busy_delay_s: float = 0.2,
         busy_rate: float = 20.0,
+        salvage: Callable[[T, Exception], T | None] | None = None,
+        give_up: Callable[[T], object] | None = None,
+        name: Callable[[T], str] = repr,
     ):
+        """`salvage(item, failure)`: what to write instead of an item that cannot be
+        written (None: nothing); `give_up(item)`: called for an item left unwritten;
+        `name(item)`: how the log line names it."""
         self._flush = flush
+        self._salvage = salvage
+        self._give_up = give_up
+        self._name = name
         self.max_items = max_items
         self.max_delay_s = max_delay_s
         self.busy_delay_s = max(busy_delay_s, max_delay_s)
@@ -105,14 +121,79 @@ class CompletionBuffer(Generic[T]):
             items = self._take()
             if items is None:
                 return
-            pause = FIRST_PAUSE_S
-            while True:
-                try:
-                    self._flush(items)
-                    break
-                except Exception:  # keep the items: their leases are still extended
-                    log.exception("completion flush of %d items failed; retrying in %gs", len(items), pause)
-                    time.sleep(pause)
-                    pause = min(MAX_PAUSE_S, pause * 2)
+            self._write(items)
             with self._cond:
                 self._busy = False
+
+    def _write(self, items: list[T]) -> None:
+        """Flush `items`, halving a batch that fails for a reason of its own until the
+        one item that cannot be written is found and settled alone."""
+        parts = [items]
+        while parts:
+            part = parts.pop()
+            failure = self._flush_until_written(part)
+            if failure is None:
+                continue
+            if len(part) > 1:
+                half = len(part) // 2
+                parts += [part[half:], part[:half]]  # the first half next: the order they came in
+            else:
+                self._settle_alone(part[0], failure)
+
+    def _flush_until_written(self, items: list[T]) -> Exception | None:
+        """`flush(items)`, again after each failure that passes with time (the database
+        is away, a shard is being moved) for as long as those last; the first failure
+        that will not pass is returned."""
+        pause = FIRST_PAUSE_S
+        failures = 0
+        while True:
+            try:
+                self._flush(items)
+            except Exception as exc:
+                if not passes(exc):
+                    return exc
+                failures += 1
+                if failures == 1:  # one line for an outage, not a traceback every try
+                    log.warning(
+                        "completion flush of %d items failed (%s: %s); retrying until it passes",
+                        len(items),
+                        type(exc).__name__,
+                        first_line(exc),
+                    )
+                time.sleep(pause)
+                pause = min(MAX_PAUSE_S, pause * 2)
+                continue
+            if failures:
+                log.warning("completion flush of %d items passed after %d failures", len(items), failures)
+            return None
+
+    def _settle_alone(self, item: T, failure: Exception) -> None:
+        """One item that fails on its own: written as what `salvage` makes of it, or
+        given up (counted, one log line) when that is nothing or fails too."""
+        replacement = self._salvage(item, failure) if self._salvage is not None else None
+        if replacement is not None:
+            again = self._flush_until_written([replacement])
+            if again is None:
+                log.warning(
+                    "%s could not be recorded (%s: %s); recorded as a failed attempt instead",
+                    self._name(item),
+                    type(failure).__name__,
+                    first_line(failure),
+                )
+                return
+            failure = again
+        metrics.COMPLETIONS_GIVEN_UP.inc()
+        log.error(
+            "%s could not be recorded (%s: %s); given up, its lease will run out",
+            self._name(item),
+            type(failure).__name__,
+            first_line(failure),
+        )
+        if self._give_up is not None:
+            self._give_up(item)
+
+
+def passes(exc: BaseException) -> bool:
+    """Whether a flush's failure passes with time: the registry is away for a moment,
+    or a shard's move held the write back for longer than its wait."""
+    return is_transient(exc) or is_fence_error(exc)

@@ -68,7 +68,7 @@ from app.limits.limiter import Limiter
 from app.limits.policy import LimitSpec
 from app.logs import lazy_log_context
 from app.registry.engines import Registry
-from app.registry.transient import retrying
+from app.registry.transient import first_line, retrying
 from app.services.owners import OwnerDirectory
 from app.settings import Settings
 from app.worker.buffer import CompletionBuffer
@@ -106,6 +106,13 @@ class _Call:
     # us: set from the start, moved on by each heartbeat that extended it.
     lease_until: float = 0.0
     lost: bool = False  # a heartbeat found the token gone: the janitor took the run back
+
+
+def _recorded_as_failure(item: Finished, failure: Exception) -> Finished:
+    """What is written instead of a finished attempt whose outcome cannot be written:
+    a failed call saying why (a retry follows as after any failure)."""
+    reason = f"the outcome could not be recorded ({type(failure).__name__}: {first_line(failure)})"
+    return dataclasses.replace(item, outcome=CallOutcome(error=reason))
 
 
 def _reserver(run: DispatchRun) -> str:
@@ -200,7 +207,12 @@ class Dispatcher:
         self._carried: _Call | None = None
         holder_name = HolderNames()
         self._inflight: InFlight[_Call] = InFlight(self._heartbeat, settings.heartbeat_s)
-        self._buffer: CompletionBuffer[Finished] = CompletionBuffer(self._flush)
+        self._buffer: CompletionBuffer[Finished] = CompletionBuffer(
+            self._flush,
+            salvage=_recorded_as_failure,
+            give_up=lambda item: self._inflight.pop_many([item.run.run_id]),
+            name=lambda item: f"the outcome of run {item.run.run_id}",
+        )
         self._gate = SlotGate(
             limiter,
             settings.lease_s,

@@ -281,3 +281,36 @@ def test_the_next_occurrence_follows_the_jobs_zone_and_is_stored_in_utc(registry
     after = job(registry, run.job_id)
     assert after["nominal_at"] == datetime(2026, 3, 8, 13, 0, tzinfo=UTC)
     assert after["nominal_at"].utcoffset() == timedelta(0)
+
+
+def test_a_hostile_answer_in_a_batch_is_recorded_as_failed_and_the_others_are_written(registry):
+    """Nothing a target sends fails the batch: a Retry-After of 400 digits, a status no
+    HTTP status is, a reason with NUL and lone surrogates and a megabyte of text."""
+    rows = [job_row(16, run_at=utcnow() - timedelta(seconds=1)) for _ in range(5)]
+    found = started(registry, rows)
+    now = utcnow()
+    outcomes = [
+        CallOutcome(status_code=503, retry_after="9" * 400),
+        CallOutcome(status_code=10**6),
+        CallOutcome(error="connection failed: \x00\ud800" + "x" * 1_000_000),
+        CallOutcome(status_code=503, retry_after="Mon, 01 Jun 99999 12:00:00 GMT\x00"),
+        OK,
+    ]
+    report = complete(
+        registry, [Finished(run, o, now) for run, o in zip(found, outcomes, strict=True)], now, lambda: 0.0
+    )
+    assert report.applied == 5
+    histories = [runs_of(registry, run.job_id)[0] for run in found]
+    assert [h["state"] for h in histories] == ["failed", "failed", "failed", "failed", "succeeded"]
+    # An unusable Retry-After: the job's own backoff (10 s x 0.5 with rand() = 0).
+    assert job(registry, found[0].job_id)["next_run_at"] == now + timedelta(seconds=5)
+    assert job(registry, found[3].job_id)["next_run_at"] == now + timedelta(seconds=5)
+    assert histories[1]["status_code"] is None
+    reason = "the answer could not be settled (ValueError: status '1000000' is not an HTTP status)"
+    assert histories[1]["error"] == reason
+    error = histories[2]["error"]
+    assert (
+        len(error) == 1000
+        and error.startswith("connection failed: \ufffd\ufffdxxx")
+        and error[-1] == "\u2026"
+    )

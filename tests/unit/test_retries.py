@@ -6,9 +6,12 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from app.core.errors import ValidationError
 from app.core.retries import (
+    RETRY_AFTER_MAX_S,
     CallOutcome,
     RetryDecision,
     RetryPolicy,
@@ -242,9 +245,60 @@ def test_parse_retry_after_both_forms(value, seconds):
     assert parse_retry_after(value, NOW) == seconds
 
 
-@pytest.mark.parametrize("value", [None, "", "soon", "1.5", "12 seconds", "Mon, 99 Foo 2026", "0x10"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        "",
+        "soon",
+        "1.5",
+        "12 seconds",
+        "Mon, 99 Foo 2026",
+        "0x10",
+        "\u0661\u0662",  # Arabic-Indic digits: int() reads them, HTTP does not
+        "12\n",  # stripped: but "12\nX" is not seconds
+        "12\nX",
+        "9" * 400,  # over RETRY_AFTER_MAX_CHARS: not read at all
+        "9" * 5000,
+        "Mon, 01 Jun 99999 12:00:00 GMT",  # year out of range
+        "Mon, 01 Jun 2026 12:00:00 +9999",  # offset out of range
+        "Mon, 01 Jun 2026 25:00:00 GMT",
+        b"120",  # not text
+        120,
+    ],
+)
 def test_parse_retry_after_garbage_is_none(value):
-    assert parse_retry_after(value, NOW) is None
+    if value == "12\n":  # surrounding whitespace is not part of the value
+        assert parse_retry_after(value, NOW) == 12.0
+    else:
+        assert parse_retry_after(value, NOW) is None
+
+
+@pytest.mark.parametrize(
+    "value", ["604801", "99999999999999999999", "+" + "9" * 60, "Fri, 31 Dec 9999 23:59:59 GMT"]
+)
+def test_a_retry_after_beyond_a_week_counts_as_a_week(value):
+    assert parse_retry_after(value, NOW) == RETRY_AFTER_MAX_S == 604_800
+
+
+@settings(max_examples=300, derandomize=True)
+@given(
+    st.one_of(
+        st.text(),
+        st.text(alphabet="0123456789+- \t", max_size=80),
+        st.from_regex(r"[A-Za-z]{3}, [0-9]{1,3} [A-Za-z]{3} [0-9]{1,6} [0-9:]{1,9} [A-Z+\-0-9]{1,6}"),
+    )
+)
+def test_parse_retry_after_is_total_and_bounded(value):
+    seconds = parse_retry_after(value, NOW)
+    assert seconds is None or 0.0 <= seconds <= RETRY_AFTER_MAX_S
+
+
+def test_a_hostile_retry_after_means_the_jobs_own_backoff_or_its_cap():
+    huge = CallOutcome(status_code=503, retry_after="9" * 400)
+    assert delay_of(decide_retry(POLICY, 1, huge, NOW, fixed(0.0))) == 5.0  # the job's own backoff
+    long = CallOutcome(status_code=503, retry_after="9" * 40)
+    assert delay_of(decide_retry(POLICY, 1, long, NOW, never)) == 3600  # max_backoff_s
 
 
 def test_retry_after_seconds_replaces_backoff_without_jitter():
