@@ -36,16 +36,15 @@ def create_jobs():
     request.max_content_length = MAX_BATCH_BODY_BYTES
     items = _items(json_body())
     too_large = {i for i, item in enumerate(items) if _encoded_size(item) > MAX_BODY_BYTES}
-    sized = [None if i in too_large else item for i, item in enumerate(items)]
     outcomes = batches.create_jobs(
         current_app.extensions["punctual"].registry,
         g.owner,
-        [item for item in sized if item is not None],
+        [item for i, item in enumerate(items) if i not in too_large],
         utcnow(),
     )
     answers, done = [], iter(outcomes)
-    for item in sized:
-        if item is None:
+    for i in range(len(items)):
+        if i in too_large:
             detail = f"a job may be at most {MAX_BODY_BYTES // 1024} KiB of JSON, as for POST /jobs"
             too_large_problem = problems.problem_json(413, "Payload Too Large", detail)
             answers.append({"status": 413, "problem": too_large_problem})
@@ -68,7 +67,11 @@ def _items(body: object) -> list:
 
 
 def _encoded_size(item: object) -> int:
-    return len(json.dumps(item, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
+    try:
+        text = json.dumps(item, ensure_ascii=False, separators=(",", ":"))
+    except RecursionError:  # nested far past the 64 levels a job may have: answered 422 for that
+        return 0
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def _answer(outcome: batches.Outcome) -> dict:

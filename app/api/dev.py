@@ -82,7 +82,7 @@ def _listing():
 
 def _status() -> int:
     raw = request.args.get("status", "200")
-    if not raw.isdigit() or not 100 <= int(raw) <= 599:
+    if not (raw.isascii() and raw.isdigit()) or not 100 <= int(raw) <= 599:
         raise ValidationError.single("status", "must be an HTTP status code, 100-599")
     return int(raw)
 

@@ -13,9 +13,13 @@ import re
 from datetime import UTC, datetime, timedelta, timezone
 
 # RFC 3339 date-time: a 'T' (or space, or lowercase t), seconds required, offset required.
+# ASCII digits ([0-9], not \d, which takes any script's), and fullmatch, not `$`, which
+# also matches before a final newline.
 _RFC3339 = re.compile(
-    r"^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt ]([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]{1,9})?"
+    r"([Zz]|[+-][0-9]{2}:[0-9]{2})"
 )
+_NAIVE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]+)?)?")
 
 
 def parse_instant(text: object) -> datetime:
@@ -38,9 +42,9 @@ _CACHED_INSTANTS = 4096
 
 @functools.lru_cache(maxsize=_CACHED_INSTANTS)
 def _parse_text(text: str) -> datetime:
-    match = _RFC3339.match(text)
+    match = _RFC3339.fullmatch(text)
     if not match:
-        if re.match(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?$", text):
+        if _NAIVE.fullmatch(text):
             raise ValueError("must carry a UTC offset ('Z' or '+01:00'); naive times are rejected")
         raise ValueError("must be an RFC 3339 date-time such as 2026-12-01T00:00:00Z")
     year, month, day, hour, minute, second, fraction, offset = match.groups()

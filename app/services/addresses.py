@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from urllib.parse import urlsplit
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor, wait
+
+from yarl import URL
 
 from app.core.private_targets import TargetPolicy, policy_of
 
@@ -25,6 +28,8 @@ __all__ = [
     "PrivateAddress",
     "is_public_address",
     "resolve_target",
+    "resolve_targets",
+    "target_host",
 ]
 
 
@@ -73,6 +78,10 @@ _NOT_PUBLIC = tuple(
 
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 
+# Lookups of one batch's hosts at once (resolve_targets): name servers answer in
+# milliseconds, so a few threads clear a thousand distinct hosts well within the deadline.
+RESOLVER_THREADS = 16
+
 
 def is_public_address(ip: str) -> bool:
     """True when `ip` (an IPv4 or IPv6 literal, optionally with a %scope) is global.
@@ -98,15 +107,44 @@ def is_public_address(ip: str) -> bool:
     return not any(address in net for net in _NOT_PUBLIC if net.version == address.version)
 
 
-def _host_and_port(url: str) -> tuple[str, int]:
+def target_host(url: str) -> tuple[str, int]:
+    """The host and port a webhook call of `url` connects to, read as the webhook
+    caller reads them (yarl, aiohttp's URL: the host in its IDNA form).
+
+    UnresolvableHost for a URL the caller would refuse before connecting: one yarl
+    cannot read, one without a host or with port 0, and a numeric host that is not a
+    dotted quad (aiohttp refuses `134744072`, `127.1` and `0177.0.0.1`, which the
+    resolver would still map onto an address), so such a target is refused at create
+    rather than failing each call.
+    """
     try:
-        parts = urlsplit(url)
-        host, port = parts.hostname, parts.port
-    except ValueError as exc:  # a port that is not a number, a bad IPv6 literal
-        raise UnresolvableHost(f"cannot read the host of {url!r}: {exc}") from None
+        parsed = URL(url)
+        host, port = parsed.raw_host, parsed.port
+    except ValueError as exc:  # a port out of range, a bad IPv6 literal, a host IDNA refuses
+        raise UnresolvableHost(f"cannot read the URL's host ({str(exc)[:200]})") from None
     if not host:
-        raise UnresolvableHost(f"{url!r} has no host")
-    return host, port or (443 if parts.scheme == "https" else 80)
+        raise UnresolvableHost("the URL has no host")
+    if not port:
+        raise UnresolvableHost("port 0 cannot be called")
+    if ":" not in host and host.replace(".", "").isdigit() and not _dotted_quad(host):
+        raise UnresolvableHost(
+            f"host {host!r} is a number but not a dotted-quad IPv4 address (such as 8.8.8.8)"
+        )
+    return host, port
+
+
+def _dotted_quad(host: str) -> bool:
+    """Four decimal octets 0-255 without leading zeros: the one numeric IPv4 form the
+    webhook caller calls (aiohttp's is_canonical_ipv4_address)."""
+    parts = host.split(".")
+    return len(parts) == 4 and all(
+        part.isascii()
+        and part.isdigit()
+        and len(part) <= 3
+        and (part == "0" or part[0] != "0")
+        and int(part) <= 255
+        for part in parts
+    )
 
 
 def resolve_target(url: str, allow_private: TargetPolicy) -> list[str]:
@@ -117,14 +155,18 @@ def resolve_target(url: str, allow_private: TargetPolicy) -> list[str]:
     `allow_private` (True: every one; a PrivateTargets: its networks and host
     names) -- a client may connect to any of them, so one is enough to refuse.
     """
-    host, port = _host_and_port(url)
+    host, port = target_host(url)
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as exc:
+    except (OSError, ValueError) as exc:  # gaierror; a label IDNA refuses; a NUL
         raise UnresolvableHost(f"host {host!r} cannot be resolved ({exc})") from None
     addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
     if not addresses:
         raise UnresolvableHost(f"host {host!r} has no address")
+    return _judged(host, addresses, allow_private)
+
+
+def _judged(host: str, addresses: list[str], allow_private: TargetPolicy) -> list[str]:
     policy = policy_of(allow_private)
     refused = [a for a in addresses if not is_public_address(a) and not policy.allows(host, a)]
     if refused:
@@ -134,3 +176,51 @@ def resolve_target(url: str, allow_private: TargetPolicy) -> list[str]:
             " or PUNCTUAL_ALLOW_PRIVATE_TARGETS=1)"
         )
     return addresses
+
+
+Resolve = Callable[[str, TargetPolicy], list[str]]
+
+
+def resolve_targets(urls: Iterable[str], deadline_s: float, threads: int = RESOLVER_THREADS) -> Resolve:
+    """Resolve the hosts of many target URLs at once (a batch's): each distinct host
+    and port once, up to `threads` at a time, all within `deadline_s`. Returns a
+    `resolve_target` that answers from those results: a host still unresolved at the
+    deadline is UnresolvableHost ("did not resolve within"), and a URL not among
+    `urls` is resolved when asked.
+
+    One slow name server costs the whole batch at most `deadline_s`, not its timeout
+    once per job. The lookups left running at the deadline end in the background.
+    """
+    by_key: dict[tuple[str, int], str] = {}
+    for url in urls:
+        try:
+            by_key.setdefault(target_host(url), url)
+        except TargetAddressError:
+            pass  # refused again, with its reason, when the URL is validated
+    found: dict[tuple[str, int], list[str] | str] = {}
+    if by_key:
+        pool = ThreadPoolExecutor(max_workers=min(threads, len(by_key)), thread_name_prefix="resolve")
+        # Private addresses are judged per URL below, with the caller's allow_private.
+        futures = {key: pool.submit(resolve_target, url, True) for key, url in by_key.items()}
+        wait(futures.values(), timeout=deadline_s)
+        pool.shutdown(wait=False, cancel_futures=True)
+        for key, future in futures.items():
+            if not future.done() or future.cancelled():
+                found[key] = f"host {key[0]!r} did not resolve within {deadline_s:g} s"
+            elif isinstance(failure := future.exception(), TargetAddressError):
+                found[key] = str(failure)
+            elif failure is not None:
+                found[key] = f"host {key[0]!r} cannot be resolved ({type(failure).__name__})"
+            else:
+                found[key] = future.result()
+
+    def resolve(url: str, allow_private: TargetPolicy) -> list[str]:
+        host, port = target_host(url)
+        result = found.get((host, port))
+        if result is None:
+            return resolve_target(url, allow_private)
+        if isinstance(result, str):  # raised anew for each URL: one exception is never raised twice
+            raise UnresolvableHost(result)
+        return _judged(host, result, allow_private)
+
+    return resolve

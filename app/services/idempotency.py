@@ -10,8 +10,9 @@ the job and compared when the key comes again.
 from __future__ import annotations
 
 import hashlib
-import json
 import uuid
+from collections.abc import Iterator
+from json.encoder import encode_basestring
 from typing import Any
 
 from app.core.errors import ValidationError
@@ -29,16 +30,54 @@ def job_id_for(owner: str, key: str) -> uuid.UUID:
 
 
 def body_hash(body: object) -> str:
-    """sha256 of the body as canonical JSON: equal JSON gives equal hashes (1 == 1.0)."""
-    text = json.dumps(_canonical(body), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """sha256 of the body as canonical JSON: equal JSON gives equal hashes (1 == 1.0).
+
+    The text is what json.dumps(body, sort_keys=True, separators=(",", ":"),
+    ensure_ascii=False) writes, with integral floats written as integers, built
+    without recursion: a body is hashed before it is validated, and one nested as
+    deep as the parser allows must still be answered 422, not fail on Python's stack.
+    """
+    text = "".join(_canonical_pieces(body))
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _canonical(value: Any) -> Any:
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {key: _canonical(child) for key, child in value.items()}
-    if isinstance(value, list):
-        return [_canonical(child) for child in value]
-    return value
+def _canonical_pieces(value: Any) -> Iterator[str]:
+    """The canonical JSON text of `value` in pieces, depth first, on a stack of its own
+    (entries: (True, text to write) or (False, a value still to encode))."""
+    stack: list[tuple[bool, Any]] = [(False, value)]
+    while stack:
+        is_text, item = stack.pop()
+        if is_text:
+            yield item
+        elif isinstance(item, dict):
+            keys = sorted(item)
+            stack.append((True, "}"))
+            for index in range(len(keys) - 1, -1, -1):
+                stack.append((False, item[keys[index]]))
+                stack.append((True, ("," if index else "") + encode_basestring(keys[index]) + ":"))
+            yield "{"
+        elif isinstance(item, list):
+            stack.append((True, "]"))
+            for index in range(len(item) - 1, -1, -1):
+                stack.append((False, item[index]))
+                if index:
+                    stack.append((True, ","))
+            yield "["
+        else:
+            yield _scalar(item)
+
+
+def _scalar(value: Any) -> str:
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, str):
+        return encode_basestring(value)
+    if isinstance(value, float):
+        return int.__repr__(int(value)) if value.is_integer() else float.__repr__(value)
+    if isinstance(value, int):
+        return int.__repr__(value)
+    raise TypeError(f"{type(value).__name__} is not JSON")

@@ -20,6 +20,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -45,6 +46,7 @@ DEFAULT_METHOD = "POST"
 TIMEOUT_S = (1, 900)
 DEFAULT_TIMEOUT_S = 30
 HEADERS_MAX = 64
+HEADER_NAME_MAX = 256
 HEADER_VALUE_MAX = 8192
 TOPIC_MAX = 255
 LIMITS_KEY_MAX = 200
@@ -53,10 +55,15 @@ MAX_CONCURRENCY = (1, 10_000)
 PAYLOAD_DEPTH_MAX = 64
 MIN_YEAR = 1000
 
-_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # an HTTP header name (RFC 9110 token)
+# Every pattern here is used with fullmatch: `$` also matches before a final newline,
+# and "X-Team\n" is not a header name.
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # an HTTP header name (RFC 9110 token)
 # An AMQP topic routing key: dot-separated words; `*` and `#` are for bindings only.
-_TOPIC = re.compile(r"^[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*$")
+_TOPIC = re.compile(r"[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*")
 _SURROGATES = re.compile("[\ud800-\udfff]")
+# Control characters: C0, DEL and C1 (Unicode category Cc); a header value may hold a tab.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+_CONTROL_BUT_TAB = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 
 
 @dataclass(frozen=True)
@@ -73,9 +80,14 @@ class JobSpec:
     jitter_s: int
 
 
-def validate_job(body: object, *, allow_private: TargetPolicy) -> JobSpec:
-    """Validate a create body; raises ValidationError naming every bad field."""
-    values = _validate(body, allow_private=allow_private, required=REQUIRED_FIELDS)
+def validate_job(
+    body: object, *, allow_private: TargetPolicy, resolve: addresses.Resolve | None = None
+) -> JobSpec:
+    """Validate a create body; raises ValidationError naming every bad field.
+
+    `resolve` looks up a webhook target's host (addresses.resolve_target when None;
+    a batch passes the results of resolving all its hosts at once)."""
+    values = _validate(body, allow_private=allow_private, required=REQUIRED_FIELDS, resolve=resolve)
     return JobSpec(
         name=values["name"],
         target=values["target"],
@@ -93,7 +105,13 @@ def validate_changes(body: object, *, allow_private: TargetPolicy) -> dict[str, 
     return _validate(body, allow_private=allow_private, required=())
 
 
-def _validate(body: object, *, allow_private: TargetPolicy, required: tuple[str, ...]) -> dict[str, Any]:
+def _validate(
+    body: object,
+    *,
+    allow_private: TargetPolicy,
+    required: tuple[str, ...],
+    resolve: addresses.Resolve | None = None,
+) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ValidationError.single("body", "must be a JSON object")
     errors: list[FieldError] = []
@@ -104,7 +122,10 @@ def _validate(body: object, *, allow_private: TargetPolicy, required: tuple[str,
         if body.get(key) is None:
             errors.append(FieldError(key, "is required"))
     values: dict[str, Any] = {}
-    for key, parse in _PARSERS.items():
+    parsers: dict[str, Callable[[Any, Any], Any]] = (
+        _PARSERS if resolve is None else {**_PARSERS, "target": partial(_target, resolve=resolve)}
+    )
+    for key, parse in parsers.items():
         if key not in body or (key in required and body[key] is None):
             continue
         unstorable = _unstorable(body[key], key)
@@ -145,14 +166,14 @@ def _jitter(value: object, _allow_private: bool) -> int:
     return 0 if value is None else parse_jitter_s(value)
 
 
-def _target(value: object, allow_private: TargetPolicy) -> dict:
+def _target(value: object, allow_private: TargetPolicy, resolve: addresses.Resolve | None = None) -> dict:
     if not isinstance(value, dict):
         raise ValidationError.single("target", "must be an object with type 'webhook' or 'queue'")
     kind = value.get("type")
     allowed: tuple[str, ...]
     check: Callable[[dict[str, Any], dict[str, Any], list[FieldError], Any], None]
     if kind == "webhook":
-        allowed, check = WEBHOOK_FIELDS, _webhook
+        allowed, check = WEBHOOK_FIELDS, partial(_webhook, resolve=resolve or addresses.resolve_target)
     elif kind == "queue":
         allowed, check = QUEUE_FIELDS, _queue
     else:
@@ -167,13 +188,20 @@ def _target(value: object, allow_private: TargetPolicy) -> dict:
     return target
 
 
-def _webhook(value: dict, target: dict, errors: list[FieldError], allow_private: TargetPolicy) -> None:
+def _webhook(
+    value: dict,
+    target: dict,
+    errors: list[FieldError],
+    allow_private: TargetPolicy,
+    resolve: addresses.Resolve,
+) -> None:
     url = value.get("url")
     url_error = _url_problem(url)
     if url_error is None:
         assert isinstance(url, str)  # _url_problem passes only a non-empty str
         try:
-            addresses.resolve_target(url, allow_private)
+            addresses.target_host(url)  # a URL the worker would refuse before connecting
+            resolve(url, allow_private)
         except addresses.TargetAddressError as exc:
             url_error = str(exc)
     if url_error:
@@ -198,6 +226,19 @@ def _webhook(value: dict, target: dict, errors: list[FieldError], allow_private:
     target["timeout_s"] = timeout_s
 
 
+def webhook_urls(bodies: list[Any]) -> list[str]:
+    """The webhook target URLs of job bodies that validation will resolve (the ones
+    that pass every other check of a URL): what a batch resolves at once."""
+    found = []
+    for body in bodies:
+        target = body.get("target") if isinstance(body, dict) else None
+        url = target.get("url") if isinstance(target, dict) and target.get("type") == "webhook" else None
+        if _url_problem(url) is None:
+            assert isinstance(url, str)  # _url_problem passes only a non-empty str
+            found.append(url)
+    return found
+
+
 def _url_problem(url: object) -> str | None:
     if not isinstance(url, str) or not url:
         return "is required: an http(s) URL"
@@ -212,7 +253,7 @@ def _url_problem(url: object) -> str | None:
         return "must be an http or https URL"
     if not parts.hostname:
         return "must name a host"
-    if any(c.isspace() or ord(c) < 0x20 for c in url):
+    if _CONTROL.search(url) or any(c.isspace() for c in url):
         return "must not contain whitespace or control characters"
     return None
 
@@ -227,14 +268,18 @@ def _headers(value: object, errors: list[FieldError]) -> dict:
         errors.append(FieldError("target.headers", f"at most {HEADERS_MAX} headers"))
     for name, header_value in value.items():
         field = f"target.headers.{name}"
-        if not _TOKEN.match(name):
-            errors.append(FieldError(field, "is not a valid header name"))
+        if len(name) > HEADER_NAME_MAX or not _TOKEN.fullmatch(name):
+            errors.append(
+                FieldError(
+                    field, f"is not a valid header name (a token of at most {HEADER_NAME_MAX} characters)"
+                )
+            )
         elif is_reserved_header(name):
             errors.append(FieldError(field, "is set by Punctual and cannot be overridden"))
         if (
             not isinstance(header_value, str)
             or len(header_value) > HEADER_VALUE_MAX
-            or any(ord(c) < 0x20 and c != "\t" or ord(c) == 0x7F for c in header_value)
+            or _CONTROL_BUT_TAB.search(header_value)
         ):
             errors.append(
                 FieldError(
@@ -247,7 +292,7 @@ def _headers(value: object, errors: list[FieldError]) -> dict:
 
 def _queue(value: dict, target: dict, errors: list[FieldError], _allow_private: TargetPolicy) -> None:
     topic = value.get("topic")
-    if not isinstance(topic, str) or len(topic) > TOPIC_MAX or not _TOPIC.match(topic):
+    if not isinstance(topic, str) or len(topic) > TOPIC_MAX or not _TOPIC.fullmatch(topic):
         errors.append(
             FieldError(
                 "target.topic",
@@ -358,12 +403,14 @@ def _unstorable(value: object, path: str) -> list[FieldError]:
 
     Valid JSON can carry both, and jsonb/text would refuse them with a 500; saying
     where they are is kinder. Iterative, so a deep document cannot blow the stack.
+    Nesting counts containers: `[[1]]` is 2 levels, and at most PAYLOAD_DEPTH_MAX are
+    taken (the field's own value is the first).
     """
     errors: list[FieldError] = []
     stack: list[tuple[object, str, int]] = [(value, path, 0)]
     while stack:
         item, where, depth = stack.pop()
-        if depth > PAYLOAD_DEPTH_MAX:
+        if depth >= PAYLOAD_DEPTH_MAX and isinstance(item, (dict, list)):
             errors.append(FieldError(path, f"is nested more than {PAYLOAD_DEPTH_MAX} levels deep"))
             break
         if isinstance(item, str):

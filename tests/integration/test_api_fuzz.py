@@ -33,7 +33,7 @@ FUZZ_EXAMPLES = int(os.environ.get("PUNCTUAL_FUZZ_EXAMPLES", "12"))
 
 
 def _resolve_literals_only(url, allow_private):
-    host, _port = addresses._host_and_port(url)
+    host, _port = addresses.target_host(url)
     try:
         ipaddress.ip_address(host.strip("[]"))
     except ValueError:

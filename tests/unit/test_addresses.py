@@ -172,3 +172,95 @@ def test_errors_share_one_base_that_is_a_value_error():
     assert issubclass(UnresolvableHost, TargetAddressError)
     assert issubclass(PrivateAddress, TargetAddressError)
     assert issubclass(TargetAddressError, ValueError)
+
+
+# --- a URL read as the webhook caller reads it -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "134744072",
+        "127.1",
+        "0177.0.0.1",
+        "0x7f.0.0.1",
+        "1.2.3.4",
+        "01.2.3.4",
+        "256.1.1.1",
+        "1.2.3.4.",
+        "1.2.3",
+        "0.0.0.0",
+        "255.255.255.255",
+        "8.8.8.08",
+        "example.com",
+        "1e3",
+        "[::1]",
+        "[::ffff:1.2.3.4]",
+    ],
+)
+def test_a_numeric_host_is_refused_exactly_when_the_webhook_caller_refuses_it(host):
+    from aiohttp.helpers import is_canonical_ipv4_address, is_ip_address
+    from yarl import URL
+
+    from app.services.addresses import target_host
+
+    raw = URL(f"http://{host}/").raw_host
+    assert raw is not None
+    caller_refuses = is_ip_address(raw) and ":" not in raw and not is_canonical_ipv4_address(raw)
+    if caller_refuses:
+        with pytest.raises(UnresolvableHost, match="dotted-quad"):
+            target_host(f"http://{host}/")
+    else:
+        assert target_host(f"http://{host}:81/") == (raw, 81)
+
+
+def test_the_host_resolved_is_the_one_the_caller_connects_to():
+    from app.services.addresses import target_host
+
+    assert target_host("http://Ex\u00e4mple.COM/x") == ("xn--exmple-cua.com", 80)
+    assert target_host("https://user:pw@93.184.215.14/") == ("93.184.215.14", 443)
+    for url in ("http://a.example\\@b.example/", "http://example.com:0/", "http://example.com:99999/"):
+        with pytest.raises(UnresolvableHost):
+            target_host(url)
+
+
+def test_a_batch_resolves_each_host_once_in_parallel_within_one_deadline(monkeypatch):
+    import threading
+    import time
+
+    from app.services.addresses import resolve_targets
+
+    asked: list[str] = []
+    both_in_flight = threading.Barrier(2, timeout=5)
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        asked.append(host)
+        if host == "slow.example":
+            time.sleep(3)
+        elif host in ("a.example", "b.example"):
+            both_in_flight.wait()  # fails unless the two are looked up at the same time
+        address = {"a.example": "93.184.215.14", "b.example": "10.0.0.1"}.get(host)
+        if address is None:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    urls = [
+        "http://a.example/1",
+        "http://a.example/2",
+        "http://b.example/",
+        "http://slow.example/",
+        "http://",
+    ]
+    started = time.monotonic()
+    resolve = resolve_targets(urls, deadline_s=0.5)
+    assert time.monotonic() - started < 2  # the deadline, not the slow host's 3 s
+    assert sorted(asked) == ["a.example", "b.example", "slow.example"]  # each host once
+    assert resolve("http://a.example/3", False) == ["93.184.215.14"]
+    with pytest.raises(PrivateAddress):
+        resolve("http://b.example/", False)  # private addresses judged per URL, as asked
+    assert resolve("http://b.example/", True) == ["10.0.0.1"]
+    with pytest.raises(UnresolvableHost, match="did not resolve within 0.5 s"):
+        resolve("http://slow.example/", True)
+    with pytest.raises(UnresolvableHost, match="cannot be resolved"):
+        resolve("http://nowhere.example/", True)  # not in the batch: looked up when asked

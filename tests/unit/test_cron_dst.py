@@ -111,12 +111,25 @@ def test_valid_expressions_are_accepted(expr):
         ("0 0 30 2 *", "never fires"),
         ("0 0 31 4,6,9,11 *", "never fires"),
         ("0\u00a00 * * *", "5 fields"),  # a no-break space is not a separator
+        ("5\n,6 * * * *", "not a number"),  # `$` would have let "5\n" pass as an item
+        ("0 0 * * 1\n", None),  # a final newline is stripped as surrounding whitespace
+        ("0 " * 129 + "0", "at most 256 characters"),
+        (",".join(["1"] * 20_000) + " * * * *", "at most 256 characters"),
+        (",".join(["1"] * 61) + " * * * *", "at most 60 comma-separated items, not 61"),
     ],
 )
 def test_invalid_expressions_are_rejected_with_a_reason(expr, words):
+    if words is None:
+        assert parse_cron(expr).croniter_form == "0 0 * * 1"
+        return
     with pytest.raises(ValueError) as info:
         parse_cron(expr)
     assert words in str(info.value)
+
+
+def test_a_list_of_sixty_items_in_256_characters_is_accepted():
+    every = ",".join(str(n) for n in range(60))
+    assert len(every) <= 256 and parse_cron(f"{every} * * * *").text.startswith("0,1,2")
 
 
 def test_non_strings_are_rejected():

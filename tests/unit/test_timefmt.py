@@ -39,6 +39,9 @@ def test_accepted_forms_become_aware_utc(text, expected):
         ("2026-12-01T00:00:00+25:00", "offset"),
         ("0001-01-01T00:00:00+01:00", "range"),
         ("yesterday", "RFC 3339"),
+        ("2026-12-01T00:00:00Z\n", "RFC 3339"),  # `$` matched before a final newline
+        ("\uff12\uff10\uff12\uff16-12-01T00:00:00Z", "RFC 3339"),  # fullwidth digits: \\d took them
+        ("2026-12-01T00:00:00\n", "RFC 3339"),
     ],
 )
 def test_refused_forms_say_why(text, reason):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from app.core.errors import ValidationError
 from app.core.retries import RetryPolicy
@@ -268,3 +270,145 @@ def test_idempotency_keys_name_one_job_per_owner_and_equal_json_hashes_alike():
         with pytest.raises(ValidationError) as exc:
             job_id_for("alice", bad)
         assert fields_of(exc) == ["Idempotency-Key"]
+
+
+# --- the hostile inputs: exact patterns, control characters, bounds --------------------------
+
+
+def nested(levels: int, leaf: object = 1, kind: str = "list") -> object:
+    value = leaf
+    for _ in range(levels):
+        value = [value] if kind == "list" else {"k": value}
+    return value
+
+
+@pytest.mark.parametrize("kind", ["list", "dict"])
+@pytest.mark.parametrize("leaf", [1, [], {}])
+def test_a_payload_may_be_nested_64_levels_and_not_65(kind, leaf):
+    # `[]` and `{}` as the leaf are containers too: 64 wrappers around one make 65 levels.
+    inner = 63 if isinstance(leaf, (list, dict)) else 64
+    assert validate_job(body(payload=nested(inner, leaf, kind)), allow_private=False).payload is not None
+    with pytest.raises(ValidationError) as exc:
+        validate_job(body(payload=nested(inner + 1, leaf, kind)), allow_private=False)
+    assert fields_of(exc) == ["payload"] and "64 levels" in exc.value.errors[0].message
+
+
+@pytest.mark.parametrize(
+    "target, field",
+    [
+        ({"type": "webhook", "url": PUBLIC_URL, "headers": {"X-Evil\n": "v"}}, "target.headers.X-Evil\n"),
+        (
+            {"type": "webhook", "url": PUBLIC_URL, "headers": {"X-A" * 90: "v"}},
+            "target.headers." + "X-A" * 90,
+        ),
+        ({"type": "webhook", "url": PUBLIC_URL, "headers": {"X-Nel": "a\u0085b"}}, "target.headers.X-Nel"),
+        ({"type": "webhook", "url": PUBLIC_URL, "headers": {"X-Del": "a\x7fb"}}, "target.headers.X-Del"),
+        ({"type": "queue", "topic": "reports.daily\n"}, "target.topic"),
+        ({"type": "webhook", "url": "http://93.184.215.14/a\x7fb"}, "target.url"),
+        ({"type": "webhook", "url": "http://93.184.215.14/a\u0085b"}, "target.url"),
+        ({"type": "webhook", "url": "http://93.184.215.14/a\u2003b"}, "target.url"),  # an em space
+        ({"type": "webhook", "url": "http://134744072/"}, "target.url"),
+        ({"type": "webhook", "url": "http://127.1/"}, "target.url"),
+        ({"type": "webhook", "url": "http://0177.0.0.1/"}, "target.url"),
+        ({"type": "webhook", "url": "http://93.184.215.14:0/"}, "target.url"),
+        ({"type": "webhook", "url": "http://a.example\\@93.184.215.14/"}, "target.url"),  # yarl refuses it
+    ],
+)
+def test_what_the_contract_refuses_is_refused_at_its_path(target, field):
+    with pytest.raises(ValidationError) as exc:
+        validate_job(body(target=target), allow_private=True)
+    assert fields_of(exc) == [field]
+
+
+def test_a_header_value_may_hold_a_tab_and_any_printable_text():
+    target = {"type": "webhook", "url": PUBLIC_URL, "headers": {"X-Ok": "a\tb ü 日本", "X-" + "a" * 254: "v"}}
+    assert validate_job(body(target=target), allow_private=False).target["headers"]["X-Ok"] == "a\tb ü 日本"
+
+
+def test_a_numeric_host_is_refused_with_why():
+    with pytest.raises(ValidationError) as exc:
+        validate_job(body(target={"type": "webhook", "url": "http://134744072/"}), allow_private=True)
+    assert "not a dotted-quad IPv4 address" in exc.value.errors[0].message
+
+
+def test_every_hostile_field_of_one_body_is_listed():
+    bad = body(
+        target={"type": "webhook", "url": "http://134744072/", "headers": {"X-Evil\n": "\u0085"}},
+        schedule={"cron": ",".join(["1"] * 20_000) + " * * * *"},
+        payload=nested(600),
+    )
+    with pytest.raises(ValidationError) as exc:
+        validate_job(bad, allow_private=True)
+    # The header is named twice: its name and its value are both wrong.
+    assert fields_of(exc) == [
+        "target.url",
+        "target.headers.X-Evil\n",
+        "target.headers.X-Evil\n",
+        "payload",
+        "schedule.cron",
+    ]
+
+
+def test_a_batch_resolves_with_the_resolver_it_is_given():
+    asked: list[tuple[str, bool]] = []
+
+    def resolve(url, allow_private):
+        asked.append((url, allow_private))
+        raise addresses.UnresolvableHost("host 'x' did not resolve within 5 s")
+
+    with pytest.raises(ValidationError) as exc:
+        validate_job(body(), allow_private=False, resolve=resolve)
+    assert asked == [(PUBLIC_URL, False)] and "within 5 s" in exc.value.errors[0].message
+
+
+def test_webhook_urls_lists_the_urls_validation_would_resolve():
+    from app.services.validation import webhook_urls
+
+    bodies = [
+        body(),
+        body(target={"type": "queue", "topic": "a"}),
+        body(target={"type": "webhook", "url": "http://a b/"}),
+        None,
+        body(target={"type": "webhook", "url": "http://b.example/x"}),
+    ]
+    assert webhook_urls(bodies) == [PUBLIC_URL, "http://b.example/x"]
+
+
+def test_an_idempotency_hash_of_a_body_nested_past_any_stack_is_made():
+    from app.services.idempotency import body_hash
+
+    assert len(body_hash({"payload": nested(5000)})) == 64
+    assert body_hash({"payload": nested(5000)}) != body_hash({"payload": nested(4999)})
+
+
+@settings(max_examples=400, derandomize=True)
+@given(
+    st.recursive(
+        st.none()
+        | st.booleans()
+        | st.integers()
+        | st.floats(allow_nan=False, allow_infinity=False)
+        | st.text(),
+        lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(), children, max_size=4),
+        max_leaves=20,
+    )
+)
+def test_the_idempotency_hash_is_the_hash_of_canonical_json(value):
+    """The hash is built without recursion, yet is exactly what it always was: the sha256 of
+    sorted, compact json.dumps with integral floats as integers (stored hashes stay valid)."""
+    import hashlib
+    import json
+
+    from app.services.idempotency import body_hash
+
+    def canonical(v):
+        if isinstance(v, float) and v.is_integer():
+            return int(v)
+        if isinstance(v, dict):
+            return {k: canonical(c) for k, c in v.items()}
+        if isinstance(v, list):
+            return [canonical(c) for c in v]
+        return v
+
+    text = json.dumps(canonical(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert body_hash(value) == hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
