@@ -5,7 +5,9 @@ migrate` and `punctual dev`'s children alike, so a log shipper parses one shape.
 A JSON line carries `ts` (UTC, ms), `level`, `logger`, `process` (api, beat, worker,
 migrate, dev), `pid`, `message`, the fields of the run being worked on (job_id,
 run_id, shard, attempt, owner) and any other `extra=` a call site passed; a
-traceback goes in `exc`, escaped, so it never breaks the one-line rule.
+traceback goes in `exc`, escaped, so it never breaks the one-line rule. A traceback
+shows its innermost TRACEBACK_FRAMES frames per exception, however deep the stack
+(a RecursionError's would be thousands of lines).
 
 The run's fields come from a contextvar (`log_context`) rather than from every call
 site: a dispatch binds them once around the work on one run, and whatever logs
@@ -17,12 +19,14 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
 
 FORMATS = ("text", "json")
+TRACEBACK_FRAMES = 30
 # The fields that say which piece of work a line is about, in the order shown.
 CONTEXT_FIELDS = ("job_id", "run_id", "shard", "attempt", "owner")
 
@@ -106,10 +110,24 @@ def _extras(record: logging.LogRecord) -> dict:
     return {k: v for k, v in vars(record).items() if k not in _RECORD_ATTRIBUTES and not k.startswith("_")}
 
 
+def bounded_traceback(exc_info) -> str:
+    """The traceback of `exc_info` with the innermost TRACEBACK_FRAMES frames of each
+    exception in its chain, and a line saying how many were left out."""
+    _, exc, tb = exc_info
+    depth = len(traceback.extract_tb(tb)) if tb is not None else 0
+    lines = traceback.format_exception(exc, limit=-TRACEBACK_FRAMES)
+    if depth > TRACEBACK_FRAMES:
+        lines.insert(1, f"  ... {depth - TRACEBACK_FRAMES} outer frames left out\n")
+    return "".join(lines).rstrip("\n")
+
+
 class JsonFormatter(logging.Formatter):
     def __init__(self, process_name: str = ""):
         super().__init__()
         self.process_name = process_name
+
+    def formatException(self, ei) -> str:  # noqa: N802 - logging's name
+        return bounded_traceback(ei)
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
@@ -139,6 +157,9 @@ class TextFormatter(logging.Formatter):
 
     def __init__(self, process_name: str = ""):
         super().__init__("%(asctime)s %(levelname)s %(name)s [" + (process_name or "-") + "] %(message)s")
+
+    def formatException(self, ei) -> str:  # noqa: N802 - logging's name
+        return bounded_traceback(ei)
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)

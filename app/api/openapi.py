@@ -12,6 +12,8 @@ from typing import Any
 
 from app import __version__
 from app.api.batch import MAX_BATCH_BODY_BYTES
+from app.core.cron import MAX_CHARS as CRON_MAX_CHARS
+from app.core.cron import MAX_ITEMS as CRON_MAX_ITEMS
 from app.core.jitter import MAX_JITTER_S
 from app.core.misfire import MISFIRE_POLICIES
 from app.core.retries import MAX_ATTEMPTS, MAX_BACKOFF_S, MAX_MAX_BACKOFF_S
@@ -20,6 +22,7 @@ from app.registry.schema import JOB_STATES, RUN_STATES
 from app.services import validation as v
 from app.services.batches import MAX_JOBS as MAX_BATCH_JOBS
 from app.services.idempotency import KEY_MAX
+from app.services.jobs import TRIGGER_WINDOW_S, TRIGGERS_PER_WINDOW
 from app.services.pagination import DEFAULT_LIMIT, MAX_LIMIT
 
 INSTANT = {"type": "string", "format": "date-time"}
@@ -67,6 +70,7 @@ def _schemas() -> dict:
             "headers": {
                 "type": "object",
                 "maxProperties": v.HEADERS_MAX,
+                "propertyNames": {"minLength": 1, "maxLength": v.HEADER_NAME_MAX},
                 "additionalProperties": {"type": "string", "maxLength": v.HEADER_VALUE_MAX},
             },
             "timeout_s": {
@@ -98,7 +102,13 @@ def _schemas() -> dict:
             _object({"run_at": INSTANT}, required=("run_at",)),
             _object(
                 {
-                    "cron": {"type": "string", "description": "5 fields, or 6 with seconds first"},
+                    "cron": {
+                        "type": "string",
+                        "maxLength": CRON_MAX_CHARS,
+                        "description": (
+                            f"5 fields, or 6 with seconds first; at most {CRON_MAX_ITEMS} items a field"
+                        ),
+                    },
                     "timezone": {"type": "string", "default": "UTC"},
                     **bounds,
                 },
@@ -131,7 +141,9 @@ def _schemas() -> dict:
     fields = {
         "name": {"type": "string", "minLength": 1, "maxLength": v.NAME_MAX},
         "target": _ref("Target"),
-        "payload": {"description": "any JSON; the body sent to the target"},
+        "payload": {
+            "description": f"any JSON, nested at most {v.PAYLOAD_DEPTH_MAX} levels; what the target is sent"
+        },
         "schedule": _ref("Schedule"),
         "retry": _ref("Retry"),
         "misfire": {"enum": list(MISFIRE_POLICIES), "default": MISFIRE_POLICIES[0]},
@@ -486,7 +498,17 @@ def _paths() -> dict:
         },
         "/jobs/{job_id}/trigger": {
             "parameters": [_path("job_id")],
-            "post": _op("Trigger job", {"202": _ok("the extra run, claimed", "Run")}, on_job),
+            "post": _op(
+                "Trigger job",
+                {"202": _ok("the extra run, claimed", "Run")},
+                on_job,
+                extra={
+                    "429": _problem(
+                        f"the job was triggered {TRIGGERS_PER_WINDOW} times in the last"
+                        f" {TRIGGER_WINDOW_S} s; retry after Retry-After"
+                    )
+                },
+            ),
         },
         "/jobs/{job_id}/runs": {
             "parameters": [_path("job_id")],
@@ -510,7 +532,7 @@ def _paths() -> dict:
                 {"200": _ok("the next fire instants", "Preview")},
                 "401 422",
                 params=[
-                    _query("cron", {"type": "string"}),
+                    _query("cron", {"type": "string", "maxLength": CRON_MAX_CHARS}),
                     _query("interval_s", {"type": "integer", "minimum": 1, "maximum": MAX_INTERVAL_S}),
                     _query("timezone", {"type": "string", "default": "UTC"}),
                     _query("count", {"type": "integer", "minimum": 1, "maximum": 100, "default": 10}),

@@ -2,7 +2,8 @@
 
 A problem is `{"type", "title", "status", "detail", "errors": [{"field", "message"}]}`;
 `errors` is always present (empty unless fields are at fault). The service errors
-(ValidationError 422, NotFound 404, Conflict 409, Unavailable 503 in a batch item),
+(ValidationError 422, NotFound 404, Conflict 409, RateLimited 429 with Retry-After,
+Unavailable 503 in a batch item),
 authentication (401), Flask's own errors (400, 404, 405, 413, 415 raised by routing
 or body parsing), a database that cannot be reached (503 with Retry-After) and a
 write refused by a shard move's fence (503, Retry-After: 1) all come out in this one
@@ -15,13 +16,13 @@ import json
 import logging
 
 import psycopg
-from flask import Flask, Response
+from flask import Flask, Response, request
 from sqlalchemy import exc as sa_exc
 from werkzeug.exceptions import HTTPException
 
 from app.core.errors import FieldError, ValidationError
 from app.registry.engines import is_fence_error
-from app.services.errors import Conflict, NotFound, Unavailable
+from app.services.errors import Conflict, NotFound, RateLimited, Unavailable
 
 PROBLEM_TYPE = "application/problem+json"
 _TYPE_BASE = "urn:punctual:problem:"
@@ -90,6 +91,16 @@ def _conflict(exc: Conflict) -> Response:
     return problem(409, "Conflict", exc.detail, kind=exc.kind)
 
 
+def _rate_limited(exc: RateLimited) -> Response:
+    return problem(
+        429,
+        "Too Many Requests",
+        exc.detail,
+        kind="rate-limited",
+        headers={"Retry-After": str(exc.retry_after_s)},
+    )
+
+
 def _unauthorized(_exc: Unauthorized) -> Response:
     return problem(
         401,
@@ -105,7 +116,18 @@ def _http(exc: HTTPException) -> Response:
     valid_methods = getattr(exc, "valid_methods", None)  # set on a MethodNotAllowed
     if exc.code == 405 and valid_methods:
         headers["Allow"] = ", ".join(valid_methods)
-    return problem(exc.code or 500, exc.name, exc.description or exc.name, headers=headers)
+    detail = exc.description or exc.name
+    if exc.code == 413 and request.max_content_length:  # Werkzeug's own text names no figure
+        detail = f"the body is over {byte_size(request.max_content_length)}, the most this route takes"
+    return problem(exc.code or 500, exc.name, detail, headers=headers)
+
+
+def byte_size(count: int) -> str:
+    """64 KiB, 8 MiB: a limit as docs/api.md writes it."""
+    for unit, size in (("MiB", 1024 * 1024), ("KiB", 1024)):
+        if count >= size and count % size == 0:
+            return f"{count // size} {unit}"
+    return f"{count:,} bytes"
 
 
 # Errors that mean "a database cannot be reached now", not "this request is wrong":
@@ -152,6 +174,7 @@ def install(app: Flask) -> None:
     app.register_error_handler(ValidationError, _validation)
     app.register_error_handler(NotFound, _not_found)
     app.register_error_handler(Conflict, _conflict)
+    app.register_error_handler(RateLimited, _rate_limited)
     app.register_error_handler(Unauthorized, _unauthorized)
     app.register_error_handler(HTTPException, _http)
     for unavailable in REGISTRY_UNAVAILABLE:

@@ -23,6 +23,9 @@ import click
 from app.cli.ops import load_registry, load_settings
 
 DEFAULT_THREADS = 8
+LIMIT_REQUEST_LINE = 4094
+LIMIT_REQUEST_FIELD_SIZE = 8190
+LIMIT_REQUEST_FIELDS = 100
 
 
 def default_workers() -> int:
@@ -57,11 +60,17 @@ def gunicorn_options(
     return {
         "bind": f"{host}:{port}",
         "workers": workers,
-        "worker_class": "gthread",
+        # gthread, answering the requests gunicorn refuses itself as problem+json.
+        "worker_class": "app.cli.gunicorn_worker.ProblemWorker",
         "threads": threads,
         "graceful_timeout": graceful_timeout_s,
         "timeout": 60,
         "keepalive": 5,
+        # gunicorn's own defaults, written out because docs/api.md states them: a longer
+        # request line is 414, a longer header line or more headers 431.
+        "limit_request_line": LIMIT_REQUEST_LINE,
+        "limit_request_field_size": LIMIT_REQUEST_FIELD_SIZE,
+        "limit_request_fields": LIMIT_REQUEST_FIELDS,
         # Recycle workers now and then so a slow leak cannot grow forever; jittered
         # so they do not all restart at once.
         "max_requests": 100_000,

@@ -2,7 +2,7 @@
 a registry database that did not answer.
 
 The API maps them to problems (app.api.problems): NotFound is 404, Conflict 409,
-Unavailable 503.
+RateLimited 429, Unavailable 503.
 """
 
 from __future__ import annotations
@@ -23,3 +23,13 @@ class Conflict(Exception):
 
 class Unavailable(Exception):
     """A registry database failed while serving this; nothing was written (retry it)."""
+
+
+class RateLimited(Exception):
+    """Done as often as its limit allows for now (429); `retry_after_s` says when it may
+    be done again."""
+
+    def __init__(self, detail: str, retry_after_s: int):
+        super().__init__(detail)
+        self.detail = detail
+        self.retry_after_s = retry_after_s

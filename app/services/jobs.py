@@ -15,6 +15,7 @@ compares request hashes: equal bodies answer the same job, different ones Confli
 
 from __future__ import annotations
 
+import math
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -47,11 +48,15 @@ from app.registry.records import (
 from app.registry.schema import JOB_STATES, jobs, runs
 from app.registry.sharding import shard_for
 from app.services import idempotency
-from app.services.errors import Conflict, NotFound
+from app.services.errors import Conflict, NotFound, RateLimited
 from app.services.pagination import Page, decode_cursor, merge_newest, newest_first
 from app.services.validation import JobSpec, run_at_not_past, validate_changes, validate_job
 
 LIVE_STATES = ("scheduled", "running", "paused")  # the states a job can still change from
+# Triggers of one job: each is a call of its target, made at once, so one API key
+# cannot turn a job into a flood of calls (docs/api.md "Bounds").
+TRIGGERS_PER_WINDOW = 10
+TRIGGER_WINDOW_S = 60
 FINAL_STATES = ("completed", "cancelled", "dead")
 
 
@@ -449,17 +454,25 @@ def resume_job(registry: Registry, owner: str, job_id: str, now: datetime) -> Ro
 def trigger_job(registry: Registry, owner: str, job_id: str, now: datetime) -> Row:
     """One extra run now, off-schedule: a `claimed` run row the relay sweep publishes.
 
-    Neither the job's state nor its next_run_at changes. The job row is read FOR
-    SHARE so a concurrent cancel either sees this run (and fails it) or wins first
-    (and this is a Conflict).
+    Neither the job's state nor its next_run_at changes. At most TRIGGERS_PER_WINDOW
+    triggers of one job in any TRIGGER_WINDOW_S, paused or not (RateLimited): each is
+    a call of the target, and the limit is counted in the registry, so it holds
+    across API processes. The job row is locked (FOR UPDATE) so that concurrent
+    triggers count one after the other, and a concurrent cancel either sees this run
+    (and fails it) or wins first (and this is a Conflict):
+
+    SELECT runs.created_at FROM runs WHERE runs.job_id = :job_id AND runs.created_at >
+    :window_start AND runs.origin = 'trigger' AND runs.attempt = 1 ORDER BY
+    runs.created_at DESC LIMIT :limit
     """
     engine, key = locate(registry, job_id)
     with engine.begin() as conn:
-        row = select_job(conn, owner, key, lock=True, share=True)
+        row = select_job(conn, owner, key, lock=True)
         if row is None:
             raise NotFound("job")
         if row["state"] in FINAL_STATES:
             raise Conflict(f"the job is {row['state']}; it cannot be triggered")
+        _within_trigger_limit(conn, key, now)
         return insert_run(
             conn,
             row,
@@ -467,6 +480,35 @@ def trigger_job(registry: Registry, owner: str, job_id: str, now: datetime) -> R
             scheduled_for=truncate_to_ms(now),
             now=now,
             lease_s=registry.settings.lease_s,
+        )
+
+
+def _within_trigger_limit(conn: sa.Connection, job_id: uuid.UUID, now: datetime) -> None:
+    """RateLimited when the job was triggered TRIGGERS_PER_WINDOW times in the last
+    TRIGGER_WINDOW_S (a range of ix_runs_job_created); Retry-After: when the oldest of
+    them leaves the window."""
+    window = timedelta(seconds=TRIGGER_WINDOW_S)
+    recent = (
+        conn.execute(
+            sa.select(runs.c.created_at)
+            .where(
+                runs.c.job_id == job_id,
+                runs.c.created_at > now - window,
+                runs.c.origin == "trigger",
+                runs.c.attempt == 1,  # a retry of a triggered run is not a trigger
+            )
+            .order_by(runs.c.created_at.desc())
+            .limit(TRIGGERS_PER_WINDOW)
+        )
+        .scalars()
+        .all()
+    )
+    if len(recent) >= TRIGGERS_PER_WINDOW:
+        retry_after_s = max(1, math.ceil((recent[-1] + window - now).total_seconds()))
+        raise RateLimited(
+            f"a job may be triggered at most {TRIGGERS_PER_WINDOW} times in {TRIGGER_WINDOW_S} s;"
+            f" try again in {retry_after_s} s",
+            retry_after_s,
         )
 
 

@@ -11,7 +11,10 @@ A key's id is the first KEY_ID_CHARS hex digits of that hash: enough to name it 
 Lookups are cached briefly per process because every request and every signed call
 needs one. The caches bound how long a change takes to reach every process: a
 revoked key is refused within KEY_CACHE_TTL_S, a rotated secret signs within
-SECRET_CACHE_TTL_S.
+SECRET_CACHE_TTL_S. The keys' cache is bounded too (KEY_CACHE_MAX known keys and as
+many unknown ones, the least recently looked up leaving first), since anyone can
+send a key: a flood of made-up keys neither grows the process nor pushes the known
+keys out.
 
 Rotation (`rotate_secret`): the owner gets a new signing secret and keeps the old
 one as `previous_signing_secret` until `previous_secret_until`; meanwhile calls are
@@ -26,6 +29,7 @@ import hmac
 import secrets
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -44,6 +48,7 @@ KEY_PREFIX = "pk_"
 SECRET_PREFIX = "whsec_"
 KEY_ID_CHARS = 12
 KEY_CACHE_TTL_S = 2.0
+KEY_CACHE_MAX = 10_000
 SECRET_CACHE_TTL_S = 5.0
 
 
@@ -269,7 +274,8 @@ class OwnerDirectory:
         self.registry = registry
         self.ttl_s = ttl_s
         self.secret_ttl_s = secret_ttl_s
-        self._owners: dict[str, tuple[float, str | None]] = {}
+        self._owners = _Recent(KEY_CACHE_MAX)  # key hash -> owner
+        self._unknown = _Recent(KEY_CACHE_MAX)  # key hashes that name no owner
         self._secrets: dict[str, tuple[float, tuple | None]] = {}
         self._weights: tuple[float, dict[str, int]] | None = None
         self._lock = threading.Lock()
@@ -279,9 +285,13 @@ class OwnerDirectory:
         if not api_key:
             return None
         digest = hash_key(api_key)
-        cached = self._cached(self._owners, digest)
-        if cached is not None:
-            return cached[0]
+        now = time.monotonic()
+        with self._lock:
+            owner = self._owners.get(digest, now)
+            if owner is not None:
+                return owner
+            if self._unknown.get(digest, now) is not None:
+                return None
         with self.registry.home.connect() as conn:
             row = conn.execute(
                 sa.select(api_keys.c.key_hash, api_keys.c.owner).where(
@@ -289,7 +299,11 @@ class OwnerDirectory:
                 )
             ).first()
         owner = row.owner if row is not None and hmac.compare_digest(row.key_hash, digest) else None
-        self._store(self._owners, digest, owner, self.ttl_s)
+        with self._lock:
+            if owner is None:
+                self._unknown.put(digest, True, time.monotonic() + self.ttl_s)
+            else:
+                self._owners.put(digest, owner, time.monotonic() + self.ttl_s)
         return owner
 
     def signing_secret(self, owner: str) -> str | None:
@@ -357,6 +371,35 @@ class OwnerDirectory:
     def _store(self, table: dict, key: str, value: Any, ttl_s: float) -> None:
         with self._lock:
             table[key] = (time.monotonic() + ttl_s, value)
+
+
+class _Recent:
+    """At most `size` entries, each until its expiry (time.monotonic()); past the size
+    the least recently used leaves. Not thread-safe: its owner holds a lock."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._entries: OrderedDict[str, tuple[float, Any]] = OrderedDict()
+
+    def get(self, key: str, now: float) -> Any:
+        """The value of `key`, or None when it has none or it expired."""
+        hit = self._entries.get(key)
+        if hit is None:
+            return None
+        if hit[0] <= now:
+            del self._entries[key]
+            return None
+        self._entries.move_to_end(key)
+        return hit[1]
+
+    def put(self, key: str, value: Any, until: float) -> None:
+        self._entries[key] = (until, value)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 def _in_effect(stored: tuple | None) -> tuple[str, ...]:

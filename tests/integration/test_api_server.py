@@ -122,3 +122,40 @@ def test_json_logs_are_one_object_per_line_with_an_access_log(env, tmp_path):
     assert [(entry["status"], entry.get("owner")) for entry in jobs] == [(401, None), (200, "log-reader")]
     assert all(entry["method"] == "GET" and entry["duration_ms"] >= 0 for entry in jobs)
     assert jobs[0]["message"].startswith("GET /jobs 401 ")
+
+
+def _raw(port: int, request: bytes) -> tuple[str, dict, bytes]:
+    """Send `request` as it is; the status line, headers and body of the answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(request)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status, *lines = head.decode("latin-1").split("\r\n")
+    return status, {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}, body
+
+
+def test_the_requests_gunicorn_refuses_itself_are_answered_as_problems_naming_the_limit(env, tmp_path):
+    port = _free_port()
+    api = _start_api(env, tmp_path, "api-limits", port)
+    try:
+        cases = {
+            b"GET /jobs?name=" + b"x" * 5000 + b" HTTP/1.1\r\nHost: a\r\n\r\n": ("414", "4,094 bytes"),
+            b"GET /jobs HTTP/1.1\r\nHost: a\r\nX-Big: " + b"x" * 9000 + b"\r\n\r\n": ("431", "8,190 bytes"),
+            b"GET /jobs HTTP/1.1\r\nHost: a\r\n"
+            + b"".join(b"X-%d: 1\r\n" % i for i in range(150))
+            + b"\r\n": ("431", "more than 100 headers"),
+            b"GET /jobs HTTP/9.9\r\nHost: a\r\n\r\n": ("400", "HTTP Version"),
+        }
+        for request, (status, figure) in cases.items():
+            line, headers, body = _raw(port, request)
+            assert line.split()[1] == status, (line, body[:200])
+            assert headers["content-type"] == "application/problem+json"
+            problem = json.loads(body)
+            assert problem["status"] == int(status) and problem["errors"] == []
+            assert figure in problem["detail"]
+        # The API is still up and answers as before.
+        assert requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+    finally:
+        api.stop()

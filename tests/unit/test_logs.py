@@ -193,3 +193,33 @@ def test_quiet_tasks_keeps_celerys_per_task_lines_of_the_ticks_for_debug(caplog:
         for name in ("celery.worker.strategy", "celery.app.trace"):
             logger = logging.getLogger(name)
             logger.filters = [f for f in logger.filters if not isinstance(f, QuietTasks)]
+
+
+def _deep(levels: int) -> None:
+    """Recurse through two alternating frames (Python folds only repeats of one line)."""
+    if levels == 0:
+        raise ValueError("at the bottom")
+    _deeper(levels - 1)
+
+
+def _deeper(levels: int) -> None:
+    _deep(levels)
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_a_traceback_shows_its_innermost_frames_only(log_format):
+    from app.logs import TRACEBACK_FRAMES
+
+    logger, stream = _logger(log_format)
+    try:
+        _deep(300)
+    except ValueError:
+        logger.exception("unhandled error")
+    if log_format == "json":
+        [entry] = _json_lines(stream)
+        text = entry["exc"]
+    else:
+        text = stream.getvalue()
+    assert text.count('File "') == TRACEBACK_FRAMES
+    assert "outer frames left out" in text and text.rstrip().endswith("ValueError: at the bottom")
+    assert len(text.splitlines()) < 3 * TRACEBACK_FRAMES
