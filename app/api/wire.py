@@ -50,11 +50,14 @@ def _reason(exc: Exception) -> str:
 
 
 def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    response = Response(
-        json.dumps(data, ensure_ascii=False, separators=(",", ":")),
-        status=status,
-        mimetype="application/json",
-    )
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    try:
+        body = text.encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate a client sent (JSON allows "\ud800"), echoed back in a field's
+        # path: written as JSON's escape, which UTF-8 can carry.
+        body = json.dumps(data, separators=(",", ":")).encode("ascii")
+    response = Response(body, status=status, mimetype="application/json")
     for name, value in (headers or {}).items():
         response.headers[name] = value
     return response

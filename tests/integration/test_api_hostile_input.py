@@ -54,6 +54,16 @@ def test_nesting_is_counted_in_levels_64_taken_65_refused(alice):
     assert fields(alice.patch(f"/jobs/{job['id']}", json={"payload": nested(600)})) == ["payload"]
 
 
+def test_a_field_path_with_a_lone_surrogate_is_answered_not_a_500(alice):
+    """JSON allows "\\ud800"; an unknown field so named is echoed in the problem's path,
+    written as JSON's escape (UTF-8 cannot carry the character itself)."""
+    raw = '{"jobs": [{"name": "x", "\\ud800": 1}]}'
+    response = alice.post("/jobs/batch", data=raw, headers={"Content-Type": "application/json"})
+    assert response.status_code == 200
+    [item] = response.get_json()["items"]
+    assert item["status"] == 422 and "\ud800" in [e["field"] for e in item["problem"]["errors"]]
+
+
 def test_a_batch_answers_each_hostile_item_on_its_own(alice):
     items = [
         {**job_body(payload=nested(600)), "idempotency_key": "deep-in-a-batch"},
