@@ -3,15 +3,14 @@
 Bounded for CI: FUZZ_EXAMPLES per operation (about 15 operations), valid and invalid
 inputs alike. The checks: no 5xx, every status is one the document lists, and every
 body matches the document's schema and content type. Host resolution is stubbed
-(IP literals pass, names do not) so random hostnames never wait on DNS.
+(IP literals pass, names do not: the `no_dns` fixture) so random hostnames never
+wait on DNS.
 
-PUNCTUAL_FUZZ_EXAMPLES=300 PUNCTUAL_FUZZ_RANDOM=1 explores further than CI's fixed seed.
+PUNCTUAL_TEST_FUZZ_SCALE=25 PUNCTUAL_TEST_FUZZ_RANDOM=1 explores further than CI's fixed seed
+(tests/fuzz/budget.py).
 """
 
 from __future__ import annotations
-
-import ipaddress
-import os
 
 import pytest
 import schemathesis
@@ -25,20 +24,11 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from app.api.openapi import document
-from app.services import addresses
+from tests.fuzz.budget import RANDOM, SCALE
 from tests.integration.api_fixtures import new_caller
 
-pytestmark = pytest.mark.integration
-FUZZ_EXAMPLES = int(os.environ.get("PUNCTUAL_FUZZ_EXAMPLES", "12"))
-
-
-def _resolve_literals_only(url, allow_private):
-    host, _port = addresses.target_host(url)
-    try:
-        ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        raise addresses.UnresolvableHost(f"host {host!r} cannot be resolved (fuzz: no DNS)") from None
-    return [host]
+pytestmark = [pytest.mark.integration, pytest.mark.fuzz]
+FUZZ_EXAMPLES = 12 * SCALE
 
 
 @pytest.fixture(scope="module")
@@ -48,20 +38,13 @@ def fuzz_auth(api_app, api_settings):
     return {"Authorization": f"Bearer {caller.api_key}"}
 
 
-@pytest.fixture(scope="module")
-def no_dns():
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(addresses, "resolve_target", _resolve_literals_only)
-        yield
-
-
 # The document is built from code, not fetched: the test sees exactly what /openapi.json
 # serves (test_api_ops checks that the two are the same document).
 schema = schemathesis.openapi.from_dict(document())
 schema.config.generation.update(
     modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE],
     max_examples=FUZZ_EXAMPLES,
-    deterministic=not os.environ.get("PUNCTUAL_FUZZ_RANDOM"),
+    deterministic=not RANDOM,
 )
 
 
