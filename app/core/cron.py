@@ -60,8 +60,8 @@ _FIELDS = (
 _ITEM = re.compile(r"(?:(\*)|([0-9a-z]+)(?:-([0-9a-z]+))?)(?:/([0-9]+))?")
 
 # The bounds of an expression, checked before croniter sees it: croniter's cost grows
-# with a field's items (a list of 20,000 made each next occurrence cost a third of a
-# second). No field has more than 60 values, so 60 items say all a list can.
+# with a field's items, and one is built for each next occurrence. No field has more
+# than 60 values, so 60 items say all a list can.
 MAX_CHARS = 256
 MAX_ITEMS = 60
 

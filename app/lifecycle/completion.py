@@ -6,7 +6,8 @@ flushes them) and writes them in ONE transaction per physical DSN:
 1. lock the batch's job rows (SELECT ... FOR UPDATE, in key order so two batches
    never deadlock): settling a schedule run needs its job row;
 2. settle each attempt whose job (schedule runs) still holds its lease_token
-   (app.lifecycle.settlement, pure);
+   (app.lifecycle.settlement, pure), each on its own (`_settle_one`, `recordable`):
+   one target's answer never fails the batch of every owner;
 3. write the runs with one UPDATE fenced in itself (`WHERE run_id = ? AND
    lease_token = ? AND state = 'running' RETURNING run_id`): an attempt whose job or
    run no longer holds its token, or whose run is no longer `running`, is stale: it
@@ -18,11 +19,6 @@ flushes them) and writes them in ONE transaction per physical DSN:
 Under a burst a batch holds tens of runs, and each statement's fixed cost (SQLAlchemy,
 the driver, a round trip) is what counts: the run rows are not locked by a SELECT
 of their own, their UPDATE is the fence (three statements a batch, not four).
-
-Each attempt is settled on its own: one whose answer cannot be settled (a bug, or
-an answer nobody foresaw) is recorded as failed with the reason, and what a target
-sent is cut to text the registry keeps (ERROR_MAX_CHARS, no NUL or lone surrogate),
-so one target's answer never fails the batch of every owner.
 
 The janitor settles expired leases through `apply` too, with the run states it
 may take back (`claimed` as well as `running`) and retry_now.
@@ -248,9 +244,9 @@ def _settle_one(
     retry_now: bool,
 ) -> tuple[Settlement, int | None]:
     """The settlement of one attempt and the status to record. An outcome that cannot
-    be settled (its status is not an HTTP status, or settling it raised) is settled
-    as a failed call saying why, a retry following as after any failure: the others
-    of the batch are written all the same."""
+    be settled (its status is not an HTTP status, or settling it raised: a bug, or an
+    answer nobody foresaw) is settled as a failed call saying why, a retry following
+    as after any failure: the others of the batch are written all the same."""
     status = outcome.status_code
     try:
         if status is not None and (

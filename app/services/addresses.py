@@ -78,8 +78,8 @@ _NOT_PUBLIC = tuple(
 
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 
-# Lookups of one batch's hosts at once (resolve_targets): name servers answer in
-# milliseconds, so a few threads clear a thousand distinct hosts well within the deadline.
+# Lookups of one batch's hosts at once (resolve_targets): each is a round trip to a name
+# server, so a few threads clear a batch's distinct hosts well within its deadline.
 RESOLVER_THREADS = 16
 
 

@@ -17,15 +17,9 @@ job's next occurrence (claimed ahead, so only a job due again within a poll inte
 or so can notice); a call's concurrency slot goes back when the call ends, and its
 lease is renewed until the record is written.
 
-A flush that fails because the database is away (app.registry.transient) keeps its
-items and is tried again, soon at first (0.1 s, doubling to 2 s), for as long as it
-takes: an outcome has nowhere else to go. The runs stay in flight meanwhile, so their
-leases keep being extended once the database answers again. A flush that fails for
-any other reason is split in halves, each flushed on its own, down to the one item
-that fails: that item is recorded instead as a failed attempt saying why (`salvage`),
-and when even that cannot be written it is given up (`give_up`: its lease then runs
-out and the janitor takes it back), counted in punctual_completions_given_up_total
-with one log line. A batch never waits on one item that cannot be written.
+A flush that fails while the registry is away is tried again, whole, for as long as
+that lasts (the runs' leases are kept meanwhile); one that fails for any other reason
+is halved down to the item at fault (`_write`): a batch never waits on one run.
 """
 
 from __future__ import annotations
@@ -126,8 +120,14 @@ class CompletionBuffer(Generic[T]):
                 self._busy = False
 
     def _write(self, items: list[T]) -> None:
-        """Flush `items`, halving a batch that fails for a reason of its own until the
-        one item that cannot be written is found and settled alone."""
+        """Flush `items`. A failure that passes with time (app.registry.transient: the
+        database is away) is retried, the batch whole, soon at first (0.1 s, doubling
+        to 2 s), for as long as it takes: an outcome has nowhere else to go. Any other
+        failure halves the batch, each half flushed on its own, down to the one item
+        that fails: that item is written as what `salvage` makes of it (a failed
+        attempt saying why), and when even that fails it is given up (`give_up`: its
+        lease runs out and the janitor takes it back), counted in
+        punctual_completions_given_up_total with one log line."""
         parts = [items]
         while parts:
             part = parts.pop()
