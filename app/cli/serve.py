@@ -61,7 +61,7 @@ def gunicorn_options(
         "bind": f"{host}:{port}",
         "workers": workers,
         # gthread, answering the requests gunicorn refuses itself as problem+json.
-        "worker_class": "app.cli.gunicorn_worker.ProblemWorker",
+        "worker_class": "app.cli.gthread_worker.ProblemWorker",
         "threads": threads,
         "graceful_timeout": graceful_timeout_s,
         "timeout": 60,
