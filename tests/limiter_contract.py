@@ -19,6 +19,8 @@ from itertools import pairwise
 import pytest
 
 from app.limits import LimitSpec
+from app.limits.limiter import LINE_KEEP_S, Waiting
+from app.limits.line import ANYONE, Turn
 
 T0 = 1_000_000.0  # an exact float, so that token arithmetic has no rounding surprises
 LEASE_S = 30.0
@@ -69,11 +71,14 @@ class OnALoop:
 
         return asyncio.run(once())
 
-    def acquire_many(self, requests, now, lease_s):
-        return self._on_a_loop(self._limiter.acquire_many_async, requests, now, lease_s)
+    def acquire_many(self, requests, now, lease_s, line=""):
+        return self._on_a_loop(self._limiter.acquire_many_async, requests, now, lease_s, line)
 
-    def acquire(self, specs, holder, now, lease_s, reserver=None):
-        return self.acquire_many([(specs, holder, reserver or holder)], now, lease_s)[0]
+    def acquire(self, specs, holder, now, lease_s, reserver=None, turn=ANYONE, line=""):
+        return self.acquire_many([(specs, holder, reserver or holder, turn)], now, lease_s, line)[0]
+
+    def look(self, line, waiting, now):
+        return self._on_a_loop(self._limiter.look_async, line, waiting, now)
 
     def release_many(self, items):
         self._on_a_loop(self._limiter.release_many_async, list(items))
@@ -256,6 +261,93 @@ class LimiterContract:
         limiter.release(spec, "nobody")
         limiter.renew(spec, "nobody", LEASE_S, now=T0)
         assert limiter.acquire(spec, "a", T0, LEASE_S).admitted
+
+    # -- the turns of a full cap (app.limits.line) --------------------------------
+
+    def test_a_freed_slot_goes_to_the_owner_whose_turn_it_is_though_it_waits_in_another_line(self, pair):
+        one, two = pair
+        cap = [LimitSpec("c", max_concurrency=2)]
+        a, b = Turn("a"), Turn("b")
+        assert all(admitted(one.acquire_many([(cap, h, h, a) for h in ("a1", "a2")], T0, LEASE_S, "p1")))
+        # A's runs wait in line p1, which handed A three slots from call to call; B's
+        # one run waits in line p2: B starts level with the clock, ahead of A.
+        one.look("p1", [Waiting("c", 2, {a: 5}, served={a: 3})], T0)
+        seen = two.look("p2", [Waiting("c", 2, {b: 1})], T0)["c"]
+        assert seen.free == 0 and seen.grants == {"ob": 0}
+        assert [(x.flow, x.runs) for x in seen.ahead] == [("oa", 5)]
+        one.release(cap, "a1")
+        refused = one.acquire(cap, "a3", T0 + 0.1, LEASE_S, turn=a, line="p1")
+        assert not refused.admitted and refused.reason == "cap"  # the free slot is B's
+        assert two.look("p2", [Waiting("c", 2, {b: 1})], T0 + 0.1)["c"].grants == {"ob": 1}
+        assert two.acquire(cap, "b1", T0 + 0.1, LEASE_S, turn=b, line="p2").admitted
+        # B waits no more: A's runs take the next free slot.
+        two.look("p2", [], T0 + 0.1)
+        two.look("p2", [Waiting("c", 2, {})], T0 + 0.1)
+        one.release(cap, "a2")
+        assert one.acquire(cap, "a3", T0 + 0.2, LEASE_S, turn=a, line="p1").admitted
+
+    def test_owners_waiting_in_several_lines_take_the_slots_by_weight_and_recurring_runs_first(self, pair):
+        one, two = pair
+        cap = [LimitSpec("c", max_concurrency=1)]
+        heavy, light, tick = Turn("heavy", weight=2), Turn("light"), Turn("light", recurring=True)
+        waiting = {"p1": {heavy: 50}, "p2": {light: 50}}
+        limiters = {"p1": one, "p2": two}
+        served: list[str] = []
+        holder = "first"
+        assert one.acquire(cap, holder, T0, LEASE_S).admitted
+        for step in range(30):
+            now = T0 + step * 0.01
+            if step == 20:
+                waiting["p1"][tick] = 2  # two occurrences of a recurring job come to wait
+            limiters["p1"].release(cap, holder)
+            for line in ("p1", "p2"):
+                grants = limiters[line].look(line, [Waiting("c", 1, waiting[line])], now)["c"].grants
+                for turn in waiting[line]:
+                    if grants.get(turn.flow):
+                        holder = f"{line}-{step}"
+                        assert (
+                            limiters[line].acquire(cap, holder, now, LEASE_S, turn=turn, line=line).admitted
+                        )
+                        waiting[line][turn] -= 1
+                        served.append(turn.flow)
+        assert served[20:22] == ["rlight", "rlight"]  # the recurring lane first
+        first = served[:20]
+        assert first.count("oheavy") in (13, 14) and first.count("olight") in (6, 7), first
+        assert max(len(run) for run in "".join("h" if f == "oheavy" else "l" for f in first).split("l")) <= 2
+
+    def test_the_asking_lines_own_waiting_runs_hold_no_slot_back_from_it(self, limiter):
+        cap = [LimitSpec("c", max_concurrency=1)]
+        a = Turn("a")
+        limiter.look("p1", [Waiting("c", 1, {a: 5})], T0)
+        limiter.look("p2", [Waiting("c", 1, {a: 5})], T0)  # the same owner elsewhere: not ahead of itself
+        assert limiter.acquire(cap, "a1", T0, LEASE_S, turn=a, line="p1").admitted
+
+    def test_a_lines_record_lapses_unless_it_looks_again(self, pair):
+        one, two = pair
+        cap = [LimitSpec("c", max_concurrency=1)]
+        a, b = Turn("a"), Turn("b")
+        one.look("p1", [Waiting("c", 1, {a: 1}, served={a: 1})], T0)
+        two.look("p2", [Waiting("c", 1, {b: 1})], T0)  # a process that dies right after
+        assert not one.acquire(cap, "a1", T0 + LINE_KEEP_S / 2, LEASE_S, turn=a, line="p1").admitted
+        assert one.acquire(cap, "a1", T0 + LINE_KEEP_S + 0.01, LEASE_S, turn=a, line="p1").admitted
+
+    def test_a_look_shows_the_flows_waiting_elsewhere_first_in_turn_first(self, pair):
+        one, two = pair
+        a, b, c, r = Turn("a"), Turn("b", weight=3), Turn("c"), Turn("c", recurring=True)
+        one.look("p1", [Waiting("k", 4, {a: 2}, served={a: 4})], T0)
+        one.look("p3", [Waiting("k", 4, {c: 1, r: 1})], T0)
+        seen = two.look("p2", [Waiting("k", 4, {b: 7})], T0)["k"]
+        assert seen.free == 4
+        assert [(x.flow, x.weight, x.runs) for x in seen.ahead] == [
+            ("rc", 1, 1),
+            ("oc", 1, 0 + 1),
+            ("oa", 1, 2),
+        ]
+        assert [x.start for x in seen.ahead] == [0.0, 3.0, 4.0]
+        assert seen.tags.start("ob") == 3.0  # level with the one-off clock
+        # Four free slots by turns: c's recurring run, then b (weight 3) and c from 3.0 on,
+        # b twice for c's once... b gets two of them.
+        assert seen.grants == {"ob": 2}
 
     # -- several specs: all or nothing -------------------------------------------
 

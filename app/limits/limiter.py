@@ -16,7 +16,7 @@ spec, or it takes nothing now and learns why and until when (`Admission`).
   worker's slots come back by themselves. A run that finds every slot taken takes and
   reserves nothing (`reason` "cap"): no schedule predicts when a call ends, so the
   caller waits for a release (app.worker.slot_wait) and asks again (`retry_at`, at
-  most `hold_s` away, is a hint).
+  most `hold_s` away, is a hint). When it is full, its slots go by turns (`Limiter`).
 
 A run blocked by a rate and a cap at once is held by the rate. `now` is the caller's
 clock (unix seconds or an aware datetime), and `retry_at` comes in its form. A caller
@@ -30,17 +30,25 @@ from __future__ import annotations
 import asyncio
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from app.limits.line import ANYONE, Ahead, Tags, Turn
 from app.limits.policy import LimitSpec
 
-__all__ = ["Admission", "Limiter", "Request", "RATE", "CAP"]
+__all__ = ["Admission", "Limiter", "Look", "Request", "Waiting", "RATE", "CAP"]
 
 # (the run's specs, a holder id unique to the run: its run_id[, the reserver id that
-# owns the run's rate reservations across holds: its job id for a schedule run])
-Request = tuple[Sequence[LimitSpec], str] | tuple[Sequence[LimitSpec], str, str]
+# owns the run's rate reservations across holds: its job id for a schedule run[, its
+# turn in a full cap's line]])
+Request = (
+    tuple[Sequence[LimitSpec], str]
+    | tuple[Sequence[LimitSpec], str, str]
+    | tuple[Sequence[LimitSpec], str, str, Turn]
+)
+# A request as the storage sees it: its limited specs, holder, reserver and turn.
+Limited = tuple[tuple[LimitSpec, ...], str, str, Turn]
 
 # When a capped key is full, the latest retry hint given (seconds).
 DEFAULT_HOLD_S = 1.0
@@ -50,6 +58,16 @@ EARLY_S = 1e-6
 # How long an unused rate reservation is kept (seconds): a held run comes back at its
 # turn unless its job was paused or cancelled, or the registry fell far behind.
 RESERVATION_KEEP_S = 3600.0
+# How long a line's record of its waiting runs lasts unless its next look renews it
+# (seconds): the runs of a worker that died stop holding a cap's slots back after this.
+LINE_KEEP_S = 1.0
+# How many flows waiting in other lines a look shows, first in turn first.
+AHEAD_SHOWN = 16
+# How long a cap's tags outlive its last admission (seconds): the owners of a cap
+# nobody used for this long start level again.
+TAGS_KEEP_S = 60.0
+# A cap's tags are pruned of the flows level with their clock past this many.
+TAGS_PRUNED_PAST = 512
 
 RATE = "rate"  # held by a rate: a start is reserved at retry_at
 CAP = "cap"  # every slot of a cap is taken: ask again when one frees
@@ -70,6 +88,40 @@ class Admission:
 ADMITTED = Admission(True, None)
 
 
+@dataclass(frozen=True)
+class Waiting:
+    """A cap's runs waiting in one line, by turn, and the slots the line handed on from
+    call to call (by turn) since its last look: the limiter charges them as admissions."""
+
+    key: str
+    max_concurrency: int
+    runs: Mapping[Turn, int]
+    served: Mapping[Turn, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Look:
+    """A cap as a line sees it: its free slots, how many of the line's runs of each
+    flow may take one now (the turns of the flows waiting elsewhere kept), the cap's
+    clocks with the finish tags of the line's flows, and the flows waiting in other
+    lines, first in turn first (at most AHEAD_SHOWN)."""
+
+    free: int
+    grants: dict[str, int]
+    tags: Tags
+    ahead: tuple[Ahead, ...]
+
+
+def by_flow(runs: Mapping[Turn, int]) -> dict[str, tuple[int, int]]:
+    """Runs by turn -> flow -> (weight, runs): a weight changed meanwhile, the higher."""
+    flows: dict[str, tuple[int, int]] = {}
+    for turn, count in runs.items():
+        if count > 0:
+            weight, before = flows.get(turn.flow, (turn.weight, 0))
+            flows[turn.flow] = (max(weight, turn.weight), before + count)
+    return flows
+
+
 def rate_tolerance(rate_per_s: float) -> float:
     """How far ahead of now a key's tat may be for a start to conform: one second of
     burst (max(rate, 1) starts at once), at least one start."""
@@ -77,29 +129,44 @@ def rate_tolerance(rate_per_s: float) -> float:
 
 
 class Limiter(ABC):
-    """Rates and concurrency caps keyed by LimitSpec.key; thread-safe."""
+    """Rates and concurrency caps keyed by LimitSpec.key; thread-safe.
+
+    Turns: when a cap is full, its slots go to the runs waiting for it in turns, not to
+    whoever asks first (app.limits.line: recurring runs first, then the owners by
+    weighted start-time fair queueing). A request may name its `Turn` (its fourth
+    item; without one it is ANYONE's); a caller that keeps runs waiting (a worker
+    process's slot gate) names its `line` and tells the limiter, at each `look`, how
+    many of its runs wait for each cap and how many slots it handed on meanwhile. An
+    admission then refuses a run (reason "cap") a free slot that the turns give to a
+    flow waiting in another line; the look answers which of the line's flows may take
+    the free slots now, and the flows waiting elsewhere ahead, so that a slot ending
+    in the line goes to the run next in turn or back to the limiter. A line's record
+    lasts LINE_KEEP_S unless its next look renews it, so a dead worker's waiting runs
+    stop holding slots back by themselves.
+    """
 
     def __init__(self, hold_s: float = DEFAULT_HOLD_S):
         self.hold_s = hold_s
 
     def acquire_many(
-        self, requests: Sequence[Request], now: float | datetime, lease_s: float
+        self, requests: Sequence[Request], now: float | datetime, lease_s: float, line: str = ""
     ) -> list[Admission]:
-        """Admit or hold each request, in order, each one atomically (see module doc).
+        """Admit or hold each request, in order, each one atomically (see module doc);
+        `line`: the asker's, whose own waiting runs hold no slot back from it.
 
         Requests without a limited spec are admitted without any I/O; the others
         cost one round trip for the whole batch.
         """
         todo, limited = _limited(requests)
-        answers = self._acquire(limited, _seconds(now), float(lease_s)) if limited else []
+        answers = self._acquire(limited, _seconds(now), float(lease_s), line) if limited else []
         return _admissions(len(requests), todo, answers, now)
 
     async def acquire_many_async(
-        self, requests: Sequence[Request], now: float | datetime, lease_s: float
+        self, requests: Sequence[Request], now: float | datetime, lease_s: float, line: str = ""
     ) -> list[Admission]:
         """`acquire_many` for a caller on an event loop (module doc)."""
         todo, limited = _limited(requests)
-        answers = await self._acquire_async(limited, _seconds(now), float(lease_s)) if limited else []
+        answers = await self._acquire_async(limited, _seconds(now), float(lease_s), line) if limited else []
         return _admissions(len(requests), todo, answers, now)
 
     def acquire(
@@ -109,8 +176,10 @@ class Limiter(ABC):
         now: float | datetime,
         lease_s: float,
         reserver: str | None = None,
+        turn: Turn = ANYONE,
+        line: str = "",
     ) -> Admission:
-        return self.acquire_many([(specs, holder, reserver or holder)], now, lease_s)[0]
+        return self.acquire_many([(specs, holder, reserver or holder, turn)], now, lease_s, line)[0]
 
     def release(self, specs: Sequence[LimitSpec], holder: str) -> None:
         """Give back `holder`'s concurrency slots (rate starts are spent for good)."""
@@ -156,6 +225,18 @@ class Limiter(ABC):
             return {}
         return _free(caps, await self._held_async(list(caps), _seconds(now)))
 
+    def look(self, line: str, waiting: Sequence[Waiting], now: float | datetime) -> dict[str, Look]:
+        """Record `line`'s waiting runs of each cap (replacing what it recorded before: a
+        cap it leaves out, or with no runs, it waits for no more), charge the slots it
+        handed on, and answer each cap as the line sees it (`Look`), by key."""
+        return self._look(line, list(waiting), _seconds(now)) if waiting else {}
+
+    async def look_async(
+        self, line: str, waiting: Sequence[Waiting], now: float | datetime
+    ) -> dict[str, Look]:
+        """`look` for a caller on an event loop (module doc)."""
+        return await self._look_async(line, list(waiting), _seconds(now)) if waiting else {}
+
     async def aclose(self) -> None:
         """Close what the `*_async` forms opened for the running loop (before it stops)."""
         return None  # the blocking forms on threads open nothing of the loop's
@@ -164,9 +245,12 @@ class Limiter(ABC):
     # answers without blocking (an override).
 
     async def _acquire_async(
-        self, requests: list[tuple[tuple[LimitSpec, ...], str, str]], now: float, lease_s: float
+        self, requests: list[Limited], now: float, lease_s: float, line: str
     ) -> list[tuple[str, float] | None]:
-        return await asyncio.to_thread(self._acquire, requests, now, lease_s)
+        return await asyncio.to_thread(self._acquire, requests, now, lease_s, line)
+
+    async def _look_async(self, line: str, waiting: list[Waiting], now: float) -> dict[str, Look]:
+        return await asyncio.to_thread(self._look, line, waiting, now)
 
     async def _release_async(self, items: list[tuple[str, str]]) -> None:
         await asyncio.to_thread(self._release, items)
@@ -180,9 +264,14 @@ class Limiter(ABC):
 
     @abstractmethod
     def _acquire(
-        self, requests: list[tuple[tuple[LimitSpec, ...], str, str]], now: float, lease_s: float
+        self, requests: list[Limited], now: float, lease_s: float, line: str
     ) -> list[tuple[str, float] | None]:
-        """For each (specs, holder, reserver): None when admitted, else (reason, retry time)."""
+        """For each (specs, holder, reserver, turn): None when admitted, else (reason,
+        retry time)."""
+
+    @abstractmethod
+    def _look(self, line: str, waiting: list[Waiting], now: float) -> dict[str, Look]:
+        """`look`, for at least one cap."""
 
     @abstractmethod
     def _release(self, items: list[tuple[str, str]]) -> None:
@@ -193,16 +282,25 @@ class Limiter(ABC):
         """Set each existing (spec key, holder) slot to expire at now + lease_s."""
 
 
-def _limited(requests: Sequence[Request]) -> tuple[list[int], list[tuple[tuple[LimitSpec, ...], str, str]]]:
+def _limited(requests: Sequence[Request]) -> tuple[list[int], list[Limited]]:
     """(the positions of the requests under some limit, those requests as (their limited
-    specs, holder, reserver)): requests without a limited spec are admitted without I/O."""
+    specs, holder, reserver, turn)): requests without a limited spec are admitted
+    without I/O."""
     todo: list[int] = []
-    limited: list[tuple[tuple[LimitSpec, ...], str, str]] = []
+    limited: list[Limited] = []
     for i, request in enumerate(requests):
         specs = tuple(s for s in request[0] if s.limited)
         if specs:
             todo.append(i)
-            limited.append((specs, request[1], request[2] if len(request) > 2 else request[1]))
+            size = len(request)
+            limited.append(
+                (
+                    specs,
+                    request[1],
+                    request[2] if size > 2 else request[1],  # type: ignore[misc]
+                    request[3] if size > 3 else ANYONE,  # type: ignore[misc]
+                )
+            )
     return todo, limited
 
 

@@ -6,6 +6,7 @@ import pytest
 import redis
 
 from app.limits import LimitSpec, RedisLimiter, limiter_for
+from app.limits.limiter import TAGS_KEEP_S
 from app.settings import Settings
 from tests.conftest import REDIS_URL
 from tests.limiter_contract import LEASE_S, T0, LimiterContract, OnALoop
@@ -70,9 +71,12 @@ def test_keys_carry_the_prefix_and_expire(redis_prefix, client):
     for i in range(4):
         limiter.acquire(spec, f"r{i}", T0, LEASE_S)
     keys = sorted(k.decode() for k in client.scan_iter(match="*owner:o:key:api*"))
-    assert keys == [f"{redis_prefix}:bucket:owner:o:key:api", f"{redis_prefix}:slots:owner:o:key:api"]
-    for key in keys:
+    assert keys == [
+        f"{redis_prefix}:{kind}:owner:o:key:api" for kind in ("bucket", "slots", "tags")
+    ]  # (no line waits for the cap: no line key)
+    for key in keys[:2]:
         assert 0 < client.pttl(key) <= (LEASE_S + 120) * 1000
+    assert 0 < client.pttl(keys[2]) <= (TAGS_KEEP_S + 120) * 1000
 
 
 def test_the_script_survives_a_script_flush(redis_prefix, client):
