@@ -65,6 +65,7 @@ from app.lifecycle.message import DispatchRun
 from app.limits import limit_specs
 from app.limits.keys import LimitKeyDirectory, named_key
 from app.limits.limiter import Limiter
+from app.limits.line import Turn
 from app.limits.policy import LimitSpec
 from app.logs import lazy_log_context
 from app.registry.engines import Registry
@@ -99,6 +100,7 @@ class _Call:
     run: DispatchRun
     caps: tuple  # its concurrency caps, taken right before the call (app.worker.slot_wait)
     keys: frozenset[str]  # the caps' keys: which runs of the process may pass a slot on
+    turn: Turn  # its owner's turn in a full cap's line (app.limits.line)
     # The concurrency slot it holds (None: no cap, or not yet), given back or handed
     # on when the call ends; shared with the runs it was handed from and to.
     slot: Slot | None = None
@@ -205,6 +207,7 @@ class Dispatcher:
         # ending call's task carries on with.
         self._handing_on = False
         self._carried: _Call | None = None
+        self._turns: dict[tuple[str, int, bool], Turn] = {}  # one per owner, weight and lane
         holder_name = HolderNames()
         self._inflight: InFlight[_Call] = InFlight(self._heartbeat, settings.heartbeat_s)
         self._buffer: CompletionBuffer[Finished] = CompletionBuffer(
@@ -269,16 +272,35 @@ class Dispatcher:
             if not admission.admitted
         }
         admitted, held = [], []
+        weights = self._weights() if any(len(specs) for _, specs in entries) else {}
         for run, specs in entries:
             if run.run_id in refused:  # a rate: its start is reserved at retry_at
                 held.append((run, refused[run.run_id]))
             else:
                 caps = _caps(specs)
-                admitted.append(_Call(run, caps, cap_keys(caps)))
+                admitted.append(_Call(run, caps, cap_keys(caps), self._turn(run, weights)))
         calls, stale = self._start(admitted, now)
         if held:  # the started runs are called regardless
             self._hold(held, now)
         return DispatchReport(len(calls), len(held), stale)
+
+    def _weights(self) -> dict[str, int]:
+        """The owners' weights (cached by the directory), for their turns in a cap's line."""
+        try:
+            return self.owners.weights()
+        except Exception:  # the home DSN away: equal turns meanwhile
+            log.warning("owner weights unavailable; owners take equal turns for slots", exc_info=True)
+            return {}
+
+    def _turn(self, run: DispatchRun, weights: dict[str, int]) -> Turn:
+        """The run's turn in a full cap's line: its owner, the owner's weight, its lane."""
+        key = (run.owner, weights.get(run.owner, 1), run.recurring)
+        turn = self._turns.get(key)
+        if turn is None:
+            if len(self._turns) > 10_000:  # owners long gone
+                self._turns.clear()
+            turn = self._turns[key] = Turn(*key)
+        return turn
 
     def _hold(self, held: list[tuple[DispatchRun, datetime]], now: datetime) -> None:
         """Hold runs back to the registry until their turns (no attempt spent). Should
@@ -332,7 +354,7 @@ class Dispatcher:
         gate = self._gate
         for call in calls:
             if call.caps:
-                call.slot = gate.take(call, call.caps, call.keys)
+                call.slot = gate.take(call, call.caps, call.keys, call.turn)
                 if call.slot is None:
                     continue
             self._spawn(call)

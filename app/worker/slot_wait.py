@@ -1,28 +1,28 @@
 """Waiting in the worker for a concurrency slot (app.limits: a cap bounds calls in flight).
 
-A run takes its concurrency slots on the calls' loop right before its call: a slot is
-held for the call, not for the fenced start and the loop's queue too. A waiting run is
-`running`, its lease kept by the heartbeat: a wait costs no registry write and expires
-no lease (why each rule is so: docs/design.md, "Limits").
+A run takes its concurrency slots on the calls' loop right before its call, not before
+its start, so a slot is held for the call and little else. It waits `running`, its
+lease kept by the heartbeat like a call in flight: a wait costs no registry write (why
+each rule is so: docs/design.md, "Limits").
 
 The `SlotGate` of a process (every method on its loop):
 
-- `take` gives a run a slot parked in the process, or asks the limiter (the runs that
-  ask during a round trip go together in the next). A run that finds a cap full waits
-  in line behind this process's runs under the same caps, as an entry, not a task;
-- `give` hands the slot of a call that ended, under the name it was admitted with, to
-  the first run waiting under the same caps, in the same turn of the loop, while its
-  lease holds past that run's first heartbeat, for HAND_OVER_FOR_S from admission at
-  most; else it is `parked` PARK_S for the process's next run, unless those caps were
-  found full in the last HAND_OVER_FOR_S;
-- every POLL_S while runs wait (and when slots were given back) one read counts the
-  free slots, and only that many runs ask again;
+- `take`: a slot parked in the process, or an admission asked of the limiter with the
+  runs that ask meanwhile (one script call a message); a run that finds a cap full
+  waits in its line, an entry, not a task, until `start(item, slot)`;
+- the lines serve their runs in turns (app.limits.line: recurring runs first, then the
+  owners by weighted start-time fair queueing), and the gate is one line of the
+  limiter's: every POLL_S while runs wait, a `Limiter.look` records them, reports the
+  slots handed on, says how many of each owner's runs may take a free slot (those are
+  asked for again) and which owners waiting in other processes come first;
+- `give`: the slot of a call that ended goes straight to the run next in turn under the
+  same caps (no round trip); back to the limiter when the turn is an owner of another
+  process or the slot was passed on for HAND_OVER_FOR_S; parked for PARK_S for the
+  process's next run while the caps have room;
 - a run still waiting after `wait_s` is put off: held back to the registry once, no
-  attempt spent, with next_run_at at its expected turn (`expected_slot_at`);
-- `release` gives slots back, those of one turn of the loop in one round trip.
-
-Round trips run on the loop (`Limiter.*_async`), never on threads. Only caps are
-asked for here: a run's rate is admitted before its start.
+  attempt spent, until its turn is expected (`expected_slot_at`);
+- `release`: the slots given back in one turn of the loop go in one round trip (on
+  the loop, as every round trip here, never on a thread).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
+import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -39,12 +41,15 @@ from typing import Any
 
 from app import metrics
 from app.core.timefmt import utcnow
+from app.limits.limiter import Waiting
+from app.limits.line import ANYONE, Ahead, Tags, Turn, order
 
 log = logging.getLogger("punctual.limits")
 
 # The longest a run waits in the worker for a slot before it is held back (seconds).
 MAX_WAIT_S = 2.0
-# How often the runs waiting for a slot ask again for slots freed by other processes.
+# How often the runs waiting for a slot look at their caps again (Limiter.look) for
+# slots freed by other processes.
 POLL_S = 0.01
 # How long a slot may pass from call to call inside one process (since the limiter
 # admitted it) before it goes back to the limiter for every process to compete for.
@@ -100,16 +105,95 @@ class Slot:
 
 class _Waiter:
     """A run waiting for its slots: the item handed back to `start` or `put_off`, its
-    cap specs and their keys, when it gives up (time.monotonic) and since when it waits."""
+    cap specs and their keys, its turn, when it gives up (time.monotonic) and since when
+    it waits."""
 
-    __slots__ = ("item", "caps", "keys", "deadline", "since")
+    __slots__ = ("item", "caps", "keys", "turn", "deadline", "since")
 
-    def __init__(self, item: Any, caps: tuple, keys: frozenset[str], deadline: float, since: float):
+    def __init__(
+        self, item: Any, caps: tuple, keys: frozenset[str], turn: Turn, deadline: float, since: float
+    ):
         self.item = item
         self.caps = caps
         self.keys = keys
+        self.turn = turn
         self.deadline = deadline
         self.since = since
+
+
+class _Line:
+    """The runs of a process waiting under the same caps: by flow (app.limits.line),
+    each flow's first come, first served."""
+
+    __slots__ = ("caps", "flows", "size")
+
+    def __init__(self, caps: tuple):
+        self.caps = caps  # the specs, for their max_concurrency
+        self.flows: dict[str, deque[_Waiter]] = {}
+        self.size = 0
+
+    def push(self, waiter: _Waiter) -> None:
+        queue = self.flows.get(waiter.turn.flow)
+        if queue is None:
+            queue = self.flows[waiter.turn.flow] = deque()
+        queue.append(waiter)
+        self.size += 1
+
+    def push_front(self, waiters: list[_Waiter]) -> None:
+        """Runs asked for again and refused: back at the front of their flows, in order."""
+        for waiter in reversed(waiters):
+            queue = self.flows.get(waiter.turn.flow)
+            if queue is None:
+                queue = self.flows[waiter.turn.flow] = deque()
+            queue.appendleft(waiter)
+        self.size += len(waiters)
+
+    def pop(self, flow: str) -> _Waiter:
+        queue = self.flows[flow]
+        waiter = queue.popleft()
+        if not queue:
+            del self.flows[flow]
+        self.size -= 1
+        return waiter
+
+    def expired(self, now: float, everyone: bool) -> list[_Waiter]:
+        """Take out the runs whose wait ended by `now` (all: `everyone`)."""
+        out: list[_Waiter] = []
+        for flow in list(self.flows):
+            queue = self.flows[flow]
+            while queue and (everyone or queue[0].deadline <= now):
+                out.append(queue.popleft())
+            if not queue:
+                del self.flows[flow]
+        self.size -= len(out)
+        return out
+
+    def counts(self) -> dict[Turn, int]:
+        return {queue[0].turn: len(queue) for queue in self.flows.values()}
+
+
+class _Seen:
+    """A cap as this process last saw it (`Limiter.look`): its clocks and the finish
+    tags of the process's flows, and the flows waiting in other processes, first in
+    turn first; both moved on by the process's own decisions until the next look."""
+
+    __slots__ = ("free", "tags", "ahead")
+
+    def __init__(self, free: int | None, tags: Tags, ahead: list[Ahead]):
+        self.free = free  # None: not looked at yet
+        self.tags = tags
+        self.ahead = ahead
+
+    def first_ahead(self) -> Ahead | None:
+        while self.ahead and self.ahead[0].runs <= 0:
+            self.ahead.pop(0)
+        return self.ahead[0] if self.ahead else None
+
+    def give_ahead(self, first: Ahead) -> None:
+        """A slot went back to the limiter for `first`, the flow waiting elsewhere."""
+        first.runs -= 1
+        first.start += 1 / first.weight
+        self.ahead.sort(key=Ahead.order)
 
 
 class SlotGate:
@@ -144,14 +228,24 @@ class SlotGate:
         self._lease_s = lease_s
         self._margin_s = margin_s  # a handed slot's lease must run this much longer
         self.wait_s = wait_s
+        self._line_name = ""  # this process's line at the limiter (drawn in the process that uses it)
+        self._line_pid = 0
         self._new: list[_Waiter] = []  # to be asked for in the next round trip
         self._asking: list[_Waiter] = []  # in the round trip under way
-        self._lines: dict[frozenset[str], deque[_Waiter]] = {}  # waiting, by caps
+        self._lines: dict[frozenset[str], _Line] = {}  # waiting, by caps
         self._granted: dict[str, deque[float]] = {}  # cap key -> when waiters got a slot
         # Slots of ended calls kept for the next runs under the same caps: (slot, its
         # caps, when parked), the latest parked last (taken first).
         self._parked: dict[frozenset[str], list[tuple[Slot, tuple, float]]] = {}
         self._full_at: dict[frozenset[str], float] = {}  # caps -> when a run last found them full
+        # The caps waited for, as the last look saw them, and those where other processes'
+        # runs wait (`_Seen.ahead`); the caps this process's runs are recorded waiting for
+        # at the limiter, with their max_concurrency; the slots handed on since the last
+        # look, by cap key and turn.
+        self._seen: dict[str, _Seen] = {}
+        self._contended: set[str] = set()
+        self._recorded: dict[str, int] = {}
+        self._served: dict[str, tuple[int, dict[Turn, int]]] = {}
         self._sweep: asyncio.TimerHandle | None = None
         self._driver: asyncio.Task | None = None
         self._nap: asyncio.Future | None = None  # the driver's wait between polls
@@ -162,36 +256,78 @@ class SlotGate:
 
     @property
     def waiting(self) -> int:
-        return len(self._new) + len(self._asking) + sum(len(line) for line in self._lines.values())
+        return len(self._new) + len(self._asking) + sum(line.size for line in self._lines.values())
 
-    def take(self, item: Any, caps: Sequence, keys: frozenset[str]) -> Slot | None:
+    @property
+    def line(self) -> str:
+        """This process's name as a line of the limiter's: unique to the process."""
+        if self._line_pid != os.getpid():  # drawn anew in a forked child
+            self._line_pid, self._line_name = os.getpid(), f"{os.getpid()}.{secrets.token_hex(4)}"
+        return self._line_name
+
+    def take(self, item: Any, caps: Sequence, keys: frozenset[str], turn: Turn = ANYONE) -> Slot | None:
         """The run's slot under every cap of `caps` (keys: `cap_keys(caps)`), if one is
         at hand; None: the run waits, and `start(item, slot)` is called when it has its
-        slot, or it is put off after `wait_s`."""
+        slot, or it is put off after `wait_s`. `turn`: whose turn it takes in the line."""
         now = time.monotonic()
         slot = self._unpark(keys, now)
         if slot is not None:
             self._count_handed()
             return slot
-        waiter = _Waiter(item, tuple(caps), keys, now + self.wait_s, now)
+        waiter = _Waiter(item, tuple(caps), keys, turn, now + self.wait_s, now)
         line = self._lines.get(keys)
-        if line:  # behind the runs of this process waiting already under these caps
-            line.append(waiter)
+        if line is not None and line.size:  # with the runs of this process waiting under these caps
+            queue = line.flows.get(turn.flow)
+            if queue is None:
+                queue = line.flows[turn.flow] = deque()
+            queue.append(waiter)
+            line.size += 1
+            # (No look for it now: the caps were full a moment ago, and the next slot
+            # that ends here, or the next poll, serves the line in turn.)
+            if self._driver is None:
+                self._kick()
         else:
             self._new.append(waiter)
-        self._kick()
+            self._kick()
         return None
 
     def give(self, caps: Sequence, keys: frozenset[str], slot: Slot) -> bool:
-        """A call under `caps` ended holding `slot`: hand it to the first run waiting
-        under exactly the same caps, or park it for the next one while the caps have
-        room. False: it goes back to the limiter."""
+        """A call under `caps` ended holding `slot`: hand it to the run of this process
+        waiting under exactly the same caps whose turn it is, or park it for the next one
+        while the caps have room. False: it goes back to the limiter (for a run of
+        another process, whose turn it may be).
+
+        Handed on, the slot keeps the name it was admitted under: the limiter sees one
+        slot held all along, renewed by the heartbeat of whichever run uses it and
+        released by the last; no release, poll, admission or start, so behind a full cap
+        the next call starts in the same turn of the loop. It is handed on only while
+        its lease is known to run past the next run's first heartbeat, and for at most
+        HAND_OVER_FOR_S since its admission, then the runs of every process take their
+        turns for it. Parked, it spares a burst's runs, which come in waves of a
+        message's worth, two round trips each to a cap that had room all along; it is
+        parked only while no run of the process found those caps full in the last
+        HAND_OVER_FOR_S, so a cap that binds gets its slots back at once."""
         now = time.monotonic()
         if not self._reusable(slot, now):
             return False
         line = self._lines.get(keys)
-        if line:
-            self._grant(line.popleft(), slot, now)
+        if line is not None and line.size:
+            flows = line.flows
+            if len(flows) == 1 and (not self._contended or keys.isdisjoint(self._contended)):
+                # One owner waits here and none elsewhere: no turn to keep, nothing to charge.
+                queue = next(iter(flows.values()))
+                waiter = queue.popleft()
+                line.size -= 1
+                if not queue:
+                    del self._lines[keys]
+            else:
+                turn = self._next(keys, line)
+                if not line.size:
+                    del self._lines[keys]
+                if turn is None:
+                    return False  # an owner waiting in another process goes first
+                waiter = turn
+            self._grant(waiter, slot, now)
             self._count_handed()
             return True
         if now - self._full_at.get(keys, -math.inf) < HAND_OVER_FOR_S:
@@ -200,6 +336,29 @@ class SlotGate:
         if self._sweep is None:
             self._sweep = asyncio.get_running_loop().call_later(PARK_S, self._unpark_idle)
         return True
+
+    def _next(self, keys: frozenset[str], line: _Line) -> _Waiter | None:
+        """Take out the run of `line` whose turn it is for a slot under `keys`, or None
+        when the turn is a flow waiting in another process (the slot is then counted as
+        that flow's until the next look says otherwise)."""
+        flows = line.flows
+        # (A cap not looked at yet starts with no tags: this process's own turns until then.)
+        seen = [self._seen.get(key) or self._seen.setdefault(key, _Seen(None, Tags(), [])) for key in keys]
+        first = min(flows, key=lambda flow: _standing(flow, seen))
+        for cap in seen:
+            ahead = cap.first_ahead()
+            if ahead is not None and ahead.order() < order(first, cap.tags):
+                cap.give_ahead(ahead)
+                return None
+        waiter = line.pop(first)
+        turn = waiter.turn
+        for cap in seen:
+            cap.tags.charge({first: (turn.weight, 1)})
+        for spec in line.caps:
+            if spec.max_concurrency:
+                _, served = self._served.setdefault(spec.key, (spec.max_concurrency, {}))
+                served[turn] = served.get(turn, 0) + 1
+        return waiter
 
     def _count_handed(self) -> None:
         """Count a slot handed over; the metric is written once a second, not per run
@@ -274,9 +433,12 @@ class SlotGate:
     def _give_back(self) -> None:
         batch, self._releasing = self._releasing, []
         if batch:
-            task = asyncio.get_running_loop().create_task(self._released(batch))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._background(self._released(batch))
+
+    def _background(self, work) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _released(self, batch: list[tuple[tuple, str]]) -> None:
         try:
@@ -317,7 +479,8 @@ class SlotGate:
 
     async def _drive(self) -> None:
         """Ask for the newcomers' slots, then for the waiting runs' as slots free, until
-        nobody waits. Whatever fails, no waiter is left without an answer."""
+        nobody waits; then tell the limiter this process waits no more. Whatever fails,
+        no waiter is left without an answer."""
         try:
             while True:
                 if self._new:
@@ -326,13 +489,18 @@ class SlotGate:
                     continue
                 self._expire()
                 if not self.waiting:
+                    if self._recorded or self._served:
+                        await self._look()
+                        if self.waiting:
+                            continue
+                    self._seen, self._contended = {}, set()
                     return
                 if not self._woken:
                     await self._nap_for(POLL_S)
                 self._woken = False
                 if self._new:
                     continue
-                await self._ask_free()
+                await self._look()
         except BaseException:
             log.exception("the slot gate failed; the runs waiting for a slot are put off")
             self._expire(everyone=True)
@@ -353,13 +521,13 @@ class SlotGate:
 
     async def _ask(self, batch: list[_Waiter], again: bool = False) -> None:
         """One admission for `batch`; the runs not admitted wait in line (a run asked
-        for again keeps its place at the front)."""
+        for again keeps its place at the front of its flow)."""
         asked = time.monotonic()
         holders = [self._name(w.item) for w in batch]
         self._asking = batch
         try:
-            asks = [(w.caps, holder) for w, holder in zip(batch, holders, strict=True)]
-            admissions = await self._limiter.acquire_many_async(asks, time.time(), self._lease_s)
+            asks = [(w.caps, holder, holder, w.turn) for w, holder in zip(batch, holders, strict=True)]
+            admissions = await self._limiter.acquire_many_async(asks, time.time(), self._lease_s, self.line)
         except Exception:  # the limiter is away: they wait (the polls ask again), or are put off in time
             log.exception("asking for the slots of %d runs failed", len(batch))
             admissions = [None] * len(batch)
@@ -376,38 +544,86 @@ class SlotGate:
                 self._full_at[waiter.keys] = now
                 late.setdefault(waiter.keys, []).append(waiter)
         for keys, waiters in late.items():
-            line = self._lines.setdefault(keys, deque())
+            line = self._lines.get(keys)
+            if line is None:
+                line = self._lines[keys] = _Line(waiters[0].caps)
             if again:
-                line.extendleft(reversed(waiters))
+                line.push_front(waiters)
             else:
-                line.extend(waiters)
-            # Slots parked while these runs were being asked for are theirs.
-            while line and keys in self._parked:
+                for waiter in waiters:
+                    line.push(waiter)
+            # Slots parked while these runs were being asked for are theirs, in turn.
+            while line.size and keys in self._parked:
                 kept = self._unpark(keys, now)
                 if kept is None:
                     break
-                self._grant(line.popleft(), kept, now)
+                turn_of = self._next(keys, line)
+                if turn_of is None:
+                    self.release(waiters[0].caps, kept.holder)
+                    break
+                self._grant(turn_of, kept, now)
                 self._count_handed()
+            if not line.size:
+                del self._lines[keys]
         if len(self._full_at) > _FULL_KEPT:  # caps of targets long quiet
             self._full_at = {k: at for k, at in self._full_at.items() if now - at < HAND_OVER_FOR_S}
 
-    async def _ask_free(self) -> None:
-        """Ask again for as many waiting runs as their caps have free slots."""
-        caps = {
-            spec.key: spec.max_concurrency for line in self._lines.values() if line for spec in line[0].caps
-        }
+    async def _look(self) -> None:
+        """Tell the limiter which runs wait here and which slots were handed on, and ask
+        again for as many waiting runs of each flow as the look says may take a slot."""
+        waiting = self._waiting()
+        served, self._served = self._served, {}
         try:
-            free = await self._limiter.free_slots_async(caps, time.time())
-        except Exception:
-            log.warning("counting free slots failed", exc_info=True)
+            looks = await self._limiter.look_async(self.line, waiting, time.time())
+        except Exception:  # the slots handed on are told at the next look
+            log.warning("looking at the caps waited for failed", exc_info=True)
+            for key, (cap, turns) in served.items():
+                _, now_served = self._served.setdefault(key, (cap, {}))
+                for turn, count in turns.items():
+                    now_served[turn] = now_served.get(turn, 0) + count
             return
+        self._recorded = {item.key: item.max_concurrency for item in waiting if item.runs}
+        self._seen = {key: _Seen(look.free, look.tags, list(look.ahead)) for key, look in looks.items()}
+        self._contended = {key for key, look in looks.items() if look.ahead}
+        lines = self._lines
+        tries = runs_to_try(
+            {keys: {flow: len(queue) for flow, queue in line.flows.items()} for keys, line in lines.items()},
+            {key: look.grants for key, look in looks.items()},
+        )
         ready: list[_Waiter] = []
-        tries = runs_to_try({keys: len(line) for keys, line in self._lines.items()}, free)
-        for keys, count in tries.items():
+        for (keys, flow), count in tries.items():
             line = self._lines[keys]
-            ready += (line.popleft() for _ in range(count))
+            ready += (line.pop(flow) for _ in range(count))
+            if not line.size:
+                del self._lines[keys]
         if ready:
             await self._ask(ready, again=True)
+
+    def _waiting(self) -> list[Waiting]:
+        """What this process tells the limiter at a look: for each cap its runs wait for,
+        how many of each turn, and the slots it handed on. A line's runs count for a cap
+        unless another cap of theirs was full at the last look while this one was not:
+        they wait for that one first, and must not hold this one's slots back from
+        the owners of other processes meanwhile."""
+        caps = dict(self._recorded)  # a cap no run waits for any more: its record is dropped
+        runs: dict[str, dict[Turn, int]] = {}
+        for keys, line in self._lines.items():
+            full = {key for key in keys if (seen := self._seen.get(key)) is not None and seen.free == 0}
+            counts = line.counts()
+            for spec in line.caps:
+                caps[spec.key] = spec.max_concurrency
+                if full and spec.key not in full:
+                    continue
+                found = runs.setdefault(spec.key, {})
+                for turn, count in counts.items():
+                    found[turn] = found.get(turn, 0) + count
+        for key, (cap, _) in self._served.items():
+            caps.setdefault(key, cap)
+        served = self._served
+        return [
+            Waiting(key, cap, runs.get(key, {}), served[key][1] if key in served else {})
+            for key, cap in caps.items()
+        ]
 
     def _expire(self, everyone: bool = False) -> None:
         """Put off the runs that waited their while (all of them: `everyone`)."""
@@ -415,9 +631,8 @@ class SlotGate:
         expired: list[_Waiter] = []
         for keys in list(self._lines):
             line = self._lines[keys]
-            while line and (everyone or line[0].deadline <= now):
-                expired.append(line.popleft())
-            if not line:
+            expired += line.expired(now, everyone)
+            if not line.size:
                 del self._lines[keys]
         if everyone:
             expired += self._new + self._asking
@@ -438,9 +653,7 @@ class SlotGate:
             put_off.append(
                 (waiter.item, expected_slot_at(at, position, pace, now - waiter.since, cap.max_concurrency))
             )
-        task = asyncio.get_running_loop().create_task(asyncio.to_thread(self._put_off, put_off))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._background(asyncio.to_thread(self._put_off, put_off))
 
 
 def _settle(nap: asyncio.Future) -> None:
@@ -448,17 +661,26 @@ def _settle(nap: asyncio.Future) -> None:
         nap.set_result(None)
 
 
-def runs_to_try(waiting: dict[frozenset[str], int], free: dict[str, int]) -> dict[frozenset[str], int]:
-    """How many of each line's waiting runs to ask for again (pure): `waiting` maps a
-    line's caps (their keys) to the runs in it, `free` a cap key to its free slots.
-    Lines are served in order, each as many runs as every one of its caps still has
-    free slots for; a line gets none while one of its caps has none left."""
-    budget = dict(free)
+def _standing(flow: str, caps: list[_Seen]) -> tuple[int, float, str]:
+    """Where `flow`'s next run stands in the lines of `caps` together: its latest start."""
+    return max(order(flow, cap.tags) for cap in caps)
+
+
+def runs_to_try(
+    waiting: dict[frozenset[str], dict[str, int]], grants: dict[str, dict[str, int]]
+) -> dict[tuple[frozenset[str], str], int]:
+    """How many of each line's waiting runs of each flow to ask for again (pure):
+    `waiting` maps a line's caps (their keys) to its runs by flow, `grants` a cap key to
+    how many runs of each flow may take one of its free slots now. Lines are served in
+    order, each flow as many runs as every one of its caps still grants it; none while
+    one of its caps grants it none (or was not looked at)."""
+    budget = {key: dict(flows) for key, flows in grants.items()}
     tries = {}
-    for keys, count in waiting.items():
-        n = min([count, *(budget.get(key, 0) for key in keys)])
-        if n > 0:
-            tries[keys] = n
-            for key in keys:
-                budget[key] -= n
+    for keys, flows in waiting.items():
+        for flow, count in flows.items():
+            n = min([count, *(budget.get(key, {}).get(flow, 0) for key in keys)])
+            if n > 0:
+                tries[(keys, flow)] = n
+                for key in keys:
+                    budget[key][flow] -= n
     return tries

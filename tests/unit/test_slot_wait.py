@@ -8,6 +8,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from app.limits import LimitSpec, LocalLimiter
+from app.limits.line import ANYONE, Turn
 from app.worker.slot_wait import (
     HAND_OVER_FOR_S,
     MAX_WAIT_S,
@@ -51,13 +52,25 @@ def test_a_few_slots_in_a_stalled_wait_never_put_a_run_later_than_no_slot_at_all
     assert expected_slot_at(NOW, 99, 0.01, 2.0, 4) == NOW + timedelta(seconds=50.0)
 
 
-def test_only_as_many_waiting_runs_are_tried_as_their_caps_have_free_slots():
+def test_only_as_many_waiting_runs_are_tried_as_their_caps_grant_their_flows():
     both, shared_only = frozenset({"own", "all"}), frozenset({"all"})
-    waiting = {both: 4, shared_only: 1}
-    assert runs_to_try(waiting, {"own": 1, "all": 2}) == {both: 1, shared_only: 1}
-    assert runs_to_try(waiting, {"own": 3, "all": 3}) == {both: 3}  # in order: the first line first
-    assert runs_to_try(waiting, {"own": 9, "all": 9}) == {both: 4, shared_only: 1}
-    assert runs_to_try(waiting, {"all": 5}) == {shared_only: 1}  # "own" full (or unknown)
+    waiting = {both: {"oa": 4}, shared_only: {"oa": 1, "ob": 2}}
+
+    def grants(own: int, all_a: int, all_b: int = 0) -> dict:
+        return {"own": {"oa": own}, "all": {"oa": all_a, "ob": all_b}}
+
+    assert runs_to_try(waiting, grants(1, 2)) == {(both, "oa"): 1, (shared_only, "oa"): 1}
+    assert runs_to_try(waiting, grants(3, 3)) == {(both, "oa"): 3}  # in order: the first line first
+    assert runs_to_try(waiting, grants(9, 9, 9)) == {
+        (both, "oa"): 4,
+        (shared_only, "oa"): 1,
+        (shared_only, "ob"): 2,
+    }
+    # "own" grants a none (full, or not looked at); b's own turn on "all" is b's
+    assert runs_to_try(waiting, {"all": {"oa": 5, "ob": 1}}) == {
+        (shared_only, "oa"): 1,
+        (shared_only, "ob"): 1,
+    }
     assert runs_to_try(waiting, {}) == {}
 
 
@@ -81,11 +94,11 @@ class CountingLimiter(LocalLimiter):
         self.released += items
         super()._release(items)
 
-    def _acquire(self, requests, now, lease_s):
+    def _acquire(self, requests, now, lease_s, line):
         self.asked.append(len(requests))
         if self.fail:
             raise ConnectionError("redis is away")
-        return super()._acquire(requests, now, lease_s)
+        return super()._acquire(requests, now, lease_s, line)
 
 
 class Gate:
@@ -98,9 +111,9 @@ class Gate:
         self._answers: dict = {}
         self.gate = SlotGate(limiter, LEASE_S, MARGIN_S, wait_s, self._started, self._waited, str)
 
-    def take(self, caps: list, item: str) -> asyncio.Future:
+    def take(self, caps: list, item: str, turn: Turn = ANYONE) -> asyncio.Future:
         answer = asyncio.get_running_loop().create_future()
-        slot = self.gate.take(item, caps, cap_keys(caps))
+        slot = self.gate.take(item, caps, cap_keys(caps), turn)
         if slot is None:
             self._answers[item] = answer
         else:
@@ -360,10 +373,10 @@ def test_slots_parked_while_runs_were_asked_for_go_to_those_runs():
     answering = asyncio.Event()
 
     class SlowLimiter(CountingLimiter):
-        async def _acquire_async(self, requests, now, lease_s):
+        async def _acquire_async(self, requests, now, lease_s, line):
             if len(self.asked) >= 2:
                 await asyncio.wait_for(answering.wait(), 10)
-            return await super()._acquire_async(requests, now, lease_s)
+            return await super()._acquire_async(requests, now, lease_s, line)
 
     limiter = SlowLimiter()
     gate, put_off, released = make_gate(limiter)
@@ -389,5 +402,126 @@ def test_settling_gives_the_parked_slots_back():
         assert gate.give([SHARED], slot)
         await gate.settled()
         assert released == [("all", "a")]
+
+    run(scenario())
+
+
+# -- owners taking turns ---------------------------------------------------------
+
+A, B = Turn("a"), Turn("b")
+
+
+async def drained(*gates: Gate) -> None:
+    """Wait until the runs still waiting are put off, and the gates settle."""
+    while any(gate.gate.waiting for gate in gates):
+        await asyncio.sleep(POLL_S)
+    for gate in gates:
+        await gate.settled()
+
+
+def test_a_slot_ending_goes_to_the_owner_whose_turn_it_is_not_to_the_run_that_came_first():
+    gate, _, _ = make_gate(wait_s=0.3)
+
+    async def scenario():
+        first = await gate.take([OWN], "a1", A)
+        second = await gate.take([OWN], "a2", A)
+        early = [gate.take([OWN], f"a{i}", A) for i in range(3, 6)]
+        await asyncio.sleep(POLL_S * 3)
+        late = gate.take([OWN], "b1", B)  # B's one run comes after A's backlog
+        await asyncio.sleep(POLL_S * 3)  # (a look: A's two slots are charged to A)
+        assert gate.give([OWN], first)
+        assert await late is first  # B first: A was served twice already
+        assert gate.give([OWN], second)
+        assert await early[0] is second
+        assert not early[1].done()
+        await drained(gate)
+
+    run(scenario())
+
+
+def test_a_slot_goes_back_to_the_limiter_when_the_turn_is_an_owner_waiting_in_another_process():
+    limiter = CountingLimiter()
+    here, _, released = make_gate(limiter, wait_s=0.3)
+    there, _, _ = make_gate(limiter, wait_s=0.3)
+
+    async def scenario():
+        slots = [await here.take([OWN], f"a{i}", A) for i in range(2)]
+        backlog = [here.take([OWN], f"a{i}", A) for i in range(2, 6)]
+        waiting = there.take([OWN], "b1", B)  # another process's run of B
+        await asyncio.sleep(POLL_S * 4)  # both processes looked: B waits elsewhere, and is next
+        assert not here.give([OWN], slots[0])  # not to A's next run: back to the limiter, for B
+        here.gate.release([OWN], slots[0].holder)
+        assert (await waiting).holder == "b1"  # admitted anew under its own name, at B's poll
+        await asyncio.sleep(POLL_S * 4)  # B waits no more (its process said so at its look)
+        assert here.give([OWN], slots[1])
+        assert await backlog[0] is slots[1]
+        await drained(here, there)
+
+    run(scenario())
+    assert ("own", "a0") in released
+
+
+def test_a_process_serves_its_owners_by_weight_and_recurring_runs_first():
+    limiter = CountingLimiter()
+    gate, _, _ = make_gate(limiter, wait_s=1.0)
+    heavy, light, tick = Turn("heavy", weight=2), Turn("light"), Turn("light", recurring=True)
+    cap = [LimitSpec("one", max_concurrency=1)]
+
+    async def scenario():
+        slot = await gate.take(cap, "first", light)
+        runs = {gate.take(cap, f"h{i}", heavy): "h" for i in range(20)}
+        runs.update({gate.take(cap, f"l{i}", light): "l" for i in range(20)})
+        await asyncio.sleep(POLL_S * 3)
+        ticks = {gate.take(cap, f"t{i}", tick): "t" for i in range(2)}
+        runs.update(ticks)
+        order = []
+        for _ in range(20):
+            assert gate.give(cap, slot)
+            done, _ = await asyncio.wait(runs, return_when=asyncio.FIRST_COMPLETED)
+            (answer,) = done
+            order.append(runs.pop(answer))
+            slot = answer.result()
+        await drained(gate)
+        return "".join(order)
+
+    order = run(scenario())
+    assert order.startswith("tt")  # the recurring lane first
+    # Two of heavy's for one of light's (light was served the first slot, and wins no tie).
+    rest = order[2:]
+    assert rest.count("h") in (12, 13) and "hhhh" not in rest and "ll" not in rest, order
+
+
+def test_runs_that_wait_for_another_full_cap_are_not_recorded_waiting_for_this_one():
+    """B's runs under [OWN, SHARED] wait for OWN (full): SHARED, which has room, must not
+    keep slots for them from the owners of other processes."""
+    limiter = CountingLimiter()
+    gate, _, _ = make_gate(limiter, wait_s=0.3)
+
+    async def scenario():
+        await fill(gate)  # OWN's two slots
+        waiting = [gate.take([OWN, SHARED], f"b{i}", B) for i in range(3)]
+        await asyncio.sleep(POLL_S * 5)
+        lines = limiter._keys
+        assert [waiting for _, waiting in lines["own"].lines.values()] == [{"ob": (1, 3)}]
+        assert lines["all"].lines == {}
+        assert not any(w.done() for w in waiting)
+        await drained(gate)
+
+    run(scenario())
+
+
+def test_a_process_whose_runs_wait_no_more_takes_its_record_back():
+    limiter = CountingLimiter()
+    gate, _, _ = make_gate(limiter)
+
+    async def scenario():
+        first, _ = await fill(gate)
+        waiting = gate.take([OWN], "c", B)
+        await asyncio.sleep(POLL_S * 3)
+        assert limiter._keys["own"].lines
+        assert gate.give([OWN], first)
+        await waiting
+        await asyncio.sleep(POLL_S * 3)
+        assert limiter._keys["own"].lines == {}
 
     run(scenario())
