@@ -6,7 +6,8 @@ stays in the registry, where the claim is fair: they pin the claim's fairness as
 workers see it. One test keeps the shipped claim (batches of 500, claimed 10 s ahead),
 so that the whole burst is published before its instant and waits in the worker: it
 pins the worker's turns (app.tasks.turnstile: the recurring lane first, then the owner
-served least).
+served least). Another has two owners call one host through its target cap, across
+two workers: it pins the cap's turns (app.limits.line, app.worker.slot_wait).
 """
 
 from __future__ import annotations
@@ -246,6 +247,77 @@ def test_runs_waiting_in_the_worker_take_turns_by_lane_and_by_owner(
     try:
         _run(env, logs, body)
     finally:
+        sink.close()
+
+
+SHARED_HOST_BURST = 3000  # owner A's one-offs, through a cap of 8 calls of 20 ms: several seconds
+
+
+def test_an_owner_sharing_a_capped_host_with_another_owners_burst_is_called_on_time(
+    pg_dsns, amqp_url, module_redis_prefix, logs
+):
+    """B's jobs call the host A's burst is draining through (one target cap, across
+    owners and across two workers): they take their turns in the cap's line instead of
+    waiting behind A's runs, in whichever process they wait."""
+    sink = CountingSink(delay_s=0.02)
+    env = make_env(
+        pg_dsns[:1],
+        amqp_url,
+        module_redis_prefix + ":shared-host",
+        PUNCTUAL_SHARDS="1",
+        PUNCTUAL_LEASE_S="30",
+        PUNCTUAL_HEARTBEAT_S="5",
+        PUNCTUAL_TARGET_MAX_CONCURRENCY="8",
+        PUNCTUAL_DISPATCH_THREADS="128",  # the shipped default: deep lines
+    )
+    registry = registry_for(_settings(env))
+    for owner in ("a", "b"):
+        create_key(registry, owner)
+    times = {}
+
+    def insert() -> None:
+        at = times["at"] = utcnow() + timedelta(seconds=4)
+        times["late_at"] = at + timedelta(seconds=3)
+        insert_jobs(
+            registry,
+            [
+                *(
+                    job_row(1, owner="a", run_at=at, target=webhook_target(sink.url("a", i)))
+                    for i in range(SHARED_HOST_BURST)
+                ),
+                *(
+                    job_row(1, owner="b", run_at=times["late_at"], target=webhook_target(sink.url("b", i)))
+                    for i in range(LATE_JOBS)
+                ),
+            ],
+        )
+
+    workers = [start_worker(env, logs, name=f"shared-{n}") for n in range(2)]
+    beat = start_beat(env, logs, name="shared-beat")
+    try:
+        for worker in workers:
+            wait_ready(worker, 2.0)
+        wait_ready(beat, 0.5)
+        insert()
+        late_at = times["late_at"]
+        arrived = sink.wait_for("b", LATE_JOBS, timeout_s=60)
+        a_by_then = len(sink.arrivals["a"])
+        lateness = sorted(t - late_at.timestamp() for t in arrived)
+        assert max(sink.peak.values()) <= 8, sink.peak  # the cap binds
+        assert a_by_then < SHARED_HOST_BURST - 1000, (
+            f"A's backlog was no longer draining ({a_by_then} of {SHARED_HOST_BURST} called)"
+        )
+        assert lateness[-1] <= 2.0, (
+            f"B's calls came {[round(x, 2) for x in lateness]} s after their instant "
+            f"({a_by_then} of A's before); {_claimed_and_started(registry, 'b', late_at)}"
+        )
+    except BaseException:
+        print(*(worker.tail() for worker in workers), beat.tail())
+        raise
+    finally:
+        beat.stop()
+        for worker in workers:  # what is left of A's burst is of no account here
+            worker.kill()
         sink.close()
 
 
