@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
-__all__ = ["ANYONE", "Ahead", "Tags", "Turn", "allot", "order"]
+__all__ = ["ANYONE", "ONE_OFF", "RECURRING", "Ahead", "Tags", "Turn", "allot", "order"]
 
 # Lanes, in the order they are served: the first character of a flow.
 RECURRING, ONE_OFF = "r", "o"

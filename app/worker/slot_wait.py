@@ -42,7 +42,7 @@ from typing import Any
 from app import metrics
 from app.core.timefmt import utcnow
 from app.limits.limiter import Waiting
-from app.limits.line import ANYONE, Ahead, Tags, Turn, order
+from app.limits.line import ANYONE, RECURRING, Ahead, Tags, Turn, order
 
 log = logging.getLogger("punctual.limits")
 
@@ -245,7 +245,7 @@ class SlotGate:
         self._seen: dict[str, _Seen] = {}
         self._contended: set[str] = set()
         self._recorded: dict[str, int] = {}
-        self._served: dict[str, tuple[int, dict[Turn, int]]] = {}
+        self._served: dict[str, tuple[int, dict[str, tuple[Turn, int]]]] = {}
         self._sweep: asyncio.TimerHandle | None = None
         self._driver: asyncio.Task | None = None
         self._nap: asyncio.Future | None = None  # the driver's wait between polls
@@ -340,24 +340,46 @@ class SlotGate:
     def _next(self, keys: frozenset[str], line: _Line) -> _Waiter | None:
         """Take out the run of `line` whose turn it is for a slot under `keys`, or None
         when the turn is a flow waiting in another process (the slot is then counted as
-        that flow's until the next look says otherwise)."""
-        flows = line.flows
-        # (A cap not looked at yet starts with no tags: this process's own turns until then.)
-        seen = [self._seen.get(key) or self._seen.setdefault(key, _Seen(None, Tags(), [])) for key in keys]
-        first = min(flows, key=lambda flow: _standing(flow, seen))
-        for cap in seen:
+        that flow's until the next look says otherwise). Under several caps a flow
+        stands where its latest start puts it. (Written out, not with app.limits.line's
+        helpers: under contention this runs for every call that ends.)"""
+        caps = []
+        for key in keys:
+            cap = self._seen.get(key)
+            if cap is None:  # not looked at yet: this process's own turns until then
+                cap = self._seen[key] = _Seen(None, Tags(), [])
+            caps.append(cap.tags)
+        first, best = "", (2, 0.0, "")
+        for flow in line.flows:
+            lane = flow[0]
+            start = 0.0
+            for tags in caps:
+                begin = tags.finish.get(flow, 0.0)
+                clock = tags.clock.get(lane, 0.0)
+                start = max(start, begin if begin > clock else clock)
+            standing = (0 if lane == RECURRING else 1, start, flow)
+            if standing < best:
+                first, best = flow, standing
+        for key in keys:
+            cap = self._seen[key]
             ahead = cap.first_ahead()
             if ahead is not None and ahead.order() < order(first, cap.tags):
                 cap.give_ahead(ahead)
                 return None
         waiter = line.pop(first)
         turn = waiter.turn
-        for cap in seen:
-            cap.tags.charge({first: (turn.weight, 1)})
+        lane = first[0]
+        for tags in caps:
+            begin = max(tags.finish.get(first, 0.0), tags.clock.get(lane, 0.0))
+            tags.finish[first] = begin + 1 / turn.weight
+            tags.clock[lane] = max(tags.clock.get(lane, 0.0), begin)
         for spec in line.caps:
             if spec.max_concurrency:
-                _, served = self._served.setdefault(spec.key, (spec.max_concurrency, {}))
-                served[turn] = served.get(turn, 0) + 1
+                served = self._served.get(spec.key)
+                if served is None:
+                    served = self._served[spec.key] = (spec.max_concurrency, {})
+                counted = served[1].get(first)
+                served[1][first] = (turn, counted[1] + 1) if counted else (turn, 1)
         return waiter
 
     def _count_handed(self) -> None:
@@ -577,10 +599,10 @@ class SlotGate:
             looks = await self._limiter.look_async(self.line, waiting, time.time())
         except Exception:  # the slots handed on are told at the next look
             log.warning("looking at the caps waited for failed", exc_info=True)
-            for key, (cap, turns) in served.items():
+            for key, (cap, flows) in served.items():
                 _, now_served = self._served.setdefault(key, (cap, {}))
-                for turn, count in turns.items():
-                    now_served[turn] = now_served.get(turn, 0) + count
+                for flow, (turn, count) in flows.items():
+                    now_served[flow] = (turn, now_served.get(flow, (turn, 0))[1] + count)
             return
         self._recorded = {item.key: item.max_concurrency for item in waiting if item.runs}
         self._seen = {key: _Seen(look.free, look.tags, list(look.ahead)) for key, look in looks.items()}
@@ -619,11 +641,8 @@ class SlotGate:
                     found[turn] = found.get(turn, 0) + count
         for key, (cap, _) in self._served.items():
             caps.setdefault(key, cap)
-        served = self._served
-        return [
-            Waiting(key, cap, runs.get(key, {}), served[key][1] if key in served else {})
-            for key, cap in caps.items()
-        ]
+        served = {key: dict(flows.values()) for key, (_, flows) in self._served.items()}
+        return [Waiting(key, cap, runs.get(key, {}), served.get(key, {})) for key, cap in caps.items()]
 
     def _expire(self, everyone: bool = False) -> None:
         """Put off the runs that waited their while (all of them: `everyone`)."""
@@ -659,11 +678,6 @@ class SlotGate:
 def _settle(nap: asyncio.Future) -> None:
     if not nap.done():
         nap.set_result(None)
-
-
-def _standing(flow: str, caps: list[_Seen]) -> tuple[int, float, str]:
-    """Where `flow`'s next run stands in the lines of `caps` together: its latest start."""
-    return max(order(flow, cap.tags) for cap in caps)
 
 
 def runs_to_try(
