@@ -1,18 +1,23 @@
 """Fair between owners: one owner's burst against another owner's jobs.
 
     python -m bench.fairness late [--jobs 100000] [--late-jobs 10] [--late-after-s 3]
+                                  [--share-target | --same-target] [--delay-ms 0]
     python -m bench.fairness many [--owners 1000] [--jobs-per-owner 100]
 
 The real stack (bench.common.Stack: fresh databases, vhost and Redis prefix; one
 `celery -A app worker`, `celery -A app beat`) on the shipped defaults, except
 PUNCTUAL_ALLOW_PRIVATE_TARGETS=1 (the sink is local) and what --set gives; the test
-suite's sink (tests.sink.Sink, in this process) answers 200. The jobs are written straight into the registry
-(tests.rows), not through the API: registering 100,000 through the API takes minutes
-here and is not what is measured. Lateness = runs.started_at - the run's instant.
+suite's sink (tests.sink.Sink, in this process) answers 200, after --delay-ms. The
+jobs are written straight into the registry (tests.rows), not through the API:
+registering 100,000 through the API takes minutes here and is not what is measured.
+Lateness = runs.started_at - the run's instant; for B (late) also when its calls
+reached the sink, since a run waits for its target's concurrency cap after its start.
 
 - late: owner A has --jobs one-off jobs due at T, owner B --late-jobs due at
   T + --late-after-s, calling another target (`localhost` instead of `127.0.0.1`;
-  --same-target: A's). Goal: B's start lateness <= 2 s while A drains.
+  --same-target: A's, so B's calls wait in the target's concurrency cap with A's;
+  --share-target: both cases, one after the other on fresh stacks, reported side by
+  side). Goal: B's start lateness <= 2 s while A drains.
 - many: --owners owners with --jobs-per-owner jobs each, all due at T. Goal: every
   owner's p99 lateness within 1.2x of the overall p99.
 
@@ -97,18 +102,19 @@ def _per_window(offsets: list[float], window_s: float) -> list[int]:
     return counts
 
 
-def run(args) -> dict:
+def run(args, same_target: bool = False) -> dict:
     from app.services.owners import create_key
     from tests.e2e.processes import start_beat, start_worker, wait_ready
-    from tests.sink import Sink
+    from tests.sink import Answer, Sink
 
-    sink = Sink(record=False)
+    sink = Sink(record=lambda path: path == "/fair/b")  # B's calls only: A's are counted
     env = dict(kv.split("=", 1) for kv in args.set)
     env.setdefault("PUNCTUAL_ALLOW_PRIVATE_TARGETS", "1")
     stack = Stack(physical=1, shards=16, broker=True, env=env)
     try:
         with stack:
-            url = sink.url("/fair")
+            for path in ("/fair/a", "/fair/b"):
+                sink.script(path, [Answer(200, delay_s=args.delay_ms / 1000)])
             if args.scenario == "late":
                 owners = {"a": args.jobs, "b": args.late_jobs}
             else:
@@ -121,7 +127,8 @@ def run(args) -> dict:
                 late = args.late_after_s if args.scenario == "late" and owner == "b" else 0
                 # B calls another target (the same sink by another name) unless told to share
                 # A's: a target's concurrency cap is shared by every owner calling it.
-                own = owner == "b" and not args.same_target
+                url = sink.url("/fair/b" if owner == "b" else "/fair/a")
+                own = owner == "b" and not same_target
                 _insert(
                     stack,
                     owner,
@@ -171,7 +178,8 @@ def run(args) -> dict:
     result: dict = {
         "scenario": args.scenario,
         "analyzed_before_t": bool(args.analyze),
-        "same_target": bool(args.same_target),
+        "same_target": same_target,
+        "target_delay_ms": args.delay_ms,
         "owners": len(owners),
         "jobs": total,
         "overall": _figures(every),
@@ -187,14 +195,18 @@ def run(args) -> dict:
         b_started = sorted(starts["b"])
         result["a"] = _figures(lateness["a"])
         result["b"] = _figures(lateness["b"])
+        b_due = due.timestamp() + args.late_after_s
+        result["b_called"] = _figures([call.at - b_due for call in sink.calls("/fair/b")])
         result["a_started_before_b_s"] = sum(1 for x in starts["a"] if x < b_started[-1])
         result["goal_b_max_lateness_s"] = 2.0
         print(
             f"A: {args.jobs:,} jobs, p50 {result['a']['p50_s']:.2f} s, p99 {result['a']['p99_s']:.2f} s, "
             f"drained {result['drain_s']:.1f} s after T\n"
-            f"B: {args.late_jobs} jobs due T+{args.late_after_s:g} s: "
-            f"lateness max {result['b']['max_s']:.2f} s "
-            f"(goal <= 2 s); {result['a_started_before_b_s']:,} of A's had started by then"
+            f"B (on {'A' + chr(39) + 's' if same_target else 'another'} host): "
+            f"{args.late_jobs} jobs due T+{args.late_after_s:g} s: "
+            f"lateness max {result['b']['max_s']:.2f} s, called {result['b_called']['max_s']:.2f} s "
+            f"after their instant at most (goal <= 2 s); {result['a_started_before_b_s']:,} of A's "
+            "had started by then"
         )
     else:
         per_owner = {owner: percentile(values, 0.99) for owner, values in lateness.items()}
@@ -229,11 +241,18 @@ def main() -> None:
     parser.add_argument(
         "--late-after-s", type=float, default=3.0, help="late: B's jobs are due this long after T"
     )
-    parser.add_argument(
+    targets = parser.add_mutually_exclusive_group()
+    targets.add_argument(
         "--same-target",
         action="store_true",
         help="late: B calls the same target as A (by default another host name of the sink)",
     )
+    targets.add_argument(
+        "--share-target",
+        action="store_true",
+        help="late: B on another host, then B on A's host (fresh stacks), side by side",
+    )
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="the target answers after this long")
     parser.add_argument("--owners", type=int, default=1000, help="many: owners")
     parser.add_argument(
         "--jobs-per-owner", type=int, default=100, help="many: jobs of each owner, all due at T"
@@ -253,7 +272,17 @@ def main() -> None:
         help="a setting other than the shipped default (repeatable)",
     )
     args = parser.parse_args()
-    result = run(args)
+    if args.scenario == "late" and args.share_target:
+        cases = {"another host": run(args, same_target=False), "A's host": run(args, same_target=True)}
+        result = {"scenario": "late", "share_target": True, "cases": cases}
+        for name, case in cases.items():
+            called = case["b_called"]
+            print(
+                f"B on {name + ':':<13} called p50 {called['p50_s']:.2f} s, max {called['max_s']:.2f} s "
+                f"after their instant (goal <= 2 s); A drained {case['drain_s']:.1f} s after T"
+            )
+    else:
+        result = run(args, same_target=args.same_target)
     path = write_result("fairness", result, label=args.scenario)
     print(f"written to {shown(path)}")
 

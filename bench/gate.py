@@ -1,16 +1,17 @@
 """The concurrency gate alone: what taking and giving back a slot costs a run.
 
     python -m bench.gate [--runs 20000] [--in-flight 128] [--cap 50] [--limiter local|redis]
-                         [--repeat 3]
+                         [--repeat 3] [--owners 2]
 
 One event loop, as a worker process's calls' loop: --in-flight tasks at a time, each
 takes its slot through the process's `SlotGate` (app.worker.slot_wait), yields to
 the loop once (a call that answers at once) and gives the slot back, or hands it
-to a waiting run that its task then carries on with, as app.worker.engine does. Three cases:
+to a waiting run that its task then carries on with, as app.worker.engine does. Four cases:
 
 - no cap: the runs do the same without a gate (the floor: the loop and the tasks);
 - room: a cap no run finds full (--in-flight + 1);
-- full: a cap of --cap under --in-flight runs, so most runs wait for a slot.
+- full: a cap of --cap under --in-flight runs, so most runs wait for a slot;
+- owners: the same, the runs of --owners owners in turn, so the gate keeps their turns.
 
 The limiter is the in-memory one (the gate's own cost), or Redis under a key prefix
 of its own (removed afterwards). Figures: the process's CPU (every thread) per run, medians of --repeat
@@ -25,6 +26,7 @@ import secrets
 import time
 from statistics import median
 
+from app.limits.line import ANYONE, Turn
 from app.limits.local_limiter import LocalLimiter
 from app.limits.policy import LimitSpec
 from app.worker.slot_wait import Slot, SlotGate, cap_keys, wait_budget_s
@@ -42,9 +44,10 @@ def _limiter(kind: str, prefix: str):
     return LocalLimiter()
 
 
-async def _round(limiter, runs: int, in_flight: int, cap: int | None) -> tuple[float, int]:
+async def _round(limiter, runs: int, in_flight: int, cap: int | None, owners: int = 1) -> tuple[float, int]:
     """(CPU seconds, runs put off) for `runs` runs, `in_flight` at a time, each a task
-    of its own made once it has its slot, as app.worker.engine makes them."""
+    of its own made once it has its slot, as app.worker.engine makes them; the runs of
+    `owners` owners in turn."""
     loop = asyncio.get_running_loop()
     finished = loop.create_future()
     numbers = iter(range(runs))
@@ -54,12 +57,13 @@ async def _round(limiter, runs: int, in_flight: int, cap: int | None) -> tuple[f
     caps = (LimitSpec(f"bench-gate:{secrets.token_hex(4)}", None, cap),) if cap else ()
     keys = cap_keys(caps)
     word = secrets.token_hex(4)
+    turns = [Turn(f"owner-{i}") for i in range(owners)] if owners > 1 else [ANYONE]
 
     def launch() -> None:
         n = next(numbers, None)
         if n is None:
             return
-        slot = gate.take(n, caps, keys) if caps else None
+        slot = gate.take(n, caps, keys, turns[n % len(turns)]) if caps else None
         if slot is not None or not caps:
             spawn(n, slot)
 
@@ -132,21 +136,24 @@ def main() -> None:
     parser.add_argument("--cap", type=int, default=50)
     parser.add_argument("--limiter", choices=["local", "redis"], default="local")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--owners", type=int, default=2, help="the owners of the last case")
     parser.add_argument("--label", default="")
     args = parser.parse_args()
     prefix = f"bench-gate-{secrets.token_hex(4)}"
     limiter = _limiter(args.limiter, prefix)
-    cases = {"no cap": None, "room": args.in_flight + 1, "full": args.cap}
+    cases = {"no cap": (None, 1), "room": (args.in_flight + 1, 1), "full": (args.cap, 1)}
+    cases["owners"] = (args.cap, args.owners)
     figures: dict[str, dict] = {}
     try:
-        for name, cap in cases.items():
+        for name, (cap, owners) in cases.items():
             cpu, put_off = [], 0
             for _ in range(args.repeat):
-                spent, off = asyncio.run(_round(limiter, args.runs, args.in_flight, cap))
+                spent, off = asyncio.run(_round(limiter, args.runs, args.in_flight, cap, owners))
                 cpu.append(spent)
                 put_off += off
             figures[name] = {
                 "cap": cap,
+                "owners": owners,
                 "cpu_us_per_run": median(cpu) / args.runs * 1e6,
                 "cpu_us_per_run_all": [c / args.runs * 1e6 for c in cpu],
                 "put_off": put_off,

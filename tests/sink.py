@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -42,7 +43,8 @@ class _Server(ThreadingHTTPServer):
 
 
 class Sink:
-    def __init__(self, record: bool = True):
+    def __init__(self, record: bool | Callable[[str], bool] = True):
+        """`record`: whether requests are kept (every one is counted), or which paths'."""
         self.record = record
         self.received: list[Received] = []
         self.count = 0
@@ -103,7 +105,7 @@ class Sink:
     def _record(self, received: Received) -> None:
         with self._cond:
             self.count += 1
-            if self.record:
+            if self.record is True or (callable(self.record) and self.record(received.path)):
                 self.received.append(received)
             self._cond.notify_all()
 
