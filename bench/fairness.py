@@ -1,11 +1,11 @@
 """Fair between owners: one owner's burst against another owner's jobs.
 
     python -m bench.fairness late [--jobs 100000] [--late-jobs 10] [--late-after-s 3]
-                                  [--share-target | --same-target] [--delay-ms 0]
+                                  [--share-target | --same-target] [--delay-ms 0] [--workers 1]
     python -m bench.fairness many [--owners 1000] [--jobs-per-owner 100]
 
-The real stack (bench.common.Stack: fresh databases, vhost and Redis prefix; one
-`celery -A app worker`, `celery -A app beat`) on the shipped defaults, except
+The real stack (bench.common.Stack: fresh databases, vhost and Redis prefix; --workers
+`celery -A app worker`, one `celery -A app beat`) on the shipped defaults, except
 PUNCTUAL_ALLOW_PRIVATE_TARGETS=1 (the sink is local) and what --set gives; the test
 suite's sink (tests.sink.Sink, in this process) answers 200, after --delay-ms. The
 jobs are written straight into the registry (tests.rows), not through the API:
@@ -142,7 +142,10 @@ def run(args, same_target: bool = False) -> dict:
                         conn.exec_driver_sql("ANALYZE jobs")
                         conn.exec_driver_sql("ANALYZE runs")
             procs = [
-                start_worker(stack.env, stack.log_dir, concurrency=args.concurrency),
+                *(
+                    start_worker(stack.env, stack.log_dir, name=f"worker-{n}", concurrency=args.concurrency)
+                    for n in range(args.workers)
+                ),
                 start_beat(stack.env, stack.log_dir),
             ]
             stack.procs.extend(procs)  # stopped by the stack's exit, before its databases go
@@ -179,6 +182,7 @@ def run(args, same_target: bool = False) -> dict:
         "scenario": args.scenario,
         "analyzed_before_t": bool(args.analyze),
         "same_target": same_target,
+        "workers": args.workers,
         "target_delay_ms": args.delay_ms,
         "owners": len(owners),
         "jobs": total,
@@ -257,7 +261,10 @@ def main() -> None:
     parser.add_argument(
         "--jobs-per-owner", type=int, default=100, help="many: jobs of each owner, all due at T"
     )
-    parser.add_argument("--concurrency", type=int, default=(os.cpu_count() or 1) + 1, help="worker processes")
+    parser.add_argument(
+        "--concurrency", type=int, default=(os.cpu_count() or 1) + 1, help="processes of each worker"
+    )
+    parser.add_argument("--workers", type=int, default=1, help="workers, each on every queue")
     parser.add_argument("--timeout-s", type=float, default=900)
     parser.add_argument(
         "--analyze",

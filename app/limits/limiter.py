@@ -66,8 +66,9 @@ AHEAD_SHOWN = 16
 # How long a cap's tags outlive its last admission (seconds): the owners of a cap
 # nobody used for this long start level again.
 TAGS_KEEP_S = 60.0
-# A cap's tags are pruned of the flows level with their clock past this many.
-TAGS_PRUNED_PAST = 512
+# A cap's tags are pruned of the flows level with their clock past this many (a read
+# of them all: only where owners beyond the thousands come and go on one cap).
+TAGS_PRUNED_PAST = 4096
 
 RATE = "rate"  # held by a rate: a start is reserved at retry_at
 CAP = "cap"  # every slot of a cap is taken: ask again when one frees

@@ -17,10 +17,11 @@ import pytest
 from app import metrics
 from app.core.timefmt import utcnow
 from app.limits import limit_specs
+from app.limits.line import Turn
 from app.pollers.claim import claim_batch
 from app.pollers.janitor import expire
 from app.registry.engines import registry_for
-from app.services.owners import create_key
+from app.services.owners import create_key, set_weight
 from app.worker.context import WorkerContext
 from tests.rows import insert_jobs, job, job_row, runs_of, webhook_target
 from tests.sink import Answer, Sink
@@ -315,3 +316,33 @@ def test_a_run_held_by_a_rate_starts_at_its_turn_without_a_second_hold(pg_settin
     # 8 held at first, 4 newcomers held behind them; none of them held a second time.
     assert holds == 12
     assert len(sink.calls("/rate")) == 16
+
+
+def test_each_run_takes_its_owners_turn_in_a_caps_line_with_the_owners_weight_and_lane(
+    pg_settings, truncate, sink, contexts
+):
+    context, registry = make_env(pg_settings, truncate, lease_s=30.0, target_max_concurrency=1)
+    contexts.append(context)
+    create_key(registry, "heavy")
+    set_weight(registry, "heavy", 3)
+    past = utcnow() - timedelta(seconds=1)
+    target = webhook_target(sink.url("/turns"))
+    rows = [
+        job_row(16, owner="heavy", run_at=past, target=target),
+        job_row(16, run_at=past, target=target),
+        job_row(16, interval_s=60, first=past, target=target),
+    ]
+    due_now(registry, rows)
+    gate = context.dispatcher._gate
+    taken: list = []
+    take = gate.take
+    gate.take = lambda call, caps, keys, turn: taken.append(turn) or take(call, caps, keys, turn)
+
+    context.dispatcher.dispatch(claim_due(registry))
+
+    sink.wait_for(3, "/turns")
+    assert sorted(taken, key=lambda turn: turn.flow) == [
+        Turn("heavy", weight=3),
+        Turn("tests"),
+        Turn("tests", recurring=True),
+    ]
