@@ -65,7 +65,7 @@ from app.lifecycle.message import DispatchRun
 from app.limits import limit_specs
 from app.limits.keys import LimitKeyDirectory, named_key
 from app.limits.limiter import Limiter
-from app.limits.line import Turn
+from app.limits.line import ANYONE, Turn
 from app.limits.policy import LimitSpec
 from app.logs import lazy_log_context
 from app.registry.engines import Registry
@@ -100,7 +100,6 @@ class _Call:
     run: DispatchRun
     caps: tuple  # its concurrency caps, taken right before the call (app.worker.slot_wait)
     keys: frozenset[str]  # the caps' keys: which runs of the process may pass a slot on
-    turn: Turn  # its owner's turn in a full cap's line (app.limits.line)
     # The concurrency slot it holds (None: no cap, or not yet), given back or handed
     # on when the call ends; shared with the runs it was handed from and to.
     slot: Slot | None = None
@@ -108,6 +107,7 @@ class _Call:
     # us: set from the start, moved on by each heartbeat that extended it.
     lease_until: float = 0.0
     lost: bool = False  # a heartbeat found the token gone: the janitor took the run back
+    turn: Turn = ANYONE  # its owner's turn in a full cap's line (app.limits.line)
 
 
 def _recorded_as_failure(item: Finished, failure: Exception) -> Finished:
@@ -278,7 +278,7 @@ class Dispatcher:
                 held.append((run, refused[run.run_id]))
             else:
                 caps = _caps(specs)
-                admitted.append(_Call(run, caps, cap_keys(caps), self._turn(run, weights)))
+                admitted.append(_Call(run, caps, cap_keys(caps), turn=self._turn(run, weights)))
         calls, stale = self._start(admitted, now)
         if held:  # the started runs are called regardless
             self._hold(held, now)
