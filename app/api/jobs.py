@@ -1,4 +1,5 @@
-"""/jobs: create, list, get, patch, cancel, pause, resume, trigger, a job's runs.
+"""/jobs: create, list, get, patch, cancel, pause, resume, trigger, a job's runs, and
+the label verbs (pause, resume, cancel every job a selector matches).
 
 Thin views: parse the request, call one service function (app.services.jobs, app.services.runs),
 serialize. Errors are exceptions that app.api.problems turns into problem+json.
@@ -11,9 +12,11 @@ from flask import Blueprint, current_app, g, request
 from app.api.auth import protect
 from app.api.serialize import job_json, page_json, run_json
 from app.api.wire import json_body, json_response
+from app.core.labels import parse_selector
 from app.core.timefmt import utcnow
 from app.services import jobs, runs
 from app.services.pagination import parse_limit
+from app.services.validation import validate_selector
 
 bp = protect(Blueprint("jobs", __name__))
 
@@ -45,8 +48,28 @@ def list_jobs():
         name=args.get("name") or None,
         limit=parse_limit(args.get("limit")),
         cursor=args.get("cursor"),
+        labels=parse_selector(text for text in args.getlist("label") if text),
     )
     return json_response(page_json(page, job_json))
+
+
+# Static paths: werkzeug matches them before `/jobs/<job_id>/...`, whose ids are UUIDs.
+@bp.post("/jobs/pause")
+def pause_selected():
+    selected = jobs.pause_selected(_registry(), g.owner, validate_selector(json_body()), utcnow())
+    return json_response(selected.as_dict())
+
+
+@bp.post("/jobs/resume")
+def resume_selected():
+    selected = jobs.resume_selected(_registry(), g.owner, validate_selector(json_body()), utcnow())
+    return json_response(selected.as_dict())
+
+
+@bp.post("/jobs/cancel")
+def cancel_selected():
+    selected = jobs.cancel_selected(_registry(), g.owner, validate_selector(json_body()), utcnow())
+    return json_response(selected.as_dict())
 
 
 @bp.get("/jobs/<job_id>")

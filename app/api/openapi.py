@@ -12,6 +12,7 @@ from typing import Any
 
 from app import __version__
 from app.api.batch import MAX_BATCH_BODY_BYTES
+from app.core import labels as lb
 from app.core.cron import MAX_CHARS as CRON_MAX_CHARS
 from app.core.cron import MAX_ITEMS as CRON_MAX_ITEMS
 from app.core.jitter import MAX_JITTER_S
@@ -149,6 +150,7 @@ def _schemas() -> dict:
         "misfire": {"enum": list(MISFIRE_POLICIES), "default": MISFIRE_POLICIES[0]},
         "dst": _ref("Dst"),
         "jitter_s": {"type": "integer", "minimum": 0, "maximum": MAX_JITTER_S, "default": 0},
+        "labels": _ref("Labels"),
     }
     job = _object(
         {
@@ -164,6 +166,7 @@ def _schemas() -> dict:
             "dst": _ref("Dst"),
             "jitter_s": {"type": "integer"},
             "attempt": {"type": "integer", "minimum": 0},
+            "labels": _ref("Labels"),
             "created_at": INSTANT,
             "updated_at": INSTANT,
         },
@@ -180,6 +183,7 @@ def _schemas() -> dict:
             "dst",
             "jitter_s",
             "attempt",
+            "labels",
             "created_at",
             "updated_at",
         ),
@@ -215,7 +219,35 @@ def _schemas() -> dict:
         {**run["properties"], "job_name": {"type": "string", "description": "the name of the run's job"}},
         required=(*run["required"], "job_name"),
     )
+    labels = {
+        "type": "object",
+        "maxProperties": lb.LABELS_MAX,
+        "propertyNames": {"maxLength": lb.LABEL_KEY_MAX, "pattern": lb.LABEL_KEY_PATTERN},
+        "additionalProperties": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": lb.LABEL_VALUE_MAX,
+            "pattern": lb.LABEL_VALUE_PATTERN,
+        },
+        "default": {},
+    }
     return {
+        "Labels": labels,
+        "Selector": _object(
+            {"labels": {**_ref("Labels"), "description": "the pairs a job must all carry (at least one)"}},
+            required=("labels",),
+        ),
+        "Selected": _object(
+            {
+                "matched": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "the owner's jobs the selector matched",
+                },
+                "changed": {"type": "integer", "minimum": 0, "description": "those this request changed"},
+            },
+            required=("matched", "changed"),
+        ),
         "Limits": limits,
         "WebhookTarget": webhook,
         "QueueTarget": queue,
@@ -459,6 +491,15 @@ def _paths() -> dict:
                 params=[
                     _query("state", {"enum": list(JOB_STATES)}),
                     _query("name", {"type": "string"}, "exact match"),
+                    {
+                        **_query(
+                            "label",
+                            {"type": "array", "items": {"type": "string"}, "maxItems": lb.LABELS_MAX},
+                            "key:value; repeatable, every one must match",
+                        ),
+                        "style": "form",
+                        "explode": True,
+                    },
                     *_PAGE,
                 ],
             ),
@@ -481,6 +522,17 @@ def _paths() -> dict:
                     )
                 },
             ),
+        },
+        **{
+            f"/jobs/{verb}": {
+                "post": _op(
+                    f"{verb.capitalize()} jobs by label",
+                    {"200": _ok(f"how many jobs matched and how many this {verb} changed", "Selected")},
+                    "400 401 413 415 422",
+                    body="Selector",
+                )
+            }
+            for verb in ("pause", "resume", "cancel")
         },
         "/jobs/{job_id}": {
             "parameters": [_path("job_id")],

@@ -41,6 +41,7 @@ def job_json(row: Row) -> dict:
         "dst": dst_of(row).to_json(),
         "jitter_s": row["jitter_s"],
         "attempt": row["attempt"],
+        "labels": row["labels"],
         "created_at": format_instant(row["created_at"]),
         "updated_at": format_instant(row["updated_at"]),
     }

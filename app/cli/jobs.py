@@ -153,6 +153,7 @@ def _json_value(text: str | None, option: str) -> Any:
 @click.option("--gap", type=click.Choice(["shift", "skip"]))
 @click.option("--overlap", type=click.Choice(["once", "twice"]))
 @click.option("--jitter-s", type=int)
+@click.option("--label", "labels", multiple=True, help="'key:value', repeatable: the job's labels.")
 @click.option("--idempotency-key", help="Repeat the command with the same key to get the same job.")
 @_json_option
 @_id_only_option
@@ -181,6 +182,7 @@ def create(
     gap,
     overlap,
     jitter_s,
+    labels,
     idempotency_key,
     as_json,
     id_only,
@@ -244,6 +246,8 @@ def create(
         job["misfire"] = misfire
     if jitter_s is not None:
         job["jitter_s"] = jitter_s
+    if labels:
+        job["labels"] = _labels(labels)
     client = _client(ctx)
     created = _call(lambda: client.create_job_from(job, idempotency_key=idempotency_key))
     if id_only:
@@ -313,6 +317,17 @@ def _show_line(line: int, result, as_json: bool, err: bool = False) -> None:
         click.echo(f"line {line}: {result.status} {why}", err=err)
 
 
+def _labels(texts: Iterable[str], option: str = "--label") -> dict[str, str]:
+    """Repeated `--label key:value` options as a labels object."""
+    labels: dict[str, str] = {}
+    for text in texts:
+        key, sep, value = text.partition(":")
+        if not sep or not key:
+            raise click.BadParameter(f"{text!r} is not key:value", param_hint=option)
+        labels[key] = value
+    return labels
+
+
 def _header(text: str) -> tuple[str, str]:
     name, sep, value = text.partition(":")
     if not sep or not name.strip():
@@ -325,23 +340,27 @@ def _header(text: str) -> tuple[str, str]:
     "--state", type=click.Choice(["scheduled", "running", "paused", "completed", "cancelled", "dead"])
 )
 @click.option("--name", help="Exact name.")
+@click.option("--label", "labels", multiple=True, help="'key:value', repeatable: jobs carrying all of them.")
 @click.option("--limit", type=int, help="Page size (1-500, default 100).")
 @click.option("--cursor", help="Continue after a previous page.")
 @click.option("--all", "every", is_flag=True, help="Follow cursors to the last page.")
 @_json_option
 @click.pass_context
-def list_(ctx: click.Context, state, name, limit, cursor, every, as_json) -> None:
+def list_(ctx: click.Context, state, name, labels, limit, cursor, every, as_json) -> None:
     """List jobs, newest first."""
     client = _client(ctx)
+    selector = _labels(labels)
     if every:
-        items = _call(lambda: list(client.iter_jobs(state=state, name=name, page_size=limit or 500)))
+        items = _call(
+            lambda: list(client.iter_jobs(state=state, name=name, labels=selector, page_size=limit or 500))
+        )
         if as_json:
             click.echo(json.dumps([j.raw for j in items], indent=2))
         else:
             click.echo(_job_rows(items))
         return
     _show_page(
-        _call(lambda: client.list_jobs(state=state, name=name, limit=limit, cursor=cursor)),
+        _call(lambda: client.list_jobs(state=state, name=name, labels=selector, limit=limit, cursor=cursor)),
         as_json,
         _job_rows,
     )
@@ -419,6 +438,7 @@ def _new_schedule(current: dict, kind: dict, bounds: dict) -> dict:
 @click.option("--gap", type=click.Choice(["shift", "skip"]))
 @click.option("--overlap", type=click.Choice(["once", "twice"]))
 @click.option("--jitter-s", type=int)
+@click.option("--label", "labels", multiple=True, help="'key:value', repeatable; replaces the job's labels.")
 @_json_option
 @click.pass_context
 def update(
@@ -445,6 +465,7 @@ def update(
     gap,
     overlap,
     jitter_s,
+    labels,
     as_json,
 ) -> None:
     """Change a job (PATCH): only the fields given change; prints the job.
@@ -510,6 +531,8 @@ def update(
         changes["misfire"] = misfire
     if jitter_s is not None:
         changes["jitter_s"] = jitter_s
+    if labels:
+        changes["labels"] = _labels(labels)
     if not changes:
         raise click.UsageError("nothing to change: give --body or an option (see --help)")
     _show_job(_call(lambda: client.update_job(job_id, **changes)), as_json)
@@ -527,10 +550,58 @@ def _verb(command: str, method: str, doc: str):
     return verb
 
 
+def _label_verb(command: str, one: str, many: str, done: str, doc: str):
+    """A verb on one job (JOB_ID) or on every job carrying the --label pairs."""
+
+    @jobs.command(command, help=doc)
+    @click.argument("job_id", required=False)
+    @click.option(
+        "--label",
+        "labels",
+        multiple=True,
+        help="'key:value', repeatable: every job of yours carrying all of them, instead of JOB_ID.",
+    )
+    @_json_option
+    @click.pass_context
+    def verb(ctx: click.Context, job_id: str | None, labels: tuple[str, ...], as_json: bool) -> None:
+        if (job_id is None) == (not labels):
+            raise click.UsageError("give JOB_ID or --label key:value, not both")
+        client = _client(ctx)
+        if job_id is not None:
+            _show_job(_call(lambda: getattr(client, one)(job_id)), as_json)
+            return
+        selector = _labels(labels)
+        selected = _call(lambda: getattr(client, many)(selector))
+        if as_json:
+            click.echo(json.dumps({"matched": selected.matched, "changed": selected.changed}))
+        else:
+            click.echo(f"{done} {selected.changed} of {selected.matched} matching jobs")
+
+    return verb
+
+
 get = _verb("get", "get_job", "Show one job.")
-cancel = _verb("cancel", "cancel_job", "Cancel a job: no new run starts.")
-pause = _verb("pause", "pause_job", "Pause a job; a run in flight finishes.")
-resume = _verb("resume", "resume_job", "Resume a paused job (missed occurrences follow its misfire policy).")
+cancel = _label_verb(
+    "cancel",
+    "cancel_job",
+    "cancel_jobs",
+    "cancelled",
+    "Cancel a job (or every job --label picks): no new run starts.",
+)
+pause = _label_verb(
+    "pause",
+    "pause_job",
+    "pause_jobs",
+    "paused",
+    "Pause a job (or every job --label picks); a run in flight finishes.",
+)
+resume = _label_verb(
+    "resume",
+    "resume_job",
+    "resume_jobs",
+    "resumed",
+    "Resume a paused job (or every job --label picks); missed occurrences follow the misfire policy.",
+)
 
 
 @jobs.command("trigger")

@@ -91,6 +91,7 @@ def new_job_row(
     now: datetime,
     idempotency_key: str | None = None,
     request_hash: str | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The row of a new `scheduled` job whose first nominal occurrence is `first`.
 
@@ -122,6 +123,7 @@ def new_job_row(
         "request_hash": request_hash,
         "created_at": now,
         "updated_at": now,
+        "labels": dict(labels or {}),
     }
 
 

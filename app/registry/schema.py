@@ -109,6 +109,8 @@ jobs = sa.Table(
     sa.Column("request_hash", sa.Text(), nullable=True),
     sa.Column("created_at", UTCDateTime(), nullable=False),
     sa.Column("updated_at", UTCDateTime(), nullable=False),
+    # The owner's string pairs (app.core.labels): `GET /jobs?label=k:v`, the label verbs.
+    sa.Column("labels", JSONType, nullable=False, server_default=sa.text("'{}'")),
     sa.CheckConstraint(sa.column("state").in_(JOB_STATES), name="state"),
 )
 
@@ -142,6 +144,14 @@ sa.Index(
     postgresql_where=jobs.c.lease_token.isnot(None),
     sqlite_where=jobs.c.lease_token.isnot(None),
 )
+# "Which jobs carry these labels" (containment, `labels @> '{"team": "billing"}'`): on
+# PostgreSQL only; the embedded SQLite registry filters the owner's rows instead.
+sa.Index(
+    "ix_jobs_labels",
+    jobs.c.labels,
+    postgresql_using="gin",
+    postgresql_ops={"labels": "jsonb_path_ops"},
+).ddl_if(dialect="postgresql")
 # Listing, newest first, per owner; and the exact-name filter.
 sa.Index("ix_jobs_owner_created", jobs.c.owner, jobs.c.created_at, jobs.c.job_id)
 sa.Index("ix_jobs_owner_name", jobs.c.owner, jobs.c.name, jobs.c.created_at, jobs.c.job_id)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -30,8 +31,8 @@ from app.core.jitter import fire_at
 from app.core.schedules import DstPolicy, Schedule, first_fire
 from app.core.timefmt import truncate_to_ms
 from app.limits.keys import record_limit_key
-from app.registry.bulk import same_token, state_among
-from app.registry.dialect import is_postgres
+from app.registry.bulk import key_in, same_token, state_among
+from app.registry.dialect import carries_labels, is_postgres
 from app.registry.engines import Registry
 from app.registry.estimates import counts_by_state
 from app.registry.records import (
@@ -96,6 +97,7 @@ def spec_row(
         now=now,
         idempotency_key=idempotency_key,
         request_hash=request_hash,
+        labels=spec.labels,
     )
 
 
@@ -240,9 +242,17 @@ def get_job(registry: Registry, owner: str, job_id: str) -> Row:
 
 
 def list_jobs(
-    registry: Registry, owner: str, *, state: str | None, name: str | None, limit: int, cursor: str | None
+    registry: Registry,
+    owner: str,
+    *,
+    state: str | None,
+    name: str | None,
+    limit: int,
+    cursor: str | None,
+    labels: Mapping[str, str] | None = None,
 ) -> Page:
-    """The owner's jobs, newest first by (created_at, job_id), merged over every DSN."""
+    """The owner's jobs, newest first by (created_at, job_id), merged over every DSN;
+    with `labels`, only the jobs that carry every one of those pairs."""
     if state is not None and state not in JOB_STATES:
         raise ValidationError.single("state", f"must be one of {', '.join(JOB_STATES)}")
     if name is not None and "\x00" in name:  # Postgres refuses NUL in text: say so, not 500
@@ -257,7 +267,8 @@ def list_jobs(
     pages = []
     for index, engine in enumerate(registry.engines):
         with engine.connect() as conn:
-            pages.append(list(conn.execute(served_only(registry, index, query, jobs)).mappings()))
+            selected = query.where(carries_labels(conn, jobs.c.labels, labels)) if labels else query
+            pages.append(list(conn.execute(served_only(registry, index, selected, jobs)).mappings()))
     return merge_newest("j", pages, limit, "created_at", "job_id")
 
 
@@ -324,10 +335,10 @@ def patch_job(registry: Registry, owner: str, job_id: str, body: object, now: da
             raise NotFound("job")
         if row["state"] in FINAL_STATES:
             raise Conflict(f"the job is {row['state']}; it can no longer be changed")
-        if set(changes) - {"name"}:  # the name is not part of a run
+        if set(changes) - {"name", "labels"}:  # neither is part of a run
             row = _unclaim(conn, row, now) or row
         values: dict[str, Any] = {"updated_at": now}
-        for field in ("name", "target", "payload", "misfire", "jitter_s"):
+        for field in ("name", "target", "payload", "misfire", "jitter_s", "labels"):
             if field in changes:
                 values[field] = changes[field]
         schedule = changes.get("schedule", schedule_of(row))
@@ -380,12 +391,7 @@ def cancel_job(registry: Registry, owner: str, job_id: str, now: datetime) -> Ro
             idempotent=("cancelled",),
             extra={"next_run_at": None},
         )
-        # `published` true takes them out of the outbox: there is nothing left to send.
-        conn.execute(
-            runs.update()
-            .where(runs.c.job_id == key, runs.c.state == "claimed")
-            .values(state="failed", error="job cancelled", finished_at=now, updated_at=now, published=True)
-        )
+        conn.execute(_fail_claimed_runs(conn, [key], now))
     return row
 
 
@@ -411,35 +417,40 @@ def _unclaim(conn: sa.Connection, job: Row, now: datetime) -> Row | None:
     `running`, nothing is taken back) or it waits and then finds nothing to start.
     """
     token = job["lease_token"]
-    if token is None:
+    if token is None or not _take_back(conn, [(job["job_id"], token)], now):
         return None
-    taken = conn.execute(
-        sa.delete(runs)
-        .where(
-            runs.c.job_id == job["job_id"],
-            runs.c.lease_token == token,
+    return conn.execute(sa.select(jobs).where(jobs.c.job_id == job["job_id"])).mappings().one()
+
+
+def _take_back(conn: sa.Connection, leases: Sequence[tuple[uuid.UUID, uuid.UUID]], now: datetime) -> set:
+    """`_unclaim` for many jobs whose rows the caller has locked: `leases` are (job_id,
+    lease_token) pairs; returns the ids of the jobs whose claimed run was taken back."""
+    if not leases:
+        return set()
+    tokens = dict(leases)
+    claimed = conn.execute(
+        sa.select(runs.c.run_id, runs.c.job_id, runs.c.lease_token).where(
+            key_in(conn, runs.c.job_id, sorted(tokens)),
             runs.c.origin == "schedule",
             state_among(runs.c.state, ("claimed",)),
         )
-        .returning(runs.c.run_id)
-    ).first()
-    if taken is None:
-        return None
-    return (
+    ).all()
+    taken = [row for row in claimed if tokens.get(row.job_id) == row.lease_token]
+    if not taken:
+        return set()
+    conn.execute(sa.delete(runs).where(key_in(conn, runs.c.run_id, [row.run_id for row in taken])))
+    for row in sorted(taken, key=lambda row: row.job_id):
         conn.execute(
             jobs.update()
-            .where(jobs.c.job_id == job["job_id"], same_token(jobs.c.lease_token, token))
+            .where(jobs.c.job_id == row.job_id, same_token(jobs.c.lease_token, row.lease_token))
             .values(
                 state=sa.case((jobs.c.state == "running", "scheduled"), else_=jobs.c.state),
                 lease_token=None,
                 leased_until=None,
                 updated_at=now,
             )
-            .returning(*jobs.c)
         )
-        .mappings()
-        .one()
-    )
+    return {row.job_id for row in taken}
 
 
 def resume_job(registry: Registry, owner: str, job_id: str, now: datetime) -> Row:
@@ -449,6 +460,110 @@ def resume_job(registry: Registry, owner: str, job_id: str, now: datetime) -> Ro
     state = sa.case((jobs.c.lease_token.is_(None), "scheduled"), else_="running")
     with engine.begin() as conn:
         return _transition(conn, owner, key, ("paused",), state, now, idempotent=("scheduled", "running"))
+
+
+# --- the label verbs: every matching job of the owner at once ---------------------
+
+
+@dataclass(frozen=True)
+class Selected:
+    """What a label verb did: the owner's jobs that carry the selector's labels, and
+    how many of them it changed (the others were already in the verb's state, or
+    could not move: a cancelled job is not resumed)."""
+
+    matched: int
+    changed: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {"matched": self.matched, "changed": self.changed}
+
+
+def pause_selected(registry: Registry, owner: str, selector: Mapping[str, str], now: datetime) -> Selected:
+    """`pause_job` for every job of `owner` carrying `selector`'s labels: claimed runs
+    not started are taken back; runs in flight finish."""
+
+    def pause(conn: sa.Connection, ids: list) -> int:
+        moved = conn.execute(
+            jobs.update()
+            .where(key_in(conn, jobs.c.job_id, ids), jobs.c.state.in_(("scheduled", "running")))
+            .values(state="paused", updated_at=now)
+            .returning(jobs.c.job_id, jobs.c.lease_token)
+        ).all()
+        _take_back(conn, [(row.job_id, row.lease_token) for row in moved if row.lease_token is not None], now)
+        return len(moved)
+
+    return _for_selected(registry, owner, selector, pause)
+
+
+def resume_selected(registry: Registry, owner: str, selector: Mapping[str, str], now: datetime) -> Selected:
+    """`resume_job` for every paused job of `owner` carrying `selector`'s labels."""
+
+    def resume(conn: sa.Connection, ids: list) -> int:
+        state = sa.case((jobs.c.lease_token.is_(None), "scheduled"), else_="running")
+        return len(
+            conn.execute(
+                jobs.update()
+                .where(key_in(conn, jobs.c.job_id, ids), jobs.c.state == "paused")
+                .values(state=state, updated_at=now)
+                .returning(jobs.c.job_id)
+            ).all()
+        )
+
+    return _for_selected(registry, owner, selector, resume)
+
+
+def cancel_selected(registry: Registry, owner: str, selector: Mapping[str, str], now: datetime) -> Selected:
+    """`cancel_job` for every live job of `owner` carrying `selector`'s labels."""
+
+    def cancel(conn: sa.Connection, ids: list) -> int:
+        cancelled = (
+            conn.execute(
+                jobs.update()
+                .where(key_in(conn, jobs.c.job_id, ids), jobs.c.state.in_(LIVE_STATES))
+                .values(state="cancelled", next_run_at=None, updated_at=now)
+                .returning(jobs.c.job_id)
+            )
+            .scalars()
+            .all()
+        )
+        if cancelled:
+            conn.execute(_fail_claimed_runs(conn, cancelled, now))
+        return len(cancelled)
+
+    return _for_selected(registry, owner, selector, cancel)
+
+
+def _fail_claimed_runs(conn: sa.Connection, job_ids: Sequence[uuid.UUID], now: datetime) -> sa.Update:
+    """The jobs' runs not started yet fail ("job cancelled"); `published` true takes
+    them out of the outbox: there is nothing left to send."""
+    return (
+        runs.update()
+        .where(key_in(conn, runs.c.job_id, list(job_ids)), runs.c.state == "claimed")
+        .values(state="failed", error="job cancelled", finished_at=now, updated_at=now, published=True)
+    )
+
+
+def _for_selected(registry: Registry, owner: str, selector: Mapping[str, str], change) -> Selected:
+    """Apply `change(conn, job_ids)` to the jobs of `owner` carrying `selector`'s
+    labels, one transaction per database. The rows are locked in key order first, as
+    a completion locks its jobs, so the two never deadlock; `change` answers how many
+    it moved. A database that fails leaves the others' changes made: the verbs are
+    idempotent, so the request is simply sent again."""
+    matched = changed = 0
+    for index, engine in enumerate(registry.engines):
+        with engine.begin() as conn:
+            query = (
+                sa.select(jobs.c.job_id)
+                .where(jobs.c.owner == owner, carries_labels(conn, jobs.c.labels, selector))
+                .order_by(jobs.c.job_id)
+            )
+            if is_postgres(conn):
+                query = query.with_for_update()
+            ids = list(conn.execute(served_only(registry, index, query, jobs)).scalars())
+            if ids:
+                matched += len(ids)
+                changed += change(conn, ids)
+    return Selected(matched, changed)
 
 
 def trigger_job(registry: Registry, owner: str, job_id: str, now: datetime) -> Row:

@@ -27,17 +27,19 @@ from urllib.parse import urlsplit
 from app.core.delivery import is_reserved_header
 from app.core.errors import FieldError, ValidationError
 from app.core.jitter import parse_jitter_s
+from app.core.labels import parse_labels, parse_selector_object
 from app.core.misfire import MISFIRE_POLICIES, parse_misfire
 from app.core.private_targets import TargetPolicy
 from app.core.retries import RetryPolicy, parse_retry
 from app.core.schedules import DstPolicy, Schedule, parse_dst, parse_schedule
 from app.services import addresses
 
-JOB_FIELDS = ("name", "target", "payload", "schedule", "retry", "misfire", "dst", "jitter_s")
+JOB_FIELDS = ("name", "target", "payload", "schedule", "retry", "misfire", "dst", "jitter_s", "labels")
 REQUIRED_FIELDS = ("name", "target", "schedule")
 WEBHOOK_FIELDS = ("type", "url", "method", "headers", "timeout_s", "limits")
 QUEUE_FIELDS = ("type", "topic", "limits")
 LIMITS_FIELDS = ("key", "rate_per_s", "max_concurrency")
+SELECTOR_FIELDS = ("labels",)  # the body of POST /jobs/pause, /resume, /cancel
 
 NAME_MAX = 200
 URL_MAX = 2048
@@ -78,6 +80,7 @@ class JobSpec:
     misfire: str
     dst: DstPolicy
     jitter_s: int
+    labels: dict[str, str]
 
 
 def validate_job(
@@ -97,6 +100,7 @@ def validate_job(
         misfire=values.get("misfire", MISFIRE_POLICIES[0]),
         dst=values.get("dst", DstPolicy()),
         jitter_s=values.get("jitter_s", 0),
+        labels=values.get("labels", {}),
     )
 
 
@@ -143,6 +147,21 @@ def _validate(
     if errors:
         raise ValidationError(errors)
     return values
+
+
+def validate_selector(body: object) -> dict[str, str]:
+    """The body of a label verb (`{"labels": {"team": "billing"}}`): the pairs a job
+    must all carry. At least one: an empty selector would act on every job."""
+    if not isinstance(body, dict):
+        raise ValidationError.single("body", "must be a JSON object")
+    errors = [FieldError(str(key), "unknown field") for key in body if key not in SELECTOR_FIELDS]
+    try:
+        selector = parse_selector_object(body.get("labels"), "labels")
+    except ValidationError as exc:
+        errors.extend(exc.errors)
+    if errors:
+        raise ValidationError(errors)
+    return selector
 
 
 # --- fields ------------------------------------------------------------------------
@@ -395,6 +414,7 @@ _PARSERS: dict[str, Callable[[Any, Any], Any]] = {
     "misfire": _misfire,
     "dst": lambda value, _p: parse_dst(value, "dst"),
     "jitter_s": _jitter,
+    "labels": lambda value, _p: parse_labels(value, "labels"),
 }
 
 

@@ -23,6 +23,10 @@ Many jobs at once: `Client.create_jobs(bodies)` sends POST /jobs/batch (1,000 jo
 request) and answers one BatchResult per job: 201 created, 200 an earlier job its
 `idempotency_key` stands for, or the job's own error (never raised).
 
+Labels pick jobs: `list_jobs(labels={"team": "billing"})` lists the jobs carrying
+them all, and `pause_jobs`, `resume_jobs`, `cancel_jobs` act on every such job at
+once, answering a `Selected` (how many matched, how many changed).
+
 Webhook receivers check `Punctual-Signature` with `verify_signature`, which returns
 None or raises SignatureError saying why:
 
@@ -69,6 +73,7 @@ from punctual_client.models import (
     Run,
     RunState,
     Schedule,
+    Selected,
     Target,
     WebhookTarget,
 )
@@ -96,6 +101,7 @@ __all__ = [
     "IntervalSchedule",
     "RetryPolicy",
     "DstPolicy",
+    "Selected",
     "PunctualError",
     "ArgumentError",
     "TransportError",

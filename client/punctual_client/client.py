@@ -40,6 +40,7 @@ from punctual_client.models import (
     Run,
     RunState,
     Schedule,
+    Selected,
     Target,
 )
 
@@ -64,6 +65,11 @@ def _encode(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_encode(child) for child in value]
     return value
+
+
+def _selector(labels: Mapping[str, str] | None) -> list[str] | None:
+    """`labels` as the repeated `label=key:value` query parameter."""
+    return None if not labels else [f"{key}:{value}" for key, value in labels.items()]
 
 
 class Client:
@@ -120,6 +126,7 @@ class Client:
         misfire: Misfire | None = None,
         dst: DstPolicy | None = None,
         jitter_s: int | None = None,
+        labels: Mapping[str, str] | None = None,
         idempotency_key: str | None = None,
     ) -> Job:
         """Create a job. With `idempotency_key`, a repeat with the same body returns the same job."""
@@ -132,6 +139,7 @@ class Client:
             "misfire": misfire,
             "dst": dst,
             "jitter_s": jitter_s,
+            "labels": None if labels is None else dict(labels),
         }
         return self.create_job_from(
             {k: v for k, v in body.items() if v is not None}, idempotency_key=idempotency_key
@@ -182,21 +190,34 @@ class Client:
         *,
         state: str | None = None,
         name: str | None = None,
+        labels: Mapping[str, str] | None = None,
         limit: int | None = None,
         cursor: str | None = None,
     ) -> Page[Job]:
-        """One page of jobs, newest first."""
-        data = self._request(
-            "GET", "/jobs", params={"state": state, "name": name, "limit": limit, "cursor": cursor}
-        )
+        """One page of jobs, newest first; with `labels`, only jobs carrying all those pairs."""
+        params = {
+            "state": state,
+            "name": name,
+            "label": _selector(labels),
+            "limit": limit,
+            "cursor": cursor,
+        }
+        data = self._request("GET", "/jobs", params=params)
         return Page([Job.from_json(item) for item in data["items"]], data["next_cursor"])
 
     def iter_jobs(
-        self, *, state: str | None = None, name: str | None = None, page_size: int = 100
+        self,
+        *,
+        state: str | None = None,
+        name: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        page_size: int = 100,
     ) -> Iterator[Job]:
         """Every job, newest first, following cursors page by page."""
         return self._follow(
-            lambda cursor: self.list_jobs(state=state, name=name, limit=page_size, cursor=cursor)
+            lambda cursor: self.list_jobs(
+                state=state, name=name, labels=labels, limit=page_size, cursor=cursor
+            )
         )
 
     def update_job(self, job_id: str, **fields: Any) -> Job:
@@ -214,6 +235,21 @@ class Client:
 
     def resume_job(self, job_id: str) -> Job:
         return Job.from_json(self._request("POST", f"/jobs/{quote(job_id, safe='')}/resume"))
+
+    def pause_jobs(self, labels: Mapping[str, str]) -> Selected:
+        """Pause every job of the owner that carries all of `labels`."""
+        return self._select("pause", labels)
+
+    def resume_jobs(self, labels: Mapping[str, str]) -> Selected:
+        """Resume every paused job of the owner that carries all of `labels`."""
+        return self._select("resume", labels)
+
+    def cancel_jobs(self, labels: Mapping[str, str]) -> Selected:
+        """Cancel every live job of the owner that carries all of `labels`."""
+        return self._select("cancel", labels)
+
+    def _select(self, verb: str, labels: Mapping[str, str]) -> Selected:
+        return Selected.from_json(self._request("POST", f"/jobs/{verb}", json_body={"labels": dict(labels)}))
 
     def trigger_job(self, job_id: str) -> Run:
         """One extra run now, off-schedule; returns that run (state `claimed`)."""

@@ -23,6 +23,7 @@ __all__ = [
     "Page",
     "PreviewItem",
     "BatchResult",
+    "Selected",
     "parse_time",
     "JobState",
     "RunState",
@@ -139,6 +140,7 @@ class Job:
     created_at: datetime
     updated_at: datetime
     raw: dict[str, Any] = field(repr=False, compare=False)
+    labels: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Job:
@@ -158,6 +160,7 @@ class Job:
             created_at=_instant(data["created_at"]),
             updated_at=_instant(data["updated_at"]),
             raw=data,
+            labels=dict(data.get("labels") or {}),
         )
 
 
@@ -244,3 +247,16 @@ class BatchResult:
         job = Job.from_json(data["job"]) if data.get("job") is not None else None
         error = None if job is not None else error_for(status, data.get("problem"))
         return cls(status=status, job=job, error=error, raw=data)
+
+
+@dataclass(frozen=True)
+class Selected:
+    """What a label verb (pause_jobs, resume_jobs, cancel_jobs) did: the jobs the
+    selector matched, and how many of them it changed."""
+
+    matched: int
+    changed: int
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Selected:
+        return cls(matched=int(data["matched"]), changed=int(data["changed"]))

@@ -41,6 +41,7 @@ def test_create_answers_201_the_job_and_its_location(alice):
         "dst",
         "jitter_s",
         "attempt",
+        "labels",
         "created_at",
         "updated_at",
     }

@@ -150,3 +150,22 @@ def test_the_env_file_exports_the_signing_secret_for_a_receiver(dev_settings):
     assert env["WEBHOOK_SIGNING_SECRET"] == key.signing_secret  # what the README's receiver reads
     assert env["PUNCTUAL_URL"] == "http://127.0.0.1:8001" and env["PUNCTUAL_API_KEY"] == key.api_key
     Settings.from_env(env)  # nothing it sets is refused as an unknown PUNCTUAL_* variable
+
+
+def test_labels_select_jobs_on_the_embedded_registry_too(client, dev_settings):
+    key = create_key(registry_for(dev_settings), "dev")
+    auth = {"Authorization": f"Bearer {key.api_key}"}
+    made = {}
+    for name, labels in (("a", {"team": "billing", "env": "prod"}), ("b", {"team": "billing"}), ("c", {})):
+        body = {"name": name, "target": {"type": "webhook", "url": "http://127.0.0.1:8000/dev/echo"}}
+        body.update(schedule={"interval_s": 60}, labels=labels)
+        made[name] = client.post("/jobs", json=body, headers=auth).get_json()["id"]
+
+    def listed(query: str) -> set[str]:
+        return {job["id"] for job in client.get(f"/jobs?{query}", headers=auth).get_json()["items"]}
+
+    assert listed("label=team:billing") == {made["a"], made["b"]}
+    assert listed("label=team:billing&label=env:prod") == {made["a"]}
+    paused = client.post("/jobs/pause", json={"labels": {"team": "billing"}}, headers=auth).get_json()
+    assert paused == {"matched": 2, "changed": 2}
+    assert listed("state=paused") == {made["a"], made["b"]}

@@ -15,7 +15,8 @@ ROWS = 200_000
 
 @pytest.fixture(scope="module")
 def big_registry(pg_dsns):
-    """200k jobs over 16 shards: most scheduled in the future, some due, some leased, some finished."""
+    """200k jobs over 16 shards: most scheduled in the future, some due, some leased, some
+    finished; one in a thousand labelled team:rare, the others team:common."""
     engine = create_engine_for(pg_dsns[0], pool_size=1)
     with engine.begin() as conn:
         conn.exec_driver_sql(
@@ -23,7 +24,7 @@ def big_registry(pg_dsns):
             INSERT INTO jobs (job_id, shard, owner, name, target, schedule_kind, cron, timezone,
                 retry_max_attempts, retry_backoff_s, retry_max_backoff_s, misfire, dst_gap, dst_overlap,
                 jitter_s, state, next_run_at, nominal_at, attempt, lease_token, leased_until,
-                created_at, updated_at)
+                created_at, updated_at, labels)
             SELECT md5(i::text)::uuid, mod(i, 16), 'owner-' || (mod(i, 50)), 'job-' || i,
                    '{{"type": "webhook", "url": "https://example.com/"}}'::jsonb, 'cron', '* * * * *', 'UTC',
                    5, 10, 3600, 'run_once', 'shift', 'once', 0,
@@ -33,7 +34,8 @@ def big_registry(pg_dsns):
                    now() + (mod(i, 86400)) * interval '1 second' - interval '60 seconds', 0,
                    CASE WHEN mod(i, 50) = 1 THEN md5('lease' || i)::uuid END,
                    CASE WHEN mod(i, 50) = 1 THEN now() + (mod(i, 120)) * interval '1 second' END,
-                   now() - (i * interval '1 second'), now()
+                   now() - (i * interval '1 second'), now(),
+                   CASE WHEN mod(i, 1000) = 7 THEN '{{"team": "rare"}}' ELSE '{{"team": "common"}}' END::jsonb
             FROM generate_series(1, {ROWS}) AS i
             """
         )
@@ -77,4 +79,14 @@ def test_listing_an_owners_jobs_newest_first_is_an_index_scan(big_registry):
         "SELECT job_id FROM jobs WHERE owner = 'owner-7' ORDER BY created_at DESC, job_id DESC LIMIT 101",
     )
     assert "ix_jobs_owner_created" in plan, plan
+    assert "Seq Scan" not in plan, plan
+
+
+def test_a_rare_label_is_found_through_the_label_index(big_registry):
+    plan = _plan(
+        big_registry,
+        """SELECT job_id FROM jobs WHERE owner = 'owner-7' AND labels @> '{"team": "rare"}'::jsonb """
+        "ORDER BY created_at DESC, job_id DESC LIMIT 101",
+    )
+    assert "ix_jobs_labels" in plan, plan
     assert "Seq Scan" not in plan, plan
