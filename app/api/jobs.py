@@ -15,7 +15,7 @@ from app.api.wire import json_body, json_response
 from app.core.labels import parse_selector
 from app.core.timefmt import utcnow
 from app.services import jobs, runs
-from app.services.pagination import parse_limit
+from app.services.pagination import parse_flag, parse_limit
 from app.services.validation import validate_selector
 
 bp = protect(Blueprint("jobs", __name__))
@@ -49,8 +49,26 @@ def list_jobs():
         limit=parse_limit(args.get("limit")),
         cursor=args.get("cursor"),
         labels=parse_selector(text for text in args.getlist("label") if text),
+        keyed=parse_flag("keyed", args.get("keyed")),
     )
     return json_response(page_json(page, job_json))
+
+
+@bp.put("/jobs/by-key/<key>")
+def put_job(key: str):
+    dry_run = parse_flag("dry_run", request.args.get("dry_run")) or False
+    put = jobs.put_job(_registry(), g.owner, key, json_body(), utcnow(), dry_run=dry_run)
+    body = job_json(put.job)
+    headers = {"Punctual-Change": put.change}
+    if put.change == "created" and not dry_run:
+        headers["Location"] = f"/jobs/{body['id']}"
+        return json_response(body, 201, headers)
+    return json_response(body, 200, headers)
+
+
+@bp.get("/jobs/by-key/<key>")
+def get_job_by_key(key: str):
+    return json_response(job_json(jobs.get_job_by_key(_registry(), g.owner, key)))
 
 
 # Static paths: werkzeug matches them before `/jobs/<job_id>/...`, whose ids are UUIDs.

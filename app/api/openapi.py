@@ -20,10 +20,11 @@ from app.core.misfire import MISFIRE_POLICIES
 from app.core.retries import MAX_ATTEMPTS, MAX_BACKOFF_S, MAX_MAX_BACKOFF_S
 from app.core.schedules import GAP_POLICIES, MAX_INTERVAL_S, OVERLAP_POLICIES
 from app.registry.schema import JOB_STATES, RUN_STATES
+from app.services import job_keys
 from app.services import validation as v
 from app.services.batches import MAX_JOBS as MAX_BATCH_JOBS
 from app.services.idempotency import KEY_MAX
-from app.services.jobs import TRIGGER_WINDOW_S, TRIGGERS_PER_WINDOW
+from app.services.jobs import CHANGES, TRIGGER_WINDOW_S, TRIGGERS_PER_WINDOW
 from app.services.pagination import DEFAULT_LIMIT, MAX_LIMIT
 
 INSTANT = {"type": "string", "format": "date-time"}
@@ -152,9 +153,11 @@ def _schemas() -> dict:
         "jitter_s": {"type": "integer", "minimum": 0, "maximum": MAX_JITTER_S, "default": 0},
         "labels": _ref("Labels"),
     }
+    key = _JOB_KEY
     job = _object(
         {
             "id": {"type": "string", "format": "uuid"},
+            "key": {**_nullable(key), "description": "set by PUT /jobs/by-key/{key}"},
             "name": {"type": "string"},
             "state": {"enum": list(JOB_STATES)},
             "next_run_at": _nullable(INSTANT),
@@ -172,6 +175,7 @@ def _schemas() -> dict:
         },
         required=(
             "id",
+            "key",
             "name",
             "state",
             "next_run_at",
@@ -314,6 +318,10 @@ def _schemas() -> dict:
             required=("items",),
         ),
         "JobPatch": _object(fields),
+        "JobPut": _object(
+            {**fields, "key": {**key, "description": "optional; must equal the key in the path"}},
+            required=v.REQUIRED_FIELDS,
+        ),
         "Job": job,
         "Run": run,
         "JobPage": _object(
@@ -449,7 +457,19 @@ _PAGE = [
     _query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": DEFAULT_LIMIT}),
     _query("cursor", {"type": "string"}, "next_cursor of the previous page"),
 ]
+_JOB_KEY = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": job_keys.JOB_KEY_MAX,
+    "pattern": job_keys.JOB_KEY_PATTERN,
+}
 _LOCATION = {"Location": {"schema": {"type": "string"}, "description": "/jobs/{id}"}}
+_CHANGE = {
+    "Punctual-Change": {
+        "schema": {"enum": list(CHANGES)},
+        "description": "what the PUT did (or, with dry_run, would do) to the job",
+    }
+}
 
 
 def _paths() -> dict:
@@ -500,9 +520,34 @@ def _paths() -> dict:
                         "style": "form",
                         "explode": True,
                     },
+                    _query(
+                        "keyed", {"type": "boolean"}, "true: only jobs with a key; false: only jobs without"
+                    ),
                     *_PAGE,
                 ],
             ),
+        },
+        "/jobs/by-key/{key}": {
+            "parameters": [{**_path("key"), "schema": _JOB_KEY}],
+            "put": _op(
+                "Put job by key",
+                {
+                    "201": _ok("created", "Job", {**_LOCATION, **_CHANGE}),
+                    "200": _ok(
+                        "replaced, or unchanged (the body equals the job); with dry_run, what would be",
+                        "Job",
+                        _CHANGE,
+                    ),
+                },
+                "400 401 409 413 415 422",
+                body="JobPut",
+                params=[
+                    _query(
+                        "dry_run", {"type": "boolean", "default": False}, "decide and answer, write nothing"
+                    )
+                ],
+            ),
+            "get": _op("Get job by key", {"200": _ok("the job", "Job")}, "401 404"),
         },
         "/jobs/batch": {
             "post": _op(

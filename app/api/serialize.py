@@ -30,6 +30,7 @@ def job_json(row: Row) -> dict:
     retry = {key: _number(value) for key, value in retry_of(row).to_json().items()}
     return {
         "id": str(row["job_id"]),
+        "key": row["job_key"],
         "name": row["name"],
         "state": row["state"],
         "next_run_at": _instant(row["next_run_at"]),

@@ -1,9 +1,9 @@
 """The `punctual` command: operators' and scripts' entry point.
 
 Subcommands live in small modules (app.cli.ops, app.cli.keys, app.cli.jobs,
-app.cli.runs, app.cli.dev, app.cli.serve, app.cli.queues) and are attached here;
-each imports its heavy dependencies only when it runs, so `punctual --help` stays
-quick. Each command's first help sentence is its summary in `punctual --help`,
+app.cli.apply, app.cli.runs, app.cli.dev, app.cli.serve, app.cli.queues) and are
+attached here; each imports its heavy dependencies only when it runs, so `punctual
+--help` stays quick. Each command's first help sentence is its summary in `punctual --help`,
 kept short enough that click never cuts it (tests/unit/test_cli_help.py).
 """
 
@@ -21,6 +21,7 @@ _SUBCOMMAND_MODULES = (
     "app.cli.shards",
     "app.cli.keys",
     "app.cli.jobs",
+    "app.cli.apply",
     "app.cli.runs",
     "app.cli.dev",
     "app.cli.serve",
@@ -36,7 +37,7 @@ def _variables_epilog() -> str:
         lines.append(f"  {v.name.ljust(width)}  {v.help}{default}")
     lines += [
         "",
-        "Client commands (jobs, runs, dead-letters, preview) read PUNCTUAL_URL and PUNCTUAL_API_KEY.",
+        "Client commands (jobs, apply, runs, dead-letters, preview) read PUNCTUAL_URL and PUNCTUAL_API_KEY.",
     ]
     return "\n".join(lines)
 

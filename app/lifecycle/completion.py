@@ -271,9 +271,11 @@ def recordable(text: str | None) -> str | None:
     return _UNSTORABLE.sub("\ufffd", text)
 
 
-# What settling needs from a job row: not its target or payload (JSON to decode).
+# What settling needs from a job row: not its target, payload or labels (JSON to decode).
 _SETTLE_COLUMNS = [
-    c for c in jobs.c if c.name not in ("target", "payload", "name", "idempotency_key", "request_hash")
+    c
+    for c in jobs.c
+    if c.name not in ("target", "payload", "labels", "name", "idempotency_key", "request_hash", "job_key")
 ]
 # What it needs from a one-off's: a recurring job's row also feeds its next occurrence
 # (app.core.schedules.advance), and a burst's one-offs spent more on turning the nine

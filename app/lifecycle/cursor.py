@@ -4,7 +4,9 @@ Used by the claim (a misfire that runs nothing moves the cursor), the completion
 and the janitor (a finished occurrence moves it on). The next occurrence is always
 computed from a nominal instant (the run's scheduled_for), never from now
 (invariant 6), with the job row's schedule as it is at that moment, so a PATCH
-during a run applies from the next occurrence.
+during a run applies from the next occurrence -- and never before the PATCH itself:
+an occurrence of the new schedule that lies between the run's instant and the change
+would be due at once, and an edited schedule must not fire the job at once.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ def occurrence(job: Mapping[str, Any], nominal: datetime) -> Occurrence:
 
 
 def advance(job: Mapping[str, Any], after: datetime) -> Advance:
-    """The occurrence after nominal instant `after`.
+    """The occurrence after nominal instant `after`, and after the job's last change of
+    schedule (`rescheduled_at`: an occurrence of the new schedule before the change
+    is not one the job ever had).
 
     run_all's cap recorded occurrences in (skipped_after, skipped_through] as
     skipped; when the next occurrence falls in that range the cursor jumps past it.
@@ -43,6 +47,9 @@ def advance(job: Mapping[str, Any], after: datetime) -> Advance:
     schedule = schedule_of(job)
     dst = dst_of(job)
     anchor = job["created_at"]
+    rescheduled_at = job.get("rescheduled_at")
+    if rescheduled_at is not None and rescheduled_at > after:
+        after = rescheduled_at
     nominal = next_fire(schedule, dst, after, anchor)
     skipped_after, skipped_through = job.get("skipped_after"), job.get("skipped_through")
     clear = False

@@ -92,6 +92,7 @@ def new_job_row(
     idempotency_key: str | None = None,
     request_hash: str | None = None,
     labels: Mapping[str, str] | None = None,
+    job_key: str | None = None,
 ) -> dict[str, Any]:
     """The row of a new `scheduled` job whose first nominal occurrence is `first`.
 
@@ -124,6 +125,8 @@ def new_job_row(
         "created_at": now,
         "updated_at": now,
         "labels": dict(labels or {}),
+        "job_key": job_key,
+        "rescheduled_at": None,
     }
 
 

@@ -111,6 +111,12 @@ jobs = sa.Table(
     sa.Column("updated_at", UTCDateTime(), nullable=False),
     # The owner's string pairs (app.core.labels): `GET /jobs?label=k:v`, the label verbs.
     sa.Column("labels", JSONType, nullable=False, server_default=sa.text("'{}'")),
+    # The client's own name for a declarative job (`PUT /jobs/by-key/{key}`); its job_id is
+    # uuid5(owner, key), so the primary key keeps it unique per owner across databases.
+    sa.Column("job_key", sa.Text(), nullable=True),
+    # When the schedule, dst or jitter last changed: the next occurrence is computed
+    # strictly after it even by a run in flight then (app.lifecycle.cursor.advance).
+    sa.Column("rescheduled_at", UTCDateTime(), nullable=True),
     sa.CheckConstraint(sa.column("state").in_(JOB_STATES), name="state"),
 )
 
@@ -152,6 +158,14 @@ sa.Index(
     postgresql_using="gin",
     postgresql_ops={"labels": "jsonb_path_ops"},
 ).ddl_if(dialect="postgresql")
+# The owner's declarative jobs (`punctual apply`, `GET /jobs?keyed=true`).
+sa.Index(
+    "ix_jobs_owner_key",
+    jobs.c.owner,
+    jobs.c.job_key,
+    postgresql_where=jobs.c.job_key.isnot(None),
+    sqlite_where=jobs.c.job_key.isnot(None),
+)
 # Listing, newest first, per owner; and the exact-name filter.
 sa.Index("ix_jobs_owner_created", jobs.c.owner, jobs.c.created_at, jobs.c.job_id)
 sa.Index("ix_jobs_owner_name", jobs.c.owner, jobs.c.name, jobs.c.created_at, jobs.c.job_id)

@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from psycopg.types.json import Jsonb
 from sqlalchemy.dialects import sqlite
 
-from app.core.errors import ValidationError
+from app.core.errors import FieldError, ValidationError
 from app.core.jitter import fire_at
 from app.core.schedules import DstPolicy, Schedule, first_fire
 from app.core.timefmt import truncate_to_ms
@@ -50,6 +50,7 @@ from app.registry.schema import JOB_STATES, jobs, runs
 from app.registry.sharding import shard_for
 from app.services import idempotency
 from app.services.errors import Conflict, NotFound, RateLimited
+from app.services.job_keys import check_job_key, job_id_for_key
 from app.services.pagination import Page, decode_cursor, merge_newest, newest_first
 from app.services.validation import JobSpec, run_at_not_past, validate_changes, validate_job
 
@@ -232,7 +233,7 @@ def first_fire_remembered(
 # --- read --------------------------------------------------------------------------
 
 
-def get_job(registry: Registry, owner: str, job_id: str) -> Row:
+def get_job(registry: Registry, owner: str, job_id: str | uuid.UUID) -> Row:
     engine, key = locate(registry, job_id)
     with engine.connect() as conn:
         row = select_job(conn, owner, key)
@@ -250,9 +251,11 @@ def list_jobs(
     limit: int,
     cursor: str | None,
     labels: Mapping[str, str] | None = None,
+    keyed: bool | None = None,
 ) -> Page:
     """The owner's jobs, newest first by (created_at, job_id), merged over every DSN;
-    with `labels`, only the jobs that carry every one of those pairs."""
+    with `labels`, only the jobs that carry every one of those pairs; with `keyed`,
+    only the jobs that have a key (True) or none (False)."""
     if state is not None and state not in JOB_STATES:
         raise ValidationError.single("state", f"must be one of {', '.join(JOB_STATES)}")
     if name is not None and "\x00" in name:  # Postgres refuses NUL in text: say so, not 500
@@ -263,6 +266,8 @@ def list_jobs(
         query = query.where(jobs.c.state == state)
     if name is not None:
         query = query.where(jobs.c.name == name)
+    if keyed is not None:
+        query = query.where(jobs.c.job_key.isnot(None) if keyed else jobs.c.job_key.is_(None))
     query = newest_first(query, jobs.c.created_at, jobs.c.job_id, position, limit)
     pages = []
     for index, engine in enumerate(registry.engines):
@@ -335,29 +340,180 @@ def patch_job(registry: Registry, owner: str, job_id: str, body: object, now: da
             raise NotFound("job")
         if row["state"] in FINAL_STATES:
             raise Conflict(f"the job is {row['state']}; it can no longer be changed")
-        if set(changes) - {"name", "labels"}:  # neither is part of a run
-            row = _unclaim(conn, row, now) or row
-        values: dict[str, Any] = {"updated_at": now}
-        for field in ("name", "target", "payload", "misfire", "jitter_s", "labels"):
-            if field in changes:
-                values[field] = changes[field]
-        schedule = changes.get("schedule", schedule_of(row))
-        dst = changes.get("dst", dst_of(row))
-        jitter_s: int = changes["jitter_s"] if "jitter_s" in changes else row["jitter_s"]
-        values.update(schedule_columns(schedule), **dst_columns(dst))
-        if "retry" in changes:
-            values.update(retry_columns(changes["retry"]))
-        moved = (schedule, dst, jitter_s) != (schedule_of(row), dst_of(row), row["jitter_s"])
-        if moved and row["lease_token"] is None:
-            values.update(_cursor_at(key, schedule, dst, jitter_s, now, row["created_at"], row["state"]))
-        patched = (
-            conn.execute(jobs.update().where(jobs.c.job_id == key).values(values).returning(*jobs.c))
-            .mappings()
-            .one()
-        )
+        patched = _replace(conn, row, changes, now)
     if "target" in changes:  # the key's limits become this job's (docs/api.md "Limits")
         record_limit_key(registry, owner, changes["target"], now)
     return patched
+
+
+def _replace(conn: sa.Connection, row: Row, changes: Mapping[str, Any], now: datetime) -> Row:
+    """Write `changes` (validated fields) to the locked job `row`, taking back a run
+    claimed but not started first when the change is part of a run."""
+    if set(changes) - {"name", "labels"}:  # neither is part of a run
+        row = _unclaim(conn, row, now) or row
+    values = _replaced(row, changes, now)
+    return (
+        conn.execute(jobs.update().where(jobs.c.job_id == row["job_id"]).values(values).returning(*jobs.c))
+        .mappings()
+        .one()
+    )
+
+
+def _replaced(row: Row, changes: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+    """The column values a change writes to `row` (no I/O; a dry run shows them).
+
+    A job in a final state is revived (`PUT /jobs/by-key`): `scheduled`, or `running`
+    while a run of it is still in flight, its cursor restarted as for a new schedule.
+    A changed schedule, dst or jitter_s restarts the cursor at first_fire(now) when no
+    run holds the job, and is remembered (`rescheduled_at`) so that a run in flight
+    moves on strictly after the change (app.lifecycle.cursor)."""
+    values: dict[str, Any] = {"updated_at": now}
+    for field in ("name", "target", "payload", "misfire", "jitter_s", "labels"):
+        if field in changes:
+            values[field] = changes[field]
+    schedule = changes.get("schedule", schedule_of(row))
+    dst = changes.get("dst", dst_of(row))
+    jitter_s: int = changes["jitter_s"] if "jitter_s" in changes else row["jitter_s"]
+    values.update(schedule_columns(schedule), **dst_columns(dst))
+    if "retry" in changes:
+        values.update(retry_columns(changes["retry"]))
+    moved = (schedule, dst, jitter_s) != (schedule_of(row), dst_of(row), row["jitter_s"])
+    state = row["state"]
+    revived = state in FINAL_STATES
+    if revived:
+        state = "scheduled" if row["lease_token"] is None else "running"
+        values["state"] = state
+    if moved:
+        values["rescheduled_at"] = now
+    if (moved or revived) and row["lease_token"] is None:
+        values.update(_cursor_at(row["job_id"], schedule, dst, jitter_s, now, row["created_at"], state))
+    return values
+
+
+# --- declarative jobs: PUT /jobs/by-key/{key} ------------------------------------
+
+CHANGES = ("created", "updated", "unchanged")
+
+
+@dataclass(frozen=True)
+class Put:
+    job: Row  # as it is now (or, for a dry run, as it would be)
+    change: str  # created | updated | unchanged
+
+
+def put_job(
+    registry: Registry, owner: str, key: str, body: object, now: datetime, *, dry_run: bool = False
+) -> Put:
+    """Create the owner's job `key`, or replace it whole with `body` (a create body).
+
+    The job id is uuid5(owner, key) (app.services.job_keys): the same key always names
+    the same job, on the same shard. A body equal to the job as it is changes nothing
+    (`unchanged`: no write, a claimed run is left alone). Otherwise every field is
+    replaced as a PATCH of all of them replaces it (a run claimed but not started is
+    taken back, a schedule change restarts the cursor strictly after now); a job
+    cancelled, completed or dead is revived, except a completed or dead one the body
+    does not change (a one-off that ran is not run again by applying the same file).
+    `dry_run` decides and answers the same, writing nothing.
+    """
+    errors: list[FieldError] = []
+    try:
+        check_job_key(key, "key")
+    except ValidationError as exc:
+        errors.extend(exc.errors)
+    if isinstance(body, dict) and "key" in body:
+        if body["key"] != key:
+            errors.append(FieldError("key", "must equal the key in the path"))
+        body = {field: value for field, value in body.items() if field != "key"}
+    try:
+        spec = validate_job(body, allow_private=registry.settings.allow_private_targets)
+        run_at_not_past(spec.schedule, now, registry.settings.misfire_grace_s)
+    except ValidationError as exc:
+        raise ValidationError(errors + exc.errors) from None
+    if errors:
+        raise ValidationError(errors)
+    job_id = job_id_for_key(owner, key)
+    shard = shard_for(job_id, registry.settings.shards)
+    engine = registry.engine_for_shard(shard)
+    for _ in range(2):  # a concurrent PUT of a new key inserts first: then this one replaces
+        try:
+            with engine.begin() as conn:
+                put = _put(conn, owner, key, job_id, shard, spec, now, dry_run)
+        except sa.exc.IntegrityError:
+            continue
+        if put.change != "unchanged" and not dry_run:
+            record_limit_key(registry, owner, spec.target, now)
+        return put
+    raise Conflict(f"the job {key!r} is being written by another request; send it again")
+
+
+def _put(
+    conn: sa.Connection,
+    owner: str,
+    key: str,
+    job_id: uuid.UUID,
+    shard: int,
+    spec: JobSpec,
+    now: datetime,
+    dry_run: bool,
+) -> Put:
+    row = select_job(conn, owner, job_id, lock=not dry_run)
+    if row is None:
+        first = first_fire_remembered(spec.schedule, spec.dst, now, now)
+        if first is None:
+            raise ValidationError.single("schedule", "has no occurrence left after now (check end_at)")
+        new = spec_row(spec, job_id, shard, owner, first, now, None, None)
+        new["job_key"] = key
+        if not dry_run:
+            conn.execute(jobs.insert().values(new))
+        return Put(new, "created")
+    if row["state"] != "cancelled" and _same_spec(row, spec):
+        return Put(row, "unchanged")
+    if first_fire_remembered(spec.schedule, spec.dst, now, row["created_at"]) is None:
+        raise ValidationError.single("schedule", "has no occurrence left after now (check end_at)")
+    changes = spec_changes(spec)
+    if dry_run:
+        return Put({**row, **_replaced(row, changes, now)}, "updated")
+    return Put(_replace(conn, row, changes, now), "updated")
+
+
+def spec_changes(spec: JobSpec) -> dict[str, Any]:
+    """Every field of `spec`, as validate_changes gives them: a whole replacement."""
+    return {
+        "name": spec.name,
+        "target": spec.target,
+        "payload": spec.payload,
+        "schedule": spec.schedule,
+        "retry": spec.retry,
+        "misfire": spec.misfire,
+        "dst": spec.dst,
+        "jitter_s": spec.jitter_s,
+        "labels": spec.labels,
+    }
+
+
+def _same_spec(row: Row, spec: JobSpec) -> bool:
+    """Whether `row` already is what `spec` describes (JSON compared as Python compares
+    it: the 1 a client sent equals the 1.0 a float column gives back)."""
+    return (
+        row["name"] == spec.name
+        and row["target"] == spec.target
+        and row["payload"] == spec.payload
+        and schedule_of(row) == spec.schedule
+        and retry_of(row) == spec.retry
+        and row["misfire"] == spec.misfire
+        and dst_of(row) == spec.dst
+        and row["jitter_s"] == spec.jitter_s
+        and row["labels"] == spec.labels
+    )
+
+
+def get_job_by_key(registry: Registry, owner: str, key: str) -> Row:
+    """The owner's job `key`; NotFound for none (and for a key no job could have)."""
+    try:
+        check_job_key(key)
+    except ValidationError:
+        raise NotFound("job") from None
+    return get_job(registry, owner, job_id_for_key(owner, key))
 
 
 def _cursor_at(

@@ -59,6 +59,16 @@ def parse_limit(raw: str | None) -> int:
     return limit
 
 
+def parse_flag(name: str, raw: str | None) -> bool | None:
+    """A true/false query parameter (`?keyed=true`); absent or empty is None, anything
+    but true or false is 422 on `name`."""
+    if raw is None or raw == "":
+        return None
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    raise ValidationError.single(name, "must be true or false")
+
+
 def encode_cursor(kind: str, created_at: datetime, item_id: uuid.UUID) -> str:
     micros = (created_at - _EPOCH) // timedelta(microseconds=1)
     raw = f"{kind}.{micros}.{item_id.hex}".encode("ascii")

@@ -121,7 +121,7 @@ def _validate(
     errors: list[FieldError] = []
     for key in body:
         if key not in JOB_FIELDS:
-            errors.append(FieldError(str(key), "unknown field"))
+            errors.append(FieldError(str(key), _NOT_A_FIELD.get(key, "unknown field")))
     for key in required:
         if body.get(key) is None:
             errors.append(FieldError(key, "is required"))
@@ -162,6 +162,10 @@ def validate_selector(body: object) -> dict[str, str]:
     if errors:
         raise ValidationError(errors)
     return selector
+
+
+# Fields a job has but a body cannot set, and where they come from instead.
+_NOT_A_FIELD = {"key": "unknown field: a job's key is set by PUT /jobs/by-key/{key}"}
 
 
 # --- fields ------------------------------------------------------------------------

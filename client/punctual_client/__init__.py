@@ -27,6 +27,10 @@ Labels pick jobs: `list_jobs(labels={"team": "billing"})` lists the jobs carryin
 them all, and `pause_jobs`, `resume_jobs`, `cancel_jobs` act on every such job at
 once, answering a `Selected` (how many matched, how many changed).
 
+Declarative jobs: `put_job(key, body)` creates the job `key` or replaces it whole
+(PUT /jobs/by-key/{key}), answering a `Put` (created, updated or unchanged, and the
+job); `dry_run=True` only says what it would do (`punctual apply` is built on it).
+
 Webhook receivers check `Punctual-Signature` with `verify_signature`, which returns
 None or raises SignatureError saying why:
 
@@ -68,6 +72,7 @@ from punctual_client.models import (
     OneOffSchedule,
     Page,
     PreviewItem,
+    Put,
     QueueTarget,
     RetryPolicy,
     Run,
@@ -102,6 +107,7 @@ __all__ = [
     "RetryPolicy",
     "DstPolicy",
     "Selected",
+    "Put",
     "PunctualError",
     "ArgumentError",
     "TransportError",

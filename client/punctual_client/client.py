@@ -36,6 +36,7 @@ from punctual_client.models import (
     Misfire,
     Page,
     PreviewItem,
+    Put,
     RetryPolicy,
     Run,
     RunState,
@@ -185,20 +186,38 @@ class Client:
     def get_job(self, job_id: str) -> Job:
         return Job.from_json(self._request("GET", f"/jobs/{quote(job_id, safe='')}"))
 
+    def put_job(self, key: str, body: dict[str, Any], *, dry_run: bool = False) -> Put:
+        """Create the job `key`, or replace it whole with `body` (a create body); the
+        same body again changes nothing. With `dry_run`, only say what it would do."""
+        response = self._request_with_headers(
+            "PUT",
+            f"/jobs/by-key/{quote(key, safe='')}",
+            json_body=body,
+            params={"dry_run": "true" if dry_run else None},
+        )
+        data, headers = response
+        return Put(change=headers.get("Punctual-Change", ""), job=Job.from_json(data))
+
+    def get_job_by_key(self, key: str) -> Job:
+        return Job.from_json(self._request("GET", f"/jobs/by-key/{quote(key, safe='')}"))
+
     def list_jobs(
         self,
         *,
         state: str | None = None,
         name: str | None = None,
         labels: Mapping[str, str] | None = None,
+        keyed: bool | None = None,
         limit: int | None = None,
         cursor: str | None = None,
     ) -> Page[Job]:
-        """One page of jobs, newest first; with `labels`, only jobs carrying all those pairs."""
+        """One page of jobs, newest first; with `labels`, only jobs carrying all those
+        pairs; with `keyed`, only jobs with a key (True) or without one (False)."""
         params = {
             "state": state,
             "name": name,
             "label": _selector(labels),
+            "keyed": None if keyed is None else str(keyed).lower(),
             "limit": limit,
             "cursor": cursor,
         }
@@ -211,12 +230,13 @@ class Client:
         state: str | None = None,
         name: str | None = None,
         labels: Mapping[str, str] | None = None,
+        keyed: bool | None = None,
         page_size: int = 100,
     ) -> Iterator[Job]:
         """Every job, newest first, following cursors page by page."""
         return self._follow(
             lambda cursor: self.list_jobs(
-                state=state, name=name, labels=labels, limit=page_size, cursor=cursor
+                state=state, name=name, labels=labels, keyed=keyed, limit=page_size, cursor=cursor
             )
         )
 
@@ -365,6 +385,21 @@ class Client:
         headers: dict[str, str] | None = None,
         ok_statuses: tuple[int, ...] = (),
     ) -> Any:
+        body, _headers = self._request_with_headers(
+            method, path, json_body=json_body, params=params, headers=headers, ok_statuses=ok_statuses
+        )
+        return body
+
+    def _request_with_headers(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        ok_statuses: tuple[int, ...] = (),
+    ) -> tuple[Any, Mapping[str, str]]:
         send_headers = dict(self._auth)
         send_headers.update(headers or {})
         data = None
@@ -392,7 +427,7 @@ class Client:
             raise error_for(response.status_code, body)
         if not isinstance(body, dict):
             raise PunctualError(f"{method} {path}: expected a JSON object, got {response.text[:200]!r}")
-        return body
+        return body, response.headers
 
 
 def _url_problem(url: object) -> str | None:

@@ -24,6 +24,7 @@ __all__ = [
     "PreviewItem",
     "BatchResult",
     "Selected",
+    "Put",
     "parse_time",
     "JobState",
     "RunState",
@@ -141,6 +142,7 @@ class Job:
     updated_at: datetime
     raw: dict[str, Any] = field(repr=False, compare=False)
     labels: dict[str, str] = field(default_factory=dict)
+    key: str | None = None  # set by put_job (PUT /jobs/by-key/{key})
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Job:
@@ -161,6 +163,7 @@ class Job:
             updated_at=_instant(data["updated_at"]),
             raw=data,
             labels=dict(data.get("labels") or {}),
+            key=data.get("key"),
         )
 
 
@@ -260,3 +263,12 @@ class Selected:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Selected:
         return cls(matched=int(data["matched"]), changed=int(data["changed"]))
+
+
+@dataclass(frozen=True)
+class Put:
+    """What put_job did (or, with dry_run, would do): `change` is created, updated or
+    unchanged, and `job` the job as it is (or would be) after it."""
+
+    change: str
+    job: Job

@@ -30,6 +30,7 @@ def test_create_answers_201_the_job_and_its_location(alice):
     assert response.headers["Location"] == f"/jobs/{job['id']}"
     assert set(job) == {
         "id",
+        "key",
         "name",
         "state",
         "next_run_at",

@@ -345,24 +345,26 @@ def _client_commands():
 _NEEDS = {("jobs", "update"): ["--name", "x"]}
 
 
-def _arguments(path, command) -> list[str]:
-    """Made-up arguments: an unknown id (the API answers 404), or a cron expression."""
+def _arguments(path, command, empty_file: str) -> list[str]:
+    """Made-up arguments: an unknown id (the API answers 404), a cron expression, or a
+    file of no jobs."""
+    made = {"cron": "* * * * *", "file": empty_file}
     return _NEEDS.get(path, []) + [
-        "* * * * *" if p.name == "cron" else str(uuid.uuid4())
-        for p in command.params
-        if isinstance(p, click.Argument)
+        made.get(p.name, str(uuid.uuid4())) for p in command.params if isinstance(p, click.Argument)
     ]
 
 
-def test_every_client_command_takes_url_and_api_key_after_its_group_or_itself(live_server, alice):
+def test_every_client_command_takes_url_and_api_key_after_its_group_or_itself(live_server, alice, tmp_path):
     commands = _client_commands()
+    empty_file = tmp_path / "no-jobs.yaml"
+    empty_file.write_text("jobs: []\n")
     names = {" ".join(path) for path, _ in commands}
     assert {"jobs list", "jobs create", "jobs update", "runs replay", "dead-letters", "preview"} <= names
     # The environment points elsewhere, with a wrong key: what is typed must win.
     env = {"PUNCTUAL_URL": "http://127.0.0.1:9", "PUNCTUAL_API_KEY": "pk_wrong"}
     right = ["--url", live_server, "--api-key", alice.api_key]
     for path, command in commands:
-        args = _arguments(path, command)
+        args = _arguments(path, command, str(empty_file))
         placements = [[*path, *args, *right]]
         if len(path) > 1:  # after the group, and the subcommand's own winning over the group's
             placements.append([*path[:-1], *right, path[-1], *args])

@@ -109,3 +109,13 @@ def test_an_end_also_ends_a_paused_job_but_never_a_cancelled_one():
     assert settle(attempt(), CallOutcome(status_code=200), past_end, NOW, zero).job["state"] == "completed"
     cancelled = settle(attempt(), CallOutcome(status_code=200), dict(one_off, state="cancelled"), NOW, zero)
     assert "state" not in cancelled.job
+
+
+def test_a_schedule_changed_during_the_run_moves_on_strictly_after_the_change():
+    """An occurrence of the new schedule between the run's instant and the change is
+    not the job's: moving to it would fire the job at once."""
+    changed = NOMINAL + timedelta(minutes=7, seconds=30)
+    done = settle(attempt(), CallOutcome(status_code=200), job(rescheduled_at=changed), NOW, zero)
+    assert done.job["nominal_at"] == NOMINAL + timedelta(minutes=8)
+    earlier = settle(attempt(), CallOutcome(status_code=200), job(rescheduled_at=NOMINAL), NOW, zero)
+    assert earlier.job["nominal_at"] == NOMINAL + timedelta(minutes=1)  # a change before the run: as ever
