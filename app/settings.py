@@ -165,6 +165,11 @@ def _history_days(raw: str) -> float:
     return value
 
 
+# How many leases a run claimed and not started may wait before the janitor takes it
+# back (app.pollers.claim says why so many).
+QUEUED_LEASES = 30
+
+
 @dataclass(frozen=True)
 class Settings:
     database_urls: tuple[str, ...]
@@ -200,6 +205,12 @@ class Settings:
         """Which private targets may be called: all (PUNCTUAL_ALLOW_PRIVATE_TARGETS), or
         those of PUNCTUAL_PRIVATE_TARGETS."""
         return dataclasses.replace(self.private_targets, allow_all=self.allow_private_targets)
+
+    @property
+    def queued_lease_s(self) -> float:
+        """How long a run claimed, and not started yet, may wait before its lease
+        expires: QUEUED_LEASES x PUNCTUAL_LEASE_S."""
+        return self.lease_s * QUEUED_LEASES
 
     @property
     def embedded(self) -> bool:

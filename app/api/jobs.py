@@ -1,4 +1,4 @@
-"""/jobs: create, list, get, patch, cancel, pause, resume, trigger, a job's runs, and
+"""/jobs: create, list, get, patch, cancel, pause, resume, trigger, backfill, a job's runs, and
 the label verbs (pause, resume, cancel every job a selector matches).
 
 Thin views: parse the request, call one service function (app.services.jobs, app.services.runs),
@@ -14,7 +14,7 @@ from app.api.serialize import job_json, page_json, run_json
 from app.api.wire import json_body, json_response
 from app.core.labels import parse_selector
 from app.core.timefmt import utcnow
-from app.services import jobs, runs
+from app.services import backfills, jobs, runs
 from app.services.pagination import parse_flag, parse_limit
 from app.services.validation import validate_selector
 
@@ -121,10 +121,21 @@ def trigger_job(job_id: str):
     return json_response(run_json(run), 202)
 
 
+@bp.post("/jobs/<job_id>/backfill")
+def backfill_job(job_id: str):
+    backfilled = backfills.backfill(_registry(), g.owner, job_id, json_body(), utcnow())
+    return json_response(backfilled.as_dict(), 202)
+
+
 @bp.get("/jobs/<job_id>/runs")
 def list_runs(job_id: str):
     args = request.args
     page = runs.list_runs(
-        _registry(), g.owner, job_id, limit=parse_limit(args.get("limit")), cursor=args.get("cursor")
+        _registry(),
+        g.owner,
+        job_id,
+        limit=parse_limit(args.get("limit")),
+        cursor=args.get("cursor"),
+        origin=args.get("origin") or None,
     )
     return json_response(page_json(page, run_json))

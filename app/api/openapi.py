@@ -19,9 +19,10 @@ from app.core.jitter import MAX_JITTER_S
 from app.core.misfire import MISFIRE_POLICIES
 from app.core.retries import MAX_ATTEMPTS, MAX_BACKOFF_S, MAX_MAX_BACKOFF_S
 from app.core.schedules import GAP_POLICIES, MAX_INTERVAL_S, OVERLAP_POLICIES
-from app.registry.schema import JOB_STATES, RUN_STATES
+from app.registry.schema import JOB_STATES, RUN_ORIGINS, RUN_STATES
 from app.services import job_keys
 from app.services import validation as v
+from app.services.backfills import MAX_OCCURRENCES
 from app.services.batches import MAX_JOBS as MAX_BATCH_JOBS
 from app.services.idempotency import KEY_MAX
 from app.services.jobs import CHANGES, TRIGGER_WINDOW_S, TRIGGERS_PER_WINDOW
@@ -196,6 +197,7 @@ def _schemas() -> dict:
         {
             "id": {"type": "string", "format": "uuid"},
             "job_id": {"type": "string", "format": "uuid"},
+            "origin": {"enum": list(RUN_ORIGINS)},
             "scheduled_for": INSTANT,
             "attempt": {"type": "integer", "minimum": 1},
             "state": {"enum": list(RUN_STATES)},
@@ -208,6 +210,7 @@ def _schemas() -> dict:
         required=(
             "id",
             "job_id",
+            "origin",
             "scheduled_for",
             "attempt",
             "state",
@@ -251,6 +254,22 @@ def _schemas() -> dict:
                 "changed": {"type": "integer", "minimum": 0, "description": "those this request changed"},
             },
             required=("matched", "changed"),
+        ),
+        "BackfillRange": _object(
+            {
+                "start": {**INSTANT, "description": "the first instant of the range (inclusive)"},
+                "end": {**INSTANT, "description": "the last instant of the range (inclusive), not after now"},
+            },
+            required=("start", "end"),
+        ),
+        "Backfilled": _object(
+            {
+                "job_id": {"type": "string", "format": "uuid"},
+                "count": {"type": "integer", "minimum": 0, "maximum": MAX_OCCURRENCES},
+                "first": _nullable(INSTANT),
+                "last": _nullable(INSTANT),
+            },
+            required=("job_id", "count", "first", "last"),
         ),
         "Limits": limits,
         "WebhookTarget": webhook,
@@ -607,9 +626,31 @@ def _paths() -> dict:
                 },
             ),
         },
+        "/jobs/{job_id}/backfill": {
+            "parameters": [_path("job_id")],
+            "post": _op(
+                "Backfill job",
+                {
+                    "202": _ok(
+                        f"a backfill run for each occurrence in the range (at most {MAX_OCCURRENCES:,})",
+                        "Backfilled",
+                    )
+                },
+                "400 401 404 409 413 415 422",
+                body="BackfillRange",
+            ),
+        },
         "/jobs/{job_id}/runs": {
             "parameters": [_path("job_id")],
-            "get": _op("List runs", {"200": _ok("newest first", "RunPage")}, "401 404 422", params=_PAGE),
+            "get": _op(
+                "List runs",
+                {"200": _ok("newest first", "RunPage")},
+                "401 404 422",
+                params=[
+                    _query("origin", {"enum": list(RUN_ORIGINS)}, "only the runs of this origin"),
+                    *_PAGE,
+                ],
+            ),
         },
         "/dead-letters": {
             "get": _op(

@@ -52,6 +52,7 @@ def run_json(row: Row) -> dict:
     return {
         "id": str(row["run_id"]),
         "job_id": str(row["job_id"]),
+        "origin": row["origin"],
         "scheduled_for": format_instant(row["scheduled_for"]),
         "attempt": row["attempt"],
         "state": row["state"],

@@ -78,13 +78,14 @@ def _run_rows(runs) -> str:
                 r.raw["scheduled_for"],
                 r.attempt,
                 r.state,
+                r.origin,
                 r.status_code or "-",
                 "-" if r.lateness_ms is None else f"{r.lateness_ms}ms",
                 r.error or "",
             ]
             for r in runs
         ),
-        ["ID", "SCHEDULED FOR", "ATTEMPT", "STATE", "STATUS", "LATENESS", "ERROR"],
+        ["ID", "SCHEDULED FOR", "ATTEMPT", "STATE", "ORIGIN", "STATUS", "LATENESS", "ERROR"],
     )
 
 
@@ -615,16 +616,42 @@ def trigger(ctx: click.Context, job_id: str, as_json: bool) -> None:
     click.echo(json.dumps(run.raw, indent=2) if as_json else _run_rows([run]))
 
 
+@jobs.command("backfill")
+@click.argument("job_id")
+@click.option("--start", required=True, help="The range's first instant (RFC 3339 with an offset).")
+@click.option("--end", required=True, help="The range's last instant, not after now.")
+@_json_option
+@click.pass_context
+def backfill(ctx: click.Context, job_id: str, start: str, end: str, as_json: bool) -> None:
+    """Run every occurrence of a job's schedule in a past range now, as backfill runs."""
+    client = _client(ctx)
+    done = _call(lambda: client.backfill_job(job_id, start, end))
+    if as_json:
+        first, last = (
+            None if t is None else t.isoformat().replace("+00:00", "Z") for t in (done.first, done.last)
+        )
+        click.echo(json.dumps({"job_id": done.job_id, "count": done.count, "first": first, "last": last}))
+    elif done.count:
+        click.echo(
+            f"backfilled {done.count} occurrences, {done.first.isoformat()} to {done.last.isoformat()}"
+        )
+    else:
+        click.echo("backfilled 0 occurrences: the schedule has none in that range")
+
+
 @jobs.command("runs")
 @click.argument("job_id")
+@click.option("--origin", type=click.Choice(["schedule", "trigger", "replay", "backfill"]))
 @click.option("--limit", type=int)
 @click.option("--cursor")
 @_json_option
 @click.pass_context
-def runs(ctx: click.Context, job_id: str, limit, cursor, as_json: bool) -> None:
+def runs(ctx: click.Context, job_id: str, origin, limit, cursor, as_json: bool) -> None:
     """A job's run history, newest first."""
     client = _client(ctx)
-    _show_page(_call(lambda: client.list_runs(job_id, limit=limit, cursor=cursor)), as_json, _run_rows)
+    _show_page(
+        _call(lambda: client.list_runs(job_id, origin=origin, limit=limit, cursor=cursor)), as_json, _run_rows
+    )
 
 
 @click.command(cls=ClientCommand)

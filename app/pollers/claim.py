@@ -108,20 +108,20 @@ def _due_jobs_statement(lock: bool) -> sa.Select:
     return stmt.with_for_update(skip_locked=True) if lock else stmt
 
 
-# A claimed run waits in the broker for up to this many leases before the janitor
+# A claimed run waits in the broker for up to QUEUED_LEASES leases before the janitor
 # takes it back. It has not been called (a start comes before every call), so taking
 # it back early would only send it again behind itself under a long backlog: a
 # 100,000-run burst on a 2-core box keeps runs queued for minutes. Once it starts, its
 # lease is PUNCTUAL_LEASE_S, renewed by the heartbeat. A message whose worker died is
 # handed on by the broker (acks_late), and a dispatch that cannot reach the registry
 # gives its message back, so this lease only covers a message the broker itself lost.
-QUEUED_LEASES = 30
+# (The figure lives in app.settings: a backfill's runs, written by the API, wait so too.)
 
 
 def queued_lease_s(settings: Settings) -> float:
     """How long a claimed run may wait to start (from its fire instant) before its
     lease expires: QUEUED_LEASES x PUNCTUAL_LEASE_S (600 s with the default 20 s)."""
-    return settings.lease_s * QUEUED_LEASES
+    return settings.queued_lease_s
 
 
 def due_owners(shard: int, horizon: datetime) -> sa.Select:

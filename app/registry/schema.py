@@ -12,9 +12,9 @@ while a run is in flight change `state` but keep the lease: the run finishes, an
 its completion leaves the job paused or cancelled.
 
 runs is the history and the outbox in one: a claim inserts one row per run with
-`published` false; the relay publishes it and sets `published`. Runs triggered or
-replayed off-schedule carry their own lease (`origin` 'trigger' or 'replay') and
-their retries are new rows with a later `due_at`.
+`published` false; the relay publishes it and sets `published`. Runs triggered,
+replayed or backfilled off-schedule carry their own lease (`origin` 'trigger',
+'replay' or 'backfill') and their retries are new rows with a later `due_at`.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ metadata = sa.MetaData(
 
 JOB_STATES = ("scheduled", "running", "paused", "completed", "cancelled", "dead")
 RUN_STATES = ("claimed", "running", "succeeded", "failed", "dead", "skipped", "replayed")
-RUN_ORIGINS = ("schedule", "trigger", "replay")
+RUN_ORIGINS = ("schedule", "trigger", "replay", "backfill")
 
 jobs = sa.Table(
     "jobs",
@@ -210,7 +210,7 @@ sa.Index(
     postgresql_where=runs.c.published == sa.false(),
     sqlite_where=runs.c.published == sa.false(),
 )
-# Off-schedule runs (trigger, replay) hold their own lease; the janitor scans these.
+# Off-schedule runs (trigger, replay, backfill) hold their own lease; the janitor scans these.
 sa.Index(
     "ix_runs_leased",
     runs.c.shard,

@@ -786,8 +786,9 @@ def _within_trigger_limit(conn: sa.Connection, job_id: uuid.UUID, now: datetime)
 def insert_run(
     conn: sa.Connection, job: Row, *, origin: str, scheduled_for: datetime, now: datetime, lease_s: float
 ) -> dict[str, Any]:
-    """Insert an off-schedule run (trigger, replay): claimed, due now, with its own lease,
-    the job's current target and retry policy, attempt 1 (a fresh retry budget)."""
+    """Insert an off-schedule run (trigger, replay; a backfill inserts its own in bulk):
+    claimed, due now, with its own lease, the job's current target and retry policy,
+    attempt 1 (a fresh retry budget)."""
     run = run_row(
         job_id=job["job_id"],
         shard=job["shard"],

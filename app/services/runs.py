@@ -14,21 +14,36 @@ from datetime import datetime
 
 import sqlalchemy as sa
 
+from app.core.errors import ValidationError
 from app.registry.engines import Registry
 from app.registry.estimates import counts_by_state
 from app.registry.records import Row
-from app.registry.schema import jobs, runs
+from app.registry.schema import RUN_ORIGINS, jobs, runs
 from app.services.errors import Conflict, NotFound
 from app.services.jobs import insert_run, locate, select_job, served_only
 from app.services.pagination import Page, decode_cursor, merge_newest, newest_first
 
 
-def list_runs(registry: Registry, owner: str, job_id: str, *, limit: int, cursor: str | None) -> Page:
-    """A job's runs, newest first; NotFound for another owner's job."""
+def list_runs(
+    registry: Registry,
+    owner: str,
+    job_id: str,
+    *,
+    limit: int,
+    cursor: str | None,
+    origin: str | None = None,
+) -> Page:
+    """A job's runs, newest first (with `origin`, only the runs of that origin);
+    NotFound for another owner's job."""
+    if origin is not None and origin not in RUN_ORIGINS:
+        raise ValidationError.single("origin", f"must be one of {', '.join(RUN_ORIGINS)}")
     position = decode_cursor("r", cursor)
     engine, key = locate(registry, job_id)
+    selected = sa.select(runs).where(runs.c.job_id == key, runs.c.owner == owner)
+    if origin is not None:
+        selected = selected.where(runs.c.origin == origin)
     query = newest_first(
-        sa.select(runs).where(runs.c.job_id == key, runs.c.owner == owner),
+        selected,
         runs.c.created_at,
         runs.c.run_id,
         position,

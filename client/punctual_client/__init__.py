@@ -60,6 +60,7 @@ from punctual_client.errors import (
     WaitTimeoutError,
 )
 from punctual_client.models import (
+    Backfill,
     BatchResult,
     CronSchedule,
     DstFlag,
@@ -108,6 +109,7 @@ __all__ = [
     "DstPolicy",
     "Selected",
     "Put",
+    "Backfill",
     "PunctualError",
     "ArgumentError",
     "TransportError",

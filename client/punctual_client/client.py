@@ -30,6 +30,7 @@ from requests.adapters import HTTPAdapter, Retry
 
 from punctual_client.errors import ArgumentError, PunctualError, TransportError, WaitTimeoutError, error_for
 from punctual_client.models import (
+    Backfill,
     BatchResult,
     DstPolicy,
     Job,
@@ -275,16 +276,37 @@ class Client:
         """One extra run now, off-schedule; returns that run (state `claimed`)."""
         return Run.from_json(self._request("POST", f"/jobs/{quote(job_id, safe='')}/trigger"))
 
+    def backfill_job(self, job_id: str, start: datetime | str, end: datetime | str) -> Backfill:
+        """Run every occurrence of the job's schedule in the past range [start, end] now
+        (at most 10,000), each as a `backfill` run with its occurrence's Idempotency-Key."""
+        body = {"start": start, "end": end}
+        return Backfill.from_json(
+            self._request("POST", f"/jobs/{quote(job_id, safe='')}/backfill", json_body=body)
+        )
+
     # --- runs ----------------------------------------------------------------------
 
-    def list_runs(self, job_id: str, *, limit: int | None = None, cursor: str | None = None) -> Page[Run]:
+    def list_runs(
+        self,
+        job_id: str,
+        *,
+        origin: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Page[Run]:
+        """One page of a job's runs, newest first; with `origin` (schedule, trigger,
+        replay, backfill), only the runs of that origin."""
         data = self._request(
-            "GET", f"/jobs/{quote(job_id, safe='')}/runs", params={"limit": limit, "cursor": cursor}
+            "GET",
+            f"/jobs/{quote(job_id, safe='')}/runs",
+            params={"origin": origin, "limit": limit, "cursor": cursor},
         )
         return Page([Run.from_json(item) for item in data["items"]], data["next_cursor"])
 
-    def iter_runs(self, job_id: str, *, page_size: int = 100) -> Iterator[Run]:
-        return self._follow(lambda cursor: self.list_runs(job_id, limit=page_size, cursor=cursor))
+    def iter_runs(self, job_id: str, *, origin: str | None = None, page_size: int = 100) -> Iterator[Run]:
+        return self._follow(
+            lambda cursor: self.list_runs(job_id, origin=origin, limit=page_size, cursor=cursor)
+        )
 
     def wait_for_run(
         self,

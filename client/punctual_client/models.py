@@ -25,6 +25,7 @@ __all__ = [
     "BatchResult",
     "Selected",
     "Put",
+    "Backfill",
     "parse_time",
     "JobState",
     "RunState",
@@ -180,6 +181,7 @@ class Run:
     status_code: int | None
     error: str | None
     raw: dict[str, Any] = field(repr=False, compare=False)
+    origin: str = "schedule"  # schedule | trigger | replay | backfill
     job_name: str | None = None  # given by GET /dead-letters only
 
     @classmethod
@@ -196,6 +198,7 @@ class Run:
             status_code=data.get("status_code"),
             error=data.get("error"),
             raw=data,
+            origin=data.get("origin", "schedule"),
             job_name=data.get("job_name"),
         )
 
@@ -272,3 +275,23 @@ class Put:
 
     change: str
     job: Job
+
+
+@dataclass(frozen=True)
+class Backfill:
+    """What backfill_job made: one `backfill` run for each of `count` occurrences,
+    the oldest at `first` and the latest at `last` (None when the range held none)."""
+
+    job_id: str
+    count: int
+    first: datetime | None
+    last: datetime | None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Backfill:
+        return cls(
+            job_id=data["job_id"],
+            count=int(data["count"]),
+            first=parse_time(data.get("first")),
+            last=parse_time(data.get("last")),
+        )

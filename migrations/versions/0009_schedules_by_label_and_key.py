@@ -1,4 +1,4 @@
-"""Labels and keys on jobs.
+"""Labels and keys on jobs; backfill runs.
 
 jobs.labels holds a job's string pairs; on PostgreSQL a GIN index (jsonb_path_ops)
 serves the containment test of a selector (`labels @> '{"team": "billing"}'`).
@@ -6,6 +6,10 @@ jobs.job_key is the client's name of a declarative job (`PUT /jobs/by-key/{key}`
 indexed per owner where set; jobs.rescheduled_at is when the schedule last changed.
 The new columns are null or a constant default, so adding them rewrites nothing;
 building the indexes locks writes to jobs for as long as it takes.
+
+runs.origin may be 'backfill' too. On PostgreSQL the wider check is added NOT VALID:
+every existing row met the narrower one, and validating would hold the runs table's
+write lock for a scan of the whole history. SQLite rebuilds the table (batch mode).
 
 Revision ID: 0009
 Revises: 0007
@@ -39,3 +43,21 @@ def upgrade() -> None:
     op.create_index(
         "ix_jobs_owner_key", "jobs", ["owner", "job_key"], postgresql_where=keyed, sqlite_where=keyed
     )
+    _widen_run_origins(postgres)
+
+
+ORIGINS = "origin IN ('schedule', 'trigger', 'replay', 'backfill')"
+# 0001 named the check `ck_runs_origin` and the metadata's naming convention prefixed it
+# again: this is its name in every registry (and batch mode's on SQLite).
+
+
+def _widen_run_origins(postgres: bool) -> None:
+    if postgres:
+        op.execute(
+            "ALTER TABLE runs DROP CONSTRAINT ck_runs_ck_runs_origin,"
+            f" ADD CONSTRAINT ck_runs_ck_runs_origin CHECK ({ORIGINS}) NOT VALID"
+        )
+        return
+    with op.batch_alter_table("runs", recreate="always") as batch:
+        batch.drop_constraint("ck_runs_origin", type_="check")
+        batch.create_check_constraint("ck_runs_origin", sa.text(ORIGINS))

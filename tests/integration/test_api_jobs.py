@@ -379,6 +379,7 @@ def test_trigger_answers_202_with_a_claimed_run_for_the_relay(alice, api_setting
     assert set(run) == {
         "id",
         "job_id",
+        "origin",
         "scheduled_for",
         "attempt",
         "state",

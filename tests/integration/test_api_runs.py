@@ -43,6 +43,7 @@ def test_history_is_newest_first_with_every_field(alice, api_settings):
     assert run == {
         "id": str(second["run_id"]),
         "job_id": job["id"],
+        "origin": "schedule",
         "scheduled_for": format_instant(second["scheduled_for"]),
         "attempt": 2,
         "state": "succeeded",

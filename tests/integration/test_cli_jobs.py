@@ -342,7 +342,10 @@ def _client_commands():
 
 
 # What a command needs besides its arguments to send a request at all.
-_NEEDS = {("jobs", "update"): ["--name", "x"]}
+_NEEDS = {
+    ("jobs", "update"): ["--name", "x"],
+    ("jobs", "backfill"): ["--start", "2026-01-01T00:00:00Z", "--end", "2026-01-02T00:00:00Z"],
+}
 
 
 def _arguments(path, command, empty_file: str) -> list[str]:
