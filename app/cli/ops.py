@@ -126,7 +126,7 @@ def _reason(exc: Exception) -> str:
 @click.group(cls=SummaryGroup, invoke_without_command=True)
 @click.pass_context
 def owners(ctx: click.Context) -> None:
-    """Owners: their weights, quota and runs on the way.
+    """Owners: their weights, quota, switch and runs on the way.
 
     Alone, the same as `owners list`.
     """
@@ -137,8 +137,9 @@ def owners(ctx: click.Context) -> None:
 @owners.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per owner.")
 def owners_list(as_json: bool) -> None:
-    """Every owner: weight, quota (PUNCTUAL_OWNER_MAX_IN_FLIGHT), and its jobs due,
-    runs waiting (claimed, not started) and running, counted in the registry now."""
+    """Every owner: weight, quota (PUNCTUAL_OWNER_MAX_IN_FLIGHT), its jobs due, runs
+    waiting (claimed, not started) and running, counted in the registry now, and
+    whether it is paused."""
     from app.services.owners import activity
 
     registry = load_registry()
@@ -151,11 +152,12 @@ def owners_list(as_json: bool) -> None:
     width = max([len("owner")] + [len(item.owner) for item in found])
     click.echo(
         f"{'owner'.ljust(width)}  {'weight':>6}  {'quota':>6}  {'due':>8}  {'waiting':>8}  {'running':>8}"
+        "  switch"
     )
     for item in found:
         click.echo(
             f"{item.owner.ljust(width)}  {item.weight:>6}  {quota or '-':>6}  {item.due:>8}  "
-            f"{item.waiting:>8}  {item.running:>8}"
+            f"{item.waiting:>8}  {item.running:>8}  {'paused' if item.paused else 'on'}"
         )
 
 
@@ -178,6 +180,44 @@ def owners_set(owner: str, weight: int) -> None:
         click.echo(f"punctual: {exc.args[0]}", err=True)
         sys.exit(1)
     click.echo(f"{owner}: weight {weight}")
+
+
+@owners.command("pause")
+@click.argument("owner")
+def owners_pause(owner: str) -> None:
+    """Pause an owner: none of its runs starts until resumed.
+
+    Runs in flight finish. Returns once every poller knows (a few seconds) and what
+    was claimed meanwhile is taken back.
+    """
+    from app.services.owners import pause_owner
+
+    try:
+        paused = pause_owner(load_registry(), owner)
+    except LookupError as exc:
+        click.echo(f"punctual: {exc.args[0]}", err=True)
+        sys.exit(1)
+    click.echo(
+        f"{owner}: paused ({paused.taken_back} claimed runs taken back,"
+        f" {paused.held} runs held until the resume)"
+    )
+
+
+@owners.command("resume")
+@click.argument("owner")
+def owners_resume(owner: str) -> None:
+    """Resume a paused owner: its jobs and held runs start again.
+
+    Each job's misfire policy applies to what it missed while the owner was paused.
+    """
+    from app.services.owners import resume_owner
+
+    try:
+        renewed = resume_owner(load_registry(), owner)
+    except LookupError as exc:
+        click.echo(f"punctual: {exc.args[0]}", err=True)
+        sys.exit(1)
+    click.echo(f"{owner}: resumed ({renewed} held runs released)")
 
 
 def _redact(dsn: str) -> str:

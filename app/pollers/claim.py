@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -202,16 +202,28 @@ _last_served: dict[tuple[str, int], str] = {}
 
 
 def _select_due(
-    conn: sa.Connection, shard: int, horizon: datetime, limit: int, lock: bool, weights: Mapping[str, int]
+    conn: sa.Connection,
+    shard: int,
+    horizon: datetime,
+    limit: int,
+    lock: bool,
+    weights: Mapping[str, int],
+    paused: Collection[str] = (),
 ) -> tuple[Sequence[Row], bool]:
-    """The due rows this batch takes, fairly between owners, and whether more may be
-    due (the batch, or some owner's share, came back full)."""
+    """The due rows this batch takes, fairly between owners (none of a paused
+    owner's), and whether more may be due (the batch, or some owner's share, came
+    back full)."""
     bound = {"shard": shard, "horizon": horizon}
     if is_postgres(conn):
         found = conn.execute(_due_owners_statement(), bound).scalars().all()
     else:
         found = conn.execute(_due_owners_grouped(shard, horizon)).scalars().all()
-    if len(found) <= 1:  # one owner: the whole batch is its share, the plain range scan
+    if paused and any(owner in paused for owner in found):
+        # The plain range scan would take their rows too: the others take their shares.
+        found = [owner for owner in found if owner not in paused]
+        if not found:
+            return [], False
+    elif len(found) <= 1:  # one owner: the whole batch is its share, the plain range scan
         if not found:
             return [], False
         rows = conn.execute(_due_jobs_statement(lock), {**bound, "limit": limit}).mappings().all()
@@ -279,11 +291,12 @@ def claim_batch(
     settings: Settings,
     limit: int | None = None,
     weights: Mapping[str, int] | None = None,
+    paused: Collection[str] = (),
 ) -> ClaimResult:
     """Claim at most `limit` (settings.claim_batch) jobs of `shard` due by now +
     settings.claim_ahead_s, fairly between owners (`weights`: the owners whose weight is
-    not 1), and commit. After the SELECTs (`due_owners`, `fair_due_jobs`), the batch is
-    written with:
+    not 1; `paused`: owners none of whose rows is claimed), and commit. After the
+    SELECTs (`due_owners`, `fair_due_jobs`), the batch is written with:
 
     Claimed jobs (a run to start):
 
@@ -326,7 +339,7 @@ def claim_batch(
     to_publish: list[DispatchRun] = []
     skipped_count = 0
     with engine.begin() as conn:
-        rows, full = _select_due(conn, shard, horizon, limit, lock, weights or {})
+        rows, full = _select_due(conn, shard, horizon, limit, lock, weights or {}, paused)
         for job in rows:
             plan = plan_claim(job, now, settings.misfire_grace_s)
             new_runs.extend(_skipped_rows(job, plan, now, settings.misfire_grace_s))

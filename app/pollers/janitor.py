@@ -15,8 +15,9 @@ hold their own).
 
 from __future__ import annotations
 
+import functools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import datetime
 
 import sqlalchemy as sa
@@ -45,7 +46,11 @@ def expired_jobs(shard: int, now: datetime, limit: int, lock: bool = True) -> sa
     return stmt.with_for_update(skip_locked=True) if lock else stmt
 
 
-def expired_runs(shard: int, now: datetime, limit: int, lock: bool = True) -> sa.Select:
+def expired_runs(
+    shard: int, now: datetime, limit: int, lock: bool = True, held: Collection[str] = ()
+) -> sa.Select:
+    """Off-schedule runs whose lease passed, but the runs of the `held` owners (paused)
+    that wait to start: they wait for the resume, which renews their leases."""
     stmt = (
         sa.select(runs)
         .where(
@@ -57,6 +62,8 @@ def expired_runs(shard: int, now: datetime, limit: int, lock: bool = True) -> sa
         .order_by(runs.c.leased_until)
         .limit(limit)
     )
+    if held:
+        stmt = stmt.where(sa.not_(sa.and_(runs.c.state == "claimed", runs.c.owner.in_(sorted(held)))))
     return stmt.with_for_update(skip_locked=True) if lock else stmt
 
 
@@ -66,11 +73,14 @@ def expire(
     now: datetime,
     settings: Settings,
     rand: Callable[[], float] = random.random,
+    held: Collection[str] = (),
 ) -> int:
-    """Take back every expired lease of `shard`; returns how many runs were settled."""
+    """Take back every expired lease of `shard` (but the waiting runs of the `held`
+    owners: paused); returns how many runs were settled."""
     lock = locks_rows(engine)
     total = 0
-    for scan in (_expire_job_leases, _expire_run_leases):
+    scans = (_expire_job_leases, functools.partial(_expire_run_leases, held=held))
+    for scan in scans:
         while True:
             with engine.begin() as conn:
                 settled, full = scan(conn, shard, now, settings, rand, lock)
@@ -117,8 +127,8 @@ def _expire_job_leases(conn, shard, now, settings, rand, lock) -> tuple[int, boo
     return settled, len(leases) >= BATCH
 
 
-def _expire_run_leases(conn, shard, now, settings, rand, lock) -> tuple[int, bool]:
-    rows = conn.execute(expired_runs(shard, now, BATCH, lock)).mappings().all()
+def _expire_run_leases(conn, shard, now, settings, rand, lock, held=()) -> tuple[int, bool]:
+    rows = conn.execute(expired_runs(shard, now, BATCH, lock, held)).mappings().all()
     return _settle(conn, rows, now, settings, rand), len(rows) >= BATCH
 
 

@@ -19,7 +19,7 @@ or the instant the runs of a message claimed ahead may start (app.lifecycle.mess
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 
 import sqlalchemy as sa
@@ -57,13 +57,14 @@ def publish_claimed(engine: sa.Engine, shard: int, claimed: Sequence[DispatchRun
 
 
 @functools.cache
-def outbox_due(lock: bool = True) -> sa.Select:
+def outbox_due(lock: bool = True, holding: bool = False) -> sa.Select:
     """Unpublished claimed runs of a shard whose due_at has passed (ix_runs_outbox),
     with their job's payload (runs do not copy it) and, for a schedule run, its fire
-    instant: the job's next_run_at while the job holds that run's lease.
+    instant: the job's next_run_at while the job holds that run's lease. `holding`:
+    none of the owners bound as `held` (paused owners: their runs wait).
 
-    Built once (every poll tick sweeps); `shard`, `now` and `limit` are bound at each
-    execution."""
+    Built once (every poll tick sweeps); `shard`, `now`, `limit` (and `held`) are bound
+    at each execution."""
     fire_at = sa.case(
         (sa.and_(runs.c.origin == "schedule", jobs.c.lease_token == runs.c.lease_token), jobs.c.next_run_at),
         else_=sa.null(),
@@ -76,6 +77,7 @@ def outbox_due(lock: bool = True) -> sa.Select:
             runs.c.published == sa.false(),
             runs.c.due_at <= sa.bindparam("now"),
             state_among(runs.c.state, ("claimed",)),
+            *_not_held(holding),
         )
         .order_by(runs.c.due_at)
         .limit(sa.bindparam("limit", type_=sa.Integer))
@@ -84,8 +86,9 @@ def outbox_due(lock: bool = True) -> sa.Select:
 
 
 @functools.cache
-def _outbox_has_due() -> sa.Select:
-    """Whether the outbox of a shard holds a run that is due (`shard`, `now` bound)."""
+def _outbox_has_due(holding: bool = False) -> sa.Select:
+    """Whether the outbox of a shard holds a run that is due (`shard`, `now` bound; and
+    `held` with `holding`)."""
     return (
         sa.select(runs.c.run_id)
         .where(
@@ -93,29 +96,42 @@ def _outbox_has_due() -> sa.Select:
             runs.c.published == sa.false(),
             runs.c.due_at <= sa.bindparam("now"),
             state_among(runs.c.state, ("claimed",)),
+            *_not_held(holding),
         )
         .limit(1)
     )
 
 
-def sweep(engine: sa.Engine, shard: int, now: datetime, send: Send, limit: int = SWEEP_BATCH) -> int:
-    """Publish what the outbox holds that is due; returns how many runs were published.
+def _not_held(holding: bool) -> tuple[sa.ColumnElement, ...]:
+    return (runs.c.owner.not_in(sa.bindparam("held", expanding=True)),) if holding else ()
+
+
+def sweep(
+    engine: sa.Engine,
+    shard: int,
+    now: datetime,
+    send: Send,
+    limit: int = SWEEP_BATCH,
+    held: Collection[str] = (),
+) -> int:
+    """Publish what the outbox holds that is due, but the runs of the `held` owners
+    (paused: app.services.owners); returns how many runs were published.
 
     The rows stay locked while they are published so that two sweeps on one shard
     do not both send them; the UPDATE commits only after the broker confirmed.
     """
+    holding = bool(held)
+    bound: dict = {"shard": shard, "now": now, **({"held": sorted(held)} if holding else {})}
     # Every poll tick sweeps, and the outbox is nearly always empty: one look in
     # autocommit first (ix_runs_outbox), not a transaction of three round trips.
     with statement_connection(engine) as conn:
-        if conn.execute(_outbox_has_due(), {"shard": shard, "now": now}).first() is None:
+        if conn.execute(_outbox_has_due(holding), bound).first() is None:
             return 0
     lock = locks_rows(engine)
     total = 0
     while True:
         with engine.begin() as conn:
-            rows = (
-                conn.execute(outbox_due(lock), {"shard": shard, "now": now, "limit": limit}).mappings().all()
-            )
+            rows = conn.execute(outbox_due(lock, holding), {**bound, "limit": limit}).mappings().all()
             if not rows:
                 return total
             found = [DispatchRun.from_row(row, row["payload"], row["fire_at"]) for row in rows]

@@ -39,3 +39,12 @@ def carries_labels(bind: Engine | Connection, column: sa.ColumnElement, selector
         sa.true(),
         *(sa.func.json_extract(column, f'$."{key}"') == value for key, value in selector.items()),
     )
+
+
+def random_uuid(bind: Engine | Connection) -> sa.ColumnElement:
+    """A new random UUID per row, made by the database (an UPDATE that gives each of
+    many rows a lease token of its own): gen_random_uuid() on PostgreSQL, 16 random
+    bytes as the 32 hex digits SQLAlchemy stores a UUID as on SQLite."""
+    if is_postgres(bind):
+        return sa.func.gen_random_uuid()
+    return sa.func.lower(sa.func.hex(sa.func.randomblob(16)))

@@ -248,6 +248,9 @@ owners = sa.Table(
     # The owner's share of each claim batch relative to the other owners with due rows
     # (app.pollers.shares); `punctual owners set OWNER --weight N`.
     sa.Column("weight", sa.Integer(), nullable=False, server_default="1"),
+    # `punctual owners pause OWNER`: while set, none of the owner's runs starts
+    # (app.services.owners: the claim, the relay sweep and the janitor pass them by).
+    sa.Column("paused_at", UTCDateTime(), nullable=True),
 )
 
 api_keys = sa.Table(

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from psycopg.types.json import Jsonb
@@ -32,7 +32,7 @@ from app.core.schedules import DstPolicy, Schedule, first_fire
 from app.core.timefmt import truncate_to_ms
 from app.limits.keys import record_limit_key
 from app.registry.bulk import key_in, same_token, state_among
-from app.registry.dialect import carries_labels, is_postgres
+from app.registry.dialect import carries_labels, is_postgres, random_uuid
 from app.registry.engines import Registry
 from app.registry.estimates import counts_by_state
 from app.registry.records import (
@@ -277,7 +277,10 @@ def list_jobs(
     return merge_newest("j", pages, limit, "created_at", "job_id")
 
 
-def served_only(registry: Registry, index: int, query: sa.Select, table: sa.Table) -> sa.Select:
+Statement = TypeVar("Statement", sa.Select, sa.Update)
+
+
+def served_only(registry: Registry, index: int, query: Statement, table: sa.Table) -> Statement:
     """`query` on database `index` without the rows of shards it holds but does not
     serve (a move's copy or leftovers), so a moving job is never listed twice."""
     foreign = registry.foreign_shards(index)
@@ -687,6 +690,64 @@ def cancel_selected(registry: Registry, owner: str, selector: Mapping[str, str],
         return len(cancelled)
 
     return _for_selected(registry, owner, selector, cancel)
+
+
+# --- the owner switch (app.services.owners) ------------------------------------------
+
+
+def take_back_owner(registry: Registry, index: int, owner: str, now: datetime) -> tuple[int, int]:
+    """What `punctual owners pause` takes back of `owner` on database `index`, in one
+    transaction: its schedule runs claimed and not started (`_take_back`: the jobs are
+    due again as they were), and its off-schedule runs not started, which get a new
+    lease token (their dispatch messages start nothing), `published` false and no
+    lease: they wait in the outbox, which the relay sweep does not publish for a
+    paused owner, and the janitor has nothing to take back. Returns (schedule runs
+    taken back, off-schedule runs held). Job rows first, in key order, then runs, as
+    everywhere."""
+    engine = registry.engines[index]
+    with engine.begin() as conn:
+        leased = sa.select(jobs.c.job_id, jobs.c.lease_token).where(
+            jobs.c.owner == owner, jobs.c.lease_token.isnot(None)
+        )
+        if is_postgres(conn):
+            leased = leased.with_for_update()
+        leases = conn.execute(served_only(registry, index, leased.order_by(jobs.c.job_id), jobs)).all()
+        taken = _take_back(conn, [(row.job_id, row.lease_token) for row in leases], now)
+        waiting = runs.update().where(
+            runs.c.owner == owner, runs.c.state == "claimed", runs.c.origin != "schedule"
+        )
+        held = conn.execute(
+            served_only(registry, index, waiting, runs)
+            .values(lease_token=random_uuid(conn), published=False, leased_until=None, updated_at=now)
+            .returning(runs.c.run_id)
+        ).all()
+    return len(taken), len(held)
+
+
+def renew_held_runs(registry: Registry, index: int, owner: str, now: datetime) -> int:
+    """At `punctual owners resume`: every off-schedule run of `owner` waiting to start
+    on database `index` (held by the pause, or a retry made while it lasted) gets a
+    lease from now, as long as a claimed run's (queued_lease_s), or keeps a longer one
+    (a run a rate holds to a later instant), so the janitor does not take back what
+    the relay sweep is about to publish. Returns how many."""
+    fresh = now + timedelta(seconds=registry.settings.queued_lease_s)
+    engine = registry.engines[index]
+    with engine.begin() as conn:
+        waiting = runs.update().where(
+            runs.c.owner == owner,
+            runs.c.state == "claimed",
+            runs.c.origin != "schedule",
+            runs.c.published == sa.false(),
+        )
+        renewed = conn.execute(
+            served_only(registry, index, waiting, runs)
+            .values(
+                leased_until=sa.case((runs.c.leased_until > fresh, runs.c.leased_until), else_=fresh),
+                updated_at=now,
+            )
+            .returning(runs.c.run_id)
+        ).all()
+    return len(renewed)
 
 
 def _fail_claimed_runs(conn: sa.Connection, job_ids: Sequence[uuid.UUID], now: datetime) -> sa.Update:

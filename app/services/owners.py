@@ -1,7 +1,9 @@
-"""Owners, their API keys, signing secrets and weights.
+"""Owners, their API keys, signing secrets, weights and the owner switch.
 
 An owner's weight (app.core.weights, default 1) is its share of each claim batch
 relative to the other owners with due rows; `punctual owners set OWNER --weight N`.
+While an owner is paused (`punctual owners pause`, `pause_owner`) none of its runs
+starts: the pollers read the paused owners with the weights (`claim_view`, cached).
 
 Owners and keys live on the home database (app.registry.shard_map). Only the SHA-256 of a key
 is stored; a request's key is hashed and looked up, then compared in constant time.
@@ -43,6 +45,7 @@ from app.registry.bulk import key_in
 from app.registry.engines import Registry
 from app.registry.schema import api_keys, jobs, owners, runs
 from app.services.errors import NotFound
+from app.services.jobs import renew_held_runs, take_back_owner
 
 KEY_PREFIX = "pk_"
 SECRET_PREFIX = "whsec_"
@@ -142,19 +145,21 @@ def list_keys(registry: Registry, owner: str | None = None) -> list[KeyInfo]:
 
 @dataclass(frozen=True)
 class OwnerActivity:
-    """An owner as `punctual owners` shows it: its weight and what it has on the way
-    right now, counted in the registry (every DSN)."""
+    """An owner as `punctual owners` shows it: its weight, whether it is paused, and
+    what it has on the way right now, counted in the registry (every DSN)."""
 
     owner: str
     weight: int
     due: int  # scheduled jobs whose next_run_at has come, not claimed yet
     waiting: int  # runs claimed, not started (in a dispatch message, or waiting in a worker)
     running: int  # runs started, their call in flight
+    paused: bool = False
 
     def as_dict(self) -> dict:
         return {
             "owner": self.owner,
             "weight": self.weight,
+            "paused": self.paused,
             "due": self.due,
             "waiting": self.waiting,
             "running": self.running,
@@ -174,17 +179,97 @@ def set_weight(registry: Registry, owner: str, weight: int) -> None:
 
 def weights(registry: Registry) -> dict[str, int]:
     """The owners whose weight is not the default (the rest weigh DEFAULT_WEIGHT)."""
+    return claim_view(registry).weights
+
+
+@dataclass(frozen=True)
+class ClaimView:
+    """What the pollers need to know of the owners, read in one query: the weights
+    that are not the default, and the paused owners."""
+
+    weights: dict[str, int]
+    paused: frozenset[str]
+
+
+def claim_view(registry: Registry) -> ClaimView:
     with registry.home.connect() as conn:
-        query = sa.select(owners.c.owner, owners.c.weight).where(owners.c.weight != DEFAULT_WEIGHT)
-        return {row.owner: row.weight for row in conn.execute(query)}
+        query = sa.select(owners.c.owner, owners.c.weight, owners.c.paused_at).where(
+            sa.or_(owners.c.weight != DEFAULT_WEIGHT, owners.c.paused_at.isnot(None))
+        )
+        rows = conn.execute(query).all()
+    return ClaimView(
+        {row.owner: row.weight for row in rows if row.weight != DEFAULT_WEIGHT},
+        frozenset(row.owner for row in rows if row.paused_at is not None),
+    )
+
+
+# How long after `punctual owners pause` marks the owner every poller knows: the
+# directory's cache (KEY_CACHE_TTL_S), and a claim or sweep that read it just before.
+PAUSE_SETTLE_S = KEY_CACHE_TTL_S + 1.0
+
+
+@dataclass(frozen=True)
+class Paused:
+    owner: str
+    taken_back: int  # schedule runs claimed and not started: their jobs are due again
+    held: int  # off-schedule runs not started: they wait in the outbox until the resume
+
+    def as_dict(self) -> dict:
+        return {"owner": self.owner, "taken_back": self.taken_back, "held": self.held}
+
+
+def pause_owner(registry: Registry, owner: str, settle_s: float = PAUSE_SETTLE_S) -> Paused:
+    """Pause `owner`: none of its runs starts until `resume_owner`; runs in flight finish.
+
+    The mark comes first; after `settle_s` every poller reads it (claims skip the
+    owner's due rows, sweeps its unpublished runs), and what was claimed meanwhile is
+    taken back on every database, each in one transaction: a schedule run claimed
+    and not started is deleted and its job's lease cleared (the job is due again as
+    it was, as a pause of the job does it), and an off-schedule run not started gets
+    a new lease token, so its dispatch message starts nothing, and goes back to the
+    outbox unpublished with no lease (the janitor has nothing to take back). LookupError
+    for an unknown owner. Pausing a paused owner takes back again and changes nothing else.
+    """
+    with registry.home.begin() as conn:
+        marked = conn.execute(
+            owners.update()
+            .where(owners.c.owner == owner)
+            .values(paused_at=sa.func.coalesce(owners.c.paused_at, utcnow()))
+            .returning(owners.c.owner)
+        ).first()
+    if marked is None:
+        raise LookupError(f"no owner {owner!r} (owners are made by `punctual keys create --owner`)")
+    time.sleep(settle_s)
+    taken_back = held = 0
+    for index in range(len(registry.engines)):
+        done = take_back_owner(registry, index, owner, utcnow())
+        taken_back += done[0]
+        held += done[1]
+    return Paused(owner, taken_back, held)
+
+
+def resume_owner(registry: Registry, owner: str) -> int:
+    """Resume `owner`: its due jobs are claimed again (each job's misfire policy
+    applies to what it missed) and its held runs get a fresh lease, the relay sweep
+    publishing them within a poll interval of the pollers reading the change. Returns
+    how many held runs were renewed; LookupError for an unknown owner."""
+    with registry.home.begin() as conn:
+        found = conn.execute(
+            owners.update().where(owners.c.owner == owner).values(paused_at=None).returning(owners.c.owner)
+        ).first()
+    if found is None:
+        raise LookupError(f"no owner {owner!r} (owners are made by `punctual keys create --owner`)")
+    return sum(renew_held_runs(registry, index, owner, utcnow()) for index in range(len(registry.engines)))
 
 
 def activity(registry: Registry) -> list[OwnerActivity]:
-    """Every owner with its weight and its due, waiting and running counts, by name."""
+    """Every owner with its weight, its switch and its due, waiting and running counts, by name."""
     now = utcnow()
     with registry.home.connect() as conn:
-        query = sa.select(owners.c.owner, owners.c.weight)
-        weight_of = {row.owner: row.weight for row in conn.execute(query)}
+        query = sa.select(owners.c.owner, owners.c.weight, owners.c.paused_at)
+        rows = conn.execute(query).all()
+    weight_of = {row.owner: row.weight for row in rows}
+    paused = {row.owner for row in rows if row.paused_at is not None}
     counts: dict[str, list[int]] = {owner: [0, 0, 0] for owner in weight_of}
     due = (
         sa.select(jobs.c.owner, sa.func.count())
@@ -202,9 +287,12 @@ def activity(registry: Registry) -> list[OwnerActivity]:
                 counts.setdefault(owner, [0, 0, 0])[0] += count
             for owner, state, count in conn.execute(active):
                 counts.setdefault(owner, [0, 0, 0])[1 if state == "claimed" else 2] += count
-    return [
-        OwnerActivity(owner, weight_of.get(owner, DEFAULT_WEIGHT), *counts[owner]) for owner in sorted(counts)
-    ]
+    found = []
+    for owner in sorted(counts):
+        due_now, waiting, running = counts[owner]
+        weight = weight_of.get(owner, DEFAULT_WEIGHT)
+        found.append(OwnerActivity(owner, weight, due_now, waiting, running, paused=owner in paused))
+    return found
 
 
 def revoke_key(registry: Registry, key_id: str) -> KeyInfo:
@@ -277,7 +365,7 @@ class OwnerDirectory:
         self._owners = _Recent(KEY_CACHE_MAX)  # key hash -> owner
         self._unknown = _Recent(KEY_CACHE_MAX)  # key hashes that name no owner
         self._secrets: dict[str, tuple[float, tuple | None]] = {}
-        self._weights: tuple[float, dict[str, int]] | None = None
+        self._claim_view: tuple[float, ClaimView] | None = None
         self._lock = threading.Lock()
 
     def authenticate(self, api_key: str | None) -> str | None:
@@ -352,14 +440,23 @@ class OwnerDirectory:
             self._store(self._secrets, name, stored, self.secret_ttl_s)
         return found
 
-    def weights(self) -> dict[str, int]:
-        """`weights(registry)`, cached for ttl_s: the claim asks before every batch."""
-        cached = self._weights
+    def claim_view(self) -> ClaimView:
+        """`claim_view(registry)`, cached for ttl_s: the claim asks before every batch,
+        the relay sweep and the janitor before each pass."""
+        cached = self._claim_view
         if cached is not None and cached[0] > time.monotonic():
             return cached[1]
-        found = weights(self.registry)
-        self._weights = (time.monotonic() + self.ttl_s, found)
+        found = claim_view(self.registry)
+        self._claim_view = (time.monotonic() + self.ttl_s, found)
         return found
+
+    def weights(self) -> dict[str, int]:
+        """The owners' weights that are not the default (claim_view, cached)."""
+        return self.claim_view().weights
+
+    def paused(self) -> frozenset[str]:
+        """The paused owners (claim_view, cached)."""
+        return self.claim_view().paused
 
     def _cached(self, table: dict, key: str) -> tuple[Any] | None:
         with self._lock:

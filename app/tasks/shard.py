@@ -18,8 +18,10 @@ shard's new database.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from typing import Protocol
 
 import sqlalchemy as sa
 from celery import shared_task
@@ -31,6 +33,7 @@ from app.pollers import janitor, relay, retention
 from app.pollers.claim import claim_batch
 from app.registry.engines import is_fence_error
 from app.registry.transient import retrying
+from app.services.owners import ClaimView
 from app.settings import Settings
 from app.tasks.routing import POLL_TASK, SWEEP_TASK
 from app.worker.context import get_context
@@ -38,16 +41,18 @@ from app.worker.context import get_context
 log = logging.getLogger("punctual.poll")
 
 
-def poll_shard(settings: Settings, engine, shard: int, send, weights: dict[str, int] | None = None) -> dict:
-    """One poll tick of one shard; returns what it did (for logs and tests). `weights`:
-    the owners whose weight is not 1 (the claim is fair between owners by weight)."""
+def poll_shard(settings: Settings, engine, shard: int, send, owners: OwnerView | None = None) -> dict:
+    """One poll tick of one shard; returns what it did (for logs and tests). `owners`:
+    the weights that are not 1 (the claim is fair between owners by weight) and the
+    paused owners (none of their runs is claimed or published), asked before each
+    batch (cached), so a pause reaches a poll that is draining a burst."""
     deadline = time.monotonic() + settings.poll_budget_s
     claimed = batches = 0
     while True:
         # A claim that met a dropped connection is sent again (a new `now` each time);
         # past the poll budget the tick gives up and the next one claims.
         result = retrying(
-            lambda: claim_batch(engine, shard, utcnow(), settings, weights=weights),
+            functools.partial(_claim_now, engine, shard, settings, _view(owners)),
             f"claim on shard {shard}",
             budget_s=max(1.0, settings.poll_budget_s),
         )
@@ -56,14 +61,20 @@ def poll_shard(settings: Settings, engine, shard: int, send, weights: dict[str, 
         batches += 1
         if not result.full or time.monotonic() >= deadline:
             break
-    swept = relay.sweep(engine, shard, utcnow(), send)
+    swept = relay.sweep(engine, shard, utcnow(), send, held=_view(owners).paused)
     return {"shard": shard, "claimed": claimed, "batches": batches, "swept": swept}
 
 
-def sweep_shard(settings: Settings, engine, shard: int, send) -> dict:
-    """One sweep of one shard: expired leases, the outbox, then old history."""
-    expired = janitor.expire(engine, shard, utcnow(), settings)
-    swept = relay.sweep(engine, shard, utcnow(), send)
+def _claim_now(engine, shard: int, settings: Settings, view: ClaimView):
+    return claim_batch(engine, shard, utcnow(), settings, weights=view.weights, paused=view.paused)
+
+
+def sweep_shard(settings: Settings, engine, shard: int, send, owners: OwnerView | None = None) -> dict:
+    """One sweep of one shard: expired leases, the outbox, then old history (the
+    paused owners' runs that wait to start are left as they are)."""
+    held = _view(owners).paused
+    expired = janitor.expire(engine, shard, utcnow(), settings, held=held)
+    swept = relay.sweep(engine, shard, utcnow(), send, held=held)
     pruned = retention.prune(engine, shard, utcnow(), settings.history_days)
     return {"shard": shard, "expired": expired, "swept": swept, "pruned": pruned}
 
@@ -93,7 +104,7 @@ def poll(shard: int) -> dict:
         done = _unless_fenced(
             context.registry,
             shard,
-            lambda engine: poll_shard(context.settings, engine, shard, send_dispatches, _weights(context)),
+            lambda engine: poll_shard(context.settings, engine, shard, send_dispatches, context.owners),
         )
     # Counted once the tick ended (a fenced shard's too: it is served, by its move): a
     # shard whose count stops rising has no worker on its queue, no beat, or a failing claim.
@@ -101,12 +112,24 @@ def poll(shard: int) -> dict:
     return done
 
 
-def _weights(context) -> dict[str, int]:
+class OwnerView(Protocol):
+    def claim_view(self) -> ClaimView: ...
+
+
+_NO_VIEW = ClaimView({}, frozenset())
+# The last view read, kept while the home DSN does not answer: a pause must hold then too.
+_last_view: ClaimView = _NO_VIEW
+
+
+def _view(owners: OwnerView | None) -> ClaimView:
+    global _last_view
+    if owners is None:
+        return _NO_VIEW
     try:
-        return context.owners.weights()
-    except Exception:  # the home DSN down must not stop a shard's claim: equal weights meanwhile
-        log.warning("owner weights unavailable; claiming with equal weights", exc_info=True)
-        return {}
+        _last_view = owners.claim_view()
+    except Exception:  # the home DSN down must not stop a shard's claim: the last view meanwhile
+        log.warning("owner weights and switches unavailable; claiming with the last known", exc_info=True)
+    return _last_view
 
 
 @shared_task(name=SWEEP_TASK, acks_late=False, ignore_result=True, max_retries=0, send_events=False)
@@ -115,5 +138,7 @@ def sweep(shard: int) -> dict:
 
     context = get_context()
     return _unless_fenced(
-        context.registry, shard, lambda engine: sweep_shard(context.settings, engine, shard, send_dispatches)
+        context.registry,
+        shard,
+        lambda engine: sweep_shard(context.settings, engine, shard, send_dispatches, context.owners),
     )

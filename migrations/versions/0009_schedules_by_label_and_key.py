@@ -1,4 +1,4 @@
-"""Labels and keys on jobs; backfill runs.
+"""Labels and keys on jobs; backfill runs; the owner switch.
 
 jobs.labels holds a job's string pairs; on PostgreSQL a GIN index (jsonb_path_ops)
 serves the containment test of a selector (`labels @> '{"team": "billing"}'`).
@@ -10,6 +10,8 @@ building the indexes locks writes to jobs for as long as it takes.
 runs.origin may be 'backfill' too. On PostgreSQL the wider check is added NOT VALID:
 every existing row met the narrower one, and validating would hold the runs table's
 write lock for a scan of the whole history. SQLite rebuilds the table (batch mode).
+
+owners.paused_at is set while `punctual owners pause` holds an owner's runs.
 
 Revision ID: 0009
 Revises: 0007
@@ -44,6 +46,7 @@ def upgrade() -> None:
         "ix_jobs_owner_key", "jobs", ["owner", "job_key"], postgresql_where=keyed, sqlite_where=keyed
     )
     _widen_run_origins(postgres)
+    op.add_column("owners", sa.Column("paused_at", UTCDateTime(), nullable=True))
 
 
 ORIGINS = "origin IN ('schedule', 'trigger', 'replay', 'backfill')"

@@ -71,8 +71,24 @@ def test_set_stores_the_weight_and_list_shows_weight_quota_due_waiting_and_runni
     rows = [json.loads(line) for line in listed.stdout.splitlines()]
     # The batch of 3 gave acme 2 and globex 1 (equal weights when it was claimed).
     assert rows == [
-        {"owner": "acme", "weight": 3, "due": 2, "waiting": 1, "running": 1, "max_in_flight": 40},
-        {"owner": "globex", "weight": 1, "due": 0, "waiting": 1, "running": 0, "max_in_flight": 40},
+        {
+            "owner": "acme",
+            "weight": 3,
+            "paused": False,
+            "due": 2,
+            "waiting": 1,
+            "running": 1,
+            "max_in_flight": 40,
+        },
+        {
+            "owner": "globex",
+            "weight": 1,
+            "paused": False,
+            "due": 0,
+            "waiting": 1,
+            "running": 0,
+            "max_in_flight": 40,
+        },
     ]
     table = _punctual(pg_settings)  # `punctual owners` alone lists too
     assert table.returncode == 0 and table.stdout.splitlines()[1].split() == [
@@ -82,6 +98,7 @@ def test_set_stores_the_weight_and_list_shows_weight_quota_due_waiting_and_runni
         "2",
         "1",
         "1",
+        "on",
     ]
 
 
