@@ -7,7 +7,7 @@ COPY client ./client
 COPY app ./app
 COPY migrations ./migrations
 COPY celeryconfig.py ./
-RUN pip install --no-cache-dir ./client . && useradd --system punctual
+RUN pip install --no-cache-dir ./client ".[otel]" && useradd --system punctual
 USER punctual
 EXPOSE 8000
 CMD ["punctual", "api", "--host", "0.0.0.0", "--port", "8000"]

@@ -4,12 +4,13 @@ Contract:
 - A call is any request that carries `Punctual-Job-Id` (whatever its method) and any
   POST, PUT, PATCH or DELETE. It is recorded and answered with what was received:
   `{"received_at", "method", "path", "query", "headers", "body", "raw_body", "job_id",
-  "idempotency_key", "signature"}`; `body` is the JSON value when the body parses,
-  else its text; `raw_body` is the body exactly as received, as text (what the
-  signature covers: verify_signature(secret, headers["Punctual-Signature"],
-  raw_body) checks it); `signature` is "valid", or why not ("invalid: ...", "no job ...")
-  as punctual_client.verify_signature judges `Punctual-Signature` under the job owner's
-  signing secret.
+  "idempotency_key", "traceparent", "run_id", "signature"}`; `body` is the JSON value
+  when the body parses, else its text; `raw_body` is the body exactly as received, as
+  text (what the signature covers: verify_signature(secret,
+  headers["Punctual-Signature"], raw_body) checks it); `run_id` is the run the
+  `traceparent` names (app.tracing); `signature` is "valid", or why not ("invalid:
+  ...", "no job ...") as punctual_client.verify_signature judges
+  `Punctual-Signature` under the job owner's signing secret.
 - The answer is 200, or the status `?status=NNN` names (100-599, else 422), to
   watch retries (503), a Retry-After (`&retry_after=5`) and dead letters (404).
 - `GET /dev/echo` without `Punctual-Job-Id` lists the recorded calls, newest
@@ -37,6 +38,7 @@ from app.core.errors import ValidationError
 from app.core.timefmt import format_instant, utcnow
 from app.registry.schema import jobs
 from app.registry.sharding import shard_for
+from app.tracing import run_of
 from punctual_client import SignatureError, verify_signature
 
 bp = Blueprint("dev", __name__)
@@ -95,6 +97,8 @@ def _record() -> dict:
     except ValueError:
         body = text
     job_id = request.headers.get("Punctual-Job-Id")
+    traceparent = request.headers.get("traceparent")
+    run = run_of(traceparent)
     return {
         "received_at": format_instant(utcnow()),
         "method": request.method,
@@ -105,6 +109,8 @@ def _record() -> dict:
         "raw_body": text,
         "job_id": job_id,
         "idempotency_key": request.headers.get("Idempotency-Key"),
+        "traceparent": traceparent,
+        "run_id": None if run is None else str(run),
         "signature": _signature(job_id, raw),
     }
 

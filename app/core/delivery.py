@@ -18,13 +18,16 @@ __all__ = ["RESERVED_HEADERS", "is_reserved_header", "encode_payload", "idempote
 
 # Names a job's own headers may not set (compared case-insensitively): Punctual's
 # own headers (every name starting "punctual-", so a job can never forge a signature
-# or an attempt), the idempotency key, and those that describe the body or the
-# connection, which the HTTP client owns. Validation refuses them at create time and
-# the webhook caller drops them at call time, from this one list.
+# or an attempt), the idempotency key, the trace context (a call's trace is its run's),
+# and those that describe the body or the connection, which the HTTP client owns.
+# Validation refuses them at create time and the webhook caller drops them at call
+# time, from this one list.
 RESERVED_HEADER_PREFIX = "punctual-"
 RESERVED_HEADERS = frozenset(
     {
         "idempotency-key",
+        "traceparent",
+        "tracestate",
         "content-type",
         "content-length",
         "transfer-encoding",
@@ -61,20 +64,25 @@ def delivery_headers(
     body: bytes,
     signing_secrets: tuple[str, ...],
     timestamp: int | None = None,
+    traceparent: str | None = None,
 ) -> dict[str, str]:
     """Punctual's headers for one delivery of `body` (all values are strings).
 
     `signing_secrets` is the owner's current secret, then the previous one while a
-    rotation window lasts: one `v1` each in Punctual-Signature.
+    rotation window lasts: one `v1` each in Punctual-Signature. `traceparent` is the
+    W3C trace context of the call (app.tracing: the run's trace).
 
     Content-Type is not included: a webhook GET or DELETE must not send one, and
     AMQP carries it as a message property rather than a header.
     """
     instant = format_instant(scheduled_for)
-    return {
+    headers = {
         "Idempotency-Key": f"{job_id}:{instant}",  # idempotency_key's form, the instant printed once
         "Punctual-Job-Id": str(job_id),
         "Punctual-Scheduled-For": instant,
         "Punctual-Attempt": str(int(attempt)),
         "Punctual-Signature": signature_header(signing_secrets, body, timestamp),
     }
+    if traceparent is not None:
+        headers["traceparent"] = traceparent
+    return headers

@@ -60,6 +60,7 @@ poller and takes the write lock at BEGIN.
 from __future__ import annotations
 
 import functools
+import time
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -69,7 +70,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-from app import metrics
+from app import metrics, tracing
 from app.core.misfire import skip_reason
 from app.lifecycle.message import DispatchRun
 from app.pollers.plan import ClaimPlan, plan_claim
@@ -329,6 +330,8 @@ def claim_batch(
     status_code integer, error text, created_at timestamptz, updated_at timestamptz);
     """
     limit = limit or settings.claim_batch
+    spans = tracing.spans()
+    began_ns = time.time_ns() if spans is not None else 0
     lock = locks_rows(engine)
     horizon = now + timedelta(seconds=settings.claim_ahead_s)
     lease = timedelta(seconds=queued_lease_s(settings))
@@ -384,6 +387,8 @@ def claim_batch(
             },
         )
         insert_many(conn, runs, new_runs)
+    if spans is not None:
+        spans.claimed(to_publish, began_ns, time.time_ns(), "claim")
     metrics.CLAIM_BATCH_SIZE.observe(len(rows))
     if rows:
         metrics.CLAIM_BATCHES.labels(str(shard)).inc()

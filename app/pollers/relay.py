@@ -19,12 +19,13 @@ or the instant the runs of a message claimed ahead may start (app.lifecycle.mess
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 
 import sqlalchemy as sa
 
-from app import metrics
+from app import metrics, tracing
 from app.core.timefmt import utcnow
 from app.lifecycle.message import DispatchRun, to_messages
 from app.registry.bulk import key_in, state_among
@@ -128,8 +129,10 @@ def sweep(
         if conn.execute(_outbox_has_due(holding), bound).first() is None:
             return 0
     lock = locks_rows(engine)
+    spans = tracing.spans()
     total = 0
     while True:
+        began_ns = time.time_ns() if spans is not None else 0
         with engine.begin() as conn:
             rows = conn.execute(outbox_due(lock, holding), {**bound, "limit": limit}).mappings().all()
             if not rows:
@@ -137,6 +140,8 @@ def sweep(
             found = [DispatchRun.from_row(row, row["payload"], row["fire_at"]) for row in rows]
             _send_all(shard, found, send)
             conn.execute(_mark_published(conn, [run.run_id for run in found]))
+        if spans is not None:  # a schedule run's claim has its span already (its claim's)
+            spans.claimed([run for run in found if run.off_schedule], began_ns, time.time_ns(), "relay sweep")
         total += len(found)
         if len(rows) < limit:
             return total

@@ -55,8 +55,9 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from app import metrics
+from app import metrics, tracing
 from app.core.retries import CallOutcome
 from app.core.timefmt import utcnow
 from app.lifecycle import lease
@@ -108,6 +109,7 @@ class _Call:
     lease_until: float = 0.0
     lost: bool = False  # a heartbeat found the token gone: the janitor took the run back
     turn: Turn = ANYONE  # its owner's turn in a full cap's line (app.limits.line)
+    trace: Any = None  # its dispatch span's context, the call span's parent (app.tracing)
 
 
 def _recorded_as_failure(item: Finished, failure: Exception) -> Finished:
@@ -253,6 +255,8 @@ class Dispatcher:
         named_pairs = {(run.owner, key) for run in part if (key := named_key(run.target))}
         named = self.limit_keys.lookup_many(named_pairs) if named_pairs else None
         now = utcnow()
+        spans = tracing.spans()
+        began_ns = time.time_ns() if spans is not None else 0
         entries = [(run, limit_specs(run.owner, run.target, settings, named)) for run in part]
         rated = [(run, rates) for run, specs in entries if (rates := _rates(specs))]
         # Only runs under a rate ask the limiter (one round trip for all of them).
@@ -279,9 +283,12 @@ class Dispatcher:
             else:
                 caps = _caps(specs)
                 admitted.append(_Call(run, caps, cap_keys(caps), turn=self._turn(run, weights)))
-        calls, stale = self._start(admitted, now)
+        calls, stale = self._start(admitted, now, (spans, began_ns) if spans is not None else None)
         if held:  # the started runs are called regardless
             self._hold(held, now)
+        if spans is not None:
+            for run, _ in held:
+                spans.dispatched(run, began_ns, time.time_ns(), "held")
         return DispatchReport(len(calls), len(held), stale)
 
     def _weights(self) -> dict[str, int]:
@@ -320,9 +327,10 @@ class Dispatcher:
         self._inflight.pop_many([call.run.run_id for call, _ in waited])
         self._hold([(call.run, at) for call, at in waited], utcnow())
 
-    def _start(self, admitted: list[_Call], now) -> tuple[list[_Call], int]:
+    def _start(self, admitted: list[_Call], now, traced: tuple | None = None) -> tuple[list[_Call], int]:
         """One fenced start for admitted runs, then their calls: (calls started, stale
-        runs: a duplicated message, or a lease lost before the start)."""
+        runs: a duplicated message, or a lease lost before the start). `traced`: (Spans,
+        when the dispatch began) while exporting spans (app.tracing)."""
         if not admitted:
             return [], 0
         settings = self.settings
@@ -335,6 +343,12 @@ class Dispatcher:
             metrics.RUNS_STARTED.labels(str(shard)).inc(count)
         for call in calls:
             self._inflight.add(call.run.run_id, call)
+        if traced is not None:  # before the loop has them: a call span's parent is its dispatch
+            spans, began_ns = traced
+            ended_ns = time.time_ns()
+            for call in admitted:
+                outcome = "started" if call.run.run_id in started_ids else "stale"
+                call.trace = spans.dispatched(call.run, began_ns, ended_ns, outcome)
         if calls:
             self._loop.call_soon(self._start_calls, calls)
         unstarted = len(admitted) - len(calls)
@@ -488,6 +502,19 @@ class Dispatcher:
         return True
 
     async def _attempt(self, call: _Call) -> CallOutcome:
+        spans = tracing.spans() if call.trace is not None else None
+        if spans is None:
+            return await self._attempt_traced(call, tracing.traceparent(call.run.run_id))
+        span, traceparent = spans.call(call.run, call.trace)
+        outcome = None
+        try:
+            outcome = await self._attempt_traced(call, traceparent)
+            return outcome
+        finally:
+            spans.called(span, outcome)
+
+    async def _attempt_traced(self, call: _Call, traceparent: str) -> CallOutcome:
+        """The call itself, carrying `traceparent` (app.tracing)."""
         run = call.run
         signing_secrets = self.owners.cached_signing_secrets(run.owner)
         if signing_secrets is None:  # read on a thread: the registry is not the loop's to wait for
@@ -504,6 +531,7 @@ class Dispatcher:
                     run.target["topic"],
                     run.payload,
                     signing_secrets,
+                    traceparent,
                 ),
             )
         return await self.webhooks.send(
@@ -517,6 +545,7 @@ class Dispatcher:
                 # No round trip here: only whether the lease known at the check
                 # still runs, as the request is about to go out.
                 may_send=lambda: not call.lost and time.monotonic() < call.lease_until,
+                traceparent=traceparent,
             )
         )
 

@@ -47,6 +47,7 @@ class QueueCall:
     topic: str
     payload: Any
     signing_secrets: tuple[str, ...]  # the current secret first; the previous one too in a rotation window
+    traceparent: str | None = None  # the call's W3C trace context (app.tracing): an AMQP header too
 
 
 class QueuePublisher:
@@ -93,6 +94,7 @@ class QueuePublisher:
             attempt=call.attempt,
             body=body,
             signing_secrets=call.signing_secrets,
+            traceparent=call.traceparent,
         )
         try:
             # A PooledConnection that sees an exception inside `with` is closed

@@ -77,6 +77,7 @@ class WebhookCall:
     # Asked once more right before the request goes out (after the headers are built
     # and signed): False withdraws the call (NotSent) -- the run's lease may be gone.
     may_send: Callable[[], bool] | None = None
+    traceparent: str | None = None  # the call's W3C trace context (app.tracing)
 
 
 class NotSent(Exception):
@@ -288,6 +289,7 @@ def _request_headers(call: WebhookCall, method: str, body: bytes) -> dict[str, s
             attempt=call.attempt,
             body=body,
             signing_secrets=call.signing_secrets,
+            traceparent=call.traceparent,
         )
     )
     if method not in _BODYLESS:

@@ -1,5 +1,8 @@
 """End to end with one worker and one beat: backfills, the owner switch, the trace
-context of every call, and the overlap policies. Times are generous ceilings."""
+context of every call, and the overlap policies. Times are generous ceilings.
+
+The processes export their spans (OTEL_EXPORTER_OTLP_ENDPOINT) to a receiver in the
+test process, so every test here also runs with tracing on."""
 
 from __future__ import annotations
 
@@ -8,9 +11,30 @@ from datetime import timedelta
 import pytest
 
 from app.core.timefmt import format_instant, utcnow
+from tests.e2e.conftest import make_env
+from tests.otlp_receiver import OtlpReceiver
 from tests.sink import Answer
 
 pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def otlp():
+    receiver = OtlpReceiver()
+    yield receiver
+    receiver.close()
+
+
+@pytest.fixture(scope="module")
+def stack_env(pg_dsns, amqp_url, module_redis_prefix, otlp):
+    return make_env(
+        pg_dsns,
+        amqp_url,
+        module_redis_prefix,
+        OTEL_EXPORTER_OTLP_ENDPOINT=otlp.endpoint,
+        OTEL_BSP_SCHEDULE_DELAY="200",  # ms: the spans reach the receiver within the test
+        OTEL_SERVICE_NAME="punctual-e2e",
+    )
 
 
 def hook(sink, path: str, **target) -> dict:
@@ -81,3 +105,23 @@ def test_a_paused_owner_starts_nothing_its_run_in_flight_finishes_and_the_resume
     # The occurrences due while paused: run_once ran the latest, the others are recorded.
     assert missed and all("(run_once)" in r["error"] for r in missed)
     owner.request("DELETE", f"/jobs/{job['id']}", expect=200)
+
+
+def test_each_call_carries_its_runs_trace_and_the_worker_exports_claim_dispatch_and_call(
+    stack, api, sink, otlp
+):
+    due = utcnow().replace(microsecond=0) + timedelta(seconds=2)
+    job = api.create(target=hook(sink, "/traced"), schedule={"run_at": format_instant(due)})
+    [call] = sink.wait_for(1, "/traced", timeout_s=15)
+    [run] = api.wait_runs(job["id"], lambda h: h and h[-1]["state"] == "succeeded")
+    trace_id = run["id"].replace("-", "")
+    version, traced, parent, flags = call.header("traceparent").split("-")
+    assert (version, traced, flags) == ("00", trace_id, "01")  # the run id, read from the header
+
+    spans = otlp.wait_for(trace_id, {"punctual.claim", "punctual.dispatch", "punctual.call"})
+    assert spans["punctual.claim"].parent_span_id == ""
+    assert spans["punctual.dispatch"].parent_span_id == spans["punctual.claim"].span_id
+    assert spans["punctual.call"].parent_span_id == spans["punctual.dispatch"].span_id
+    assert spans["punctual.call"].span_id == parent  # what the target got is the call's span
+    assert spans["punctual.call"].attributes["http.response.status_code"] == 200
+    assert spans["punctual.claim"].attributes["punctual.job_id"] == job["id"]

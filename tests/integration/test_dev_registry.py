@@ -169,3 +169,19 @@ def test_labels_select_jobs_on_the_embedded_registry_too(client, dev_settings):
     paused = client.post("/jobs/pause", json={"labels": {"team": "billing"}}, headers=auth).get_json()
     assert paused == {"matched": 2, "changed": 2}
     assert listed("state=paused") == {made["a"], made["b"]}
+
+
+def test_echo_shows_the_calls_traceparent_and_the_run_it_names(client, dev_settings):
+    import uuid
+
+    from app.tracing import traceparent
+
+    key = create_key(registry_for(dev_settings), "dev")
+    job = _job(client, key.api_key)
+    run_id = uuid.uuid4()
+    body = b"{}"
+    headers = {**_call_headers(job["id"], key.signing_secret, body), "traceparent": traceparent(run_id)}
+    call = client.post("/dev/echo", data=body, headers=headers).get_json()
+    assert call["traceparent"] == traceparent(run_id) and call["run_id"] == str(run_id)
+    untraced = client.post("/dev/echo", data=body, headers=_call_headers(job["id"], key.signing_secret, body))
+    assert untraced.get_json()["traceparent"] is None and untraced.get_json()["run_id"] is None

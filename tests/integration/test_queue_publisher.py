@@ -21,6 +21,7 @@ pytestmark = pytest.mark.integration
 SECRET = "whsec_queue_secret"
 JOB_ID = "7f0c2a1e-0000-4000-8000-000000000002"
 SCHEDULED_FOR = datetime(2026, 12, 1, 0, 0, tzinfo=UTC)
+TRACEPARENT = "00-5b0e4f3c2f6a4d7e9a517c1f0d3e8b21-9a517c1f0d3e8b21-01"
 
 
 def make_call(topic: str, attempt: int = 1, payload=None) -> QueueCall:
@@ -31,6 +32,7 @@ def make_call(topic: str, attempt: int = 1, payload=None) -> QueueCall:
         topic=topic,
         payload={"report": "daily", "n": 1} if payload is None else payload,
         signing_secrets=(SECRET,),
+        traceparent=TRACEPARENT,
     )
 
 
@@ -95,6 +97,7 @@ def test_publish_delivers_the_payload_with_webhook_headers(publisher, consumer):
     assert headers["Punctual-Job-Id"] == JOB_ID
     assert headers["Punctual-Scheduled-For"] == "2026-12-01T00:00:00Z"
     assert headers["Punctual-Attempt"] == "2"
+    assert headers["traceparent"] == TRACEPARENT  # the run's trace, as a webhook call carries it
     assert all(isinstance(v, str) for v in headers.values())
     verify_signature(SECRET, headers["Punctual-Signature"], raw(message))
     assert message.properties["message_id"] == headers["Idempotency-Key"]
