@@ -13,6 +13,7 @@ from typing import Any
 from app import __version__
 from app.api.batch import MAX_BATCH_BODY_BYTES
 from app.core import labels as lb
+from app.core import overlap as ov
 from app.core.cron import MAX_CHARS as CRON_MAX_CHARS
 from app.core.cron import MAX_ITEMS as CRON_MAX_ITEMS
 from app.core.jitter import MAX_JITTER_S
@@ -153,6 +154,7 @@ def _schemas() -> dict:
         "dst": _ref("Dst"),
         "jitter_s": {"type": "integer", "minimum": 0, "maximum": MAX_JITTER_S, "default": 0},
         "labels": _ref("Labels"),
+        "overlap": {"enum": list(ov.OVERLAP_POLICIES), "default": ov.DEFAULT_OVERLAP},
     }
     key = _JOB_KEY
     job = _object(
@@ -169,6 +171,7 @@ def _schemas() -> dict:
             "misfire": {"enum": list(MISFIRE_POLICIES)},
             "dst": _ref("Dst"),
             "jitter_s": {"type": "integer"},
+            "overlap": {"enum": list(ov.OVERLAP_POLICIES)},
             "attempt": {"type": "integer", "minimum": 0},
             "labels": _ref("Labels"),
             "created_at": INSTANT,
@@ -187,6 +190,7 @@ def _schemas() -> dict:
             "misfire",
             "dst",
             "jitter_s",
+            "overlap",
             "attempt",
             "labels",
             "created_at",

@@ -41,6 +41,7 @@ def job_json(row: Row) -> dict:
         "misfire": row["misfire"],
         "dst": dst_of(row).to_json(),
         "jitter_s": row["jitter_s"],
+        "overlap": row["overlap"],
         "attempt": row["attempt"],
         "labels": row["labels"],
         "created_at": format_instant(row["created_at"]),

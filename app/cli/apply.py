@@ -30,7 +30,7 @@ import click
 from app.cli.connection import ClientCommand, call, connect
 
 # The fields of a job that a file sets, compared to say what an update changes.
-FIELDS = ("name", "target", "payload", "schedule", "retry", "misfire", "dst", "jitter_s", "labels")
+FIELDS = ("name", "target", "payload", "schedule", "retry", "misfire", "dst", "jitter_s", "labels", "overlap")
 LIVE_STATES = ("scheduled", "running", "paused")
 
 

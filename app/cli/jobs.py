@@ -155,6 +155,12 @@ def _json_value(text: str | None, option: str) -> Any:
 @click.option("--overlap", type=click.Choice(["once", "twice"]))
 @click.option("--jitter-s", type=int)
 @click.option("--label", "labels", multiple=True, help="'key:value', repeatable: the job's labels.")
+@click.option(
+    "--overlap-policy",
+    type=click.Choice(["buffer_one", "skip", "allow"]),
+    help="An occurrence due while a run is in flight: waits for it (buffer_one, the default),"
+    " is skipped, or runs too (allow).",
+)
 @click.option("--idempotency-key", help="Repeat the command with the same key to get the same job.")
 @_json_option
 @_id_only_option
@@ -184,6 +190,7 @@ def create(
     overlap,
     jitter_s,
     labels,
+    overlap_policy,
     idempotency_key,
     as_json,
     id_only,
@@ -249,6 +256,8 @@ def create(
         job["jitter_s"] = jitter_s
     if labels:
         job["labels"] = _labels(labels)
+    if overlap_policy is not None:
+        job["overlap"] = overlap_policy
     client = _client(ctx)
     created = _call(lambda: client.create_job_from(job, idempotency_key=idempotency_key))
     if id_only:
@@ -440,6 +449,7 @@ def _new_schedule(current: dict, kind: dict, bounds: dict) -> dict:
 @click.option("--overlap", type=click.Choice(["once", "twice"]))
 @click.option("--jitter-s", type=int)
 @click.option("--label", "labels", multiple=True, help="'key:value', repeatable; replaces the job's labels.")
+@click.option("--overlap-policy", type=click.Choice(["buffer_one", "skip", "allow"]))
 @_json_option
 @click.pass_context
 def update(
@@ -467,6 +477,7 @@ def update(
     overlap,
     jitter_s,
     labels,
+    overlap_policy,
     as_json,
 ) -> None:
     """Change a job (PATCH): only the fields given change; prints the job.
@@ -534,6 +545,8 @@ def update(
         changes["jitter_s"] = jitter_s
     if labels:
         changes["labels"] = _labels(labels)
+    if overlap_policy is not None:
+        changes["overlap"] = overlap_policy
     if not changes:
         raise click.UsageError("nothing to change: give --body or an option (see --help)")
     _show_job(_call(lambda: client.update_job(job_id, **changes)), as_json)

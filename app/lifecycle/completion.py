@@ -13,7 +13,8 @@ flushes them) and writes them in ONE transaction per physical DSN:
    run no longer holds its token, or whose run is no longer `running`, is stale: it
    changes nothing and is counted in STALE_COMPLETIONS (invariant 1);
 4. write what the runs returned settle: jobs (`WHERE job_id = ? AND lease_token =
-   ?`), one statement per shape, and new run rows for off-schedule retries
+   ?`), one statement per shape, and new run rows for off-schedule retries and for the
+   occurrences an `overlap: skip` job skipped while the run was in flight
    (app.registry.bulk).
 
 Under a burst a batch holds tens of runs, and each statement's fixed cost (SQLAlchemy,
@@ -40,6 +41,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from app import metrics
+from app.core.overlap import IN_FLIGHT
 from app.core.retries import CallOutcome
 from app.lifecycle.message import DispatchRun
 from app.lifecycle.settlement import Attempt, Settlement, settle
@@ -143,7 +145,8 @@ def apply(
     WHERE jobs.job_id = v.job_id AND jobs.job_id = ANY(:keys) AND jobs.lease_token IS NOT DISTINCT
     FROM v.lease_token AND v.lease_token IS NOT NULL;
 
-    The next attempts of off-schedule runs (app.registry.records.run_row):
+    The next attempts of runs leased on their rows, and the occurrences skipped while a
+    run was in flight (app.registry.records.run_row):
 
     INSERT INTO runs (run_id, job_id, shard, owner, origin, scheduled_for, attempt, state,
     lease_token, leased_until, due_at, published, target, retry, started_at, finished_at,
@@ -156,9 +159,9 @@ def apply(
     jsonb, retry jsonb, started_at timestamptz, finished_at timestamptz, lateness_ms bigint,
     status_code integer, error text, created_at timestamptz, updated_at timestamptz);
     """
-    locking = {f.run.job_id for f in batch if not f.run.off_schedule}
+    locking = {f.run.job_id for f in batch if not f.run.leased_on_run}
     if locking:
-        recurring = any(f.run.recurring for f in batch if not f.run.off_schedule)
+        recurring = any(f.run.recurring for f in batch if not f.run.leased_on_run)
         job_rows = _lock_jobs(conn, locking, refuse_moved, whole=recurring)
     else:
         refuse_moved_shards(conn, refuse_moved)
@@ -168,9 +171,9 @@ def apply(
     for item in batch:
         run = item.run
         job = job_rows.get(run.job_id)
-        if not run.off_schedule and (job is None or job["lease_token"] != run.lease_token):
+        if not run.leased_on_run and (job is None or job["lease_token"] != run.lease_token):
             continue  # stale: its job's lease is gone
-        attempt = Attempt(run.job_id, run.origin, run.scheduled_for, run.attempt, run.retry)
+        attempt = Attempt(run.job_id, run.origin, run.scheduled_for, run.attempt, run.retry, run.own_lease)
         settled, status_code = _settle_one(attempt, item.outcome, job, now, rand, retry_now)
         write = {
             "run_id": run.run_id,
@@ -203,7 +206,7 @@ def apply(
                     returning="run_id",
                 )
             )
-    job_writes, retry_rows = [], []
+    job_writes, new_rows = [], []
     states: Counter[str] = Counter()
     for run, settled in settlements:
         if run.run_id not in written:  # stale: the run's token or state changed
@@ -211,8 +214,11 @@ def apply(
         if settled.job is not None:
             job_writes.append({**settled.job, "job_id": run.job_id, "_token": run.lease_token})
         if settled.retry_at is not None:
-            retry_rows.append(_retry_row(run, settled.retry_at, now, lease_s))
+            new_rows.append(_retry_row(run, settled.retry_at, now, lease_s))
+        new_rows.extend(_skipped_row(run, occurrence.nominal, now) for occurrence in settled.skipped)
         states[settled.run_state] += 1
+        if settled.skipped or settled.unrecorded_skips:
+            states["skipped"] += len(settled.skipped) + settled.unrecorded_skips
     for shape, rows in _by_shape(job_writes):
         # The lease fence, written into the statement: WHERE job_id = ? AND lease_token = ?
         fenced = [{**row, "lease_token": row["_token"]} for row in rows]
@@ -224,7 +230,7 @@ def apply(
             columns=[c for c in shape if c != "lease_token"],
             constants={"updated_at": now, **({"lease_token": None} if "lease_token" in shape else {})},
         )
-    insert_many(conn, runs, retry_rows)
+    insert_many(conn, runs, new_rows)
     for state, count in states.items():
         metrics.RUNS.labels(state).inc(count)
     if states["dead"]:
@@ -327,6 +333,25 @@ def _by_shape(rows: Iterable[dict]) -> list[tuple[tuple[str, ...], list[dict]]]:
     for row in rows:
         groups[tuple(sorted(k for k in row if not k.startswith("_") and k != "job_id"))].append(row)
     return list(groups.items())
+
+
+def _skipped_row(run: DispatchRun, nominal: datetime, now: datetime) -> dict:
+    """An occurrence that fell due while `run` was in flight, of a job whose overlap is
+    `skip`: recorded, not run."""
+    return run_row(
+        job_id=run.job_id,
+        shard=run.shard,
+        owner=run.owner,
+        origin="schedule",
+        scheduled_for=nominal,
+        attempt=1,
+        state="skipped",
+        target=run.target,
+        retry=dict(run.retry),
+        now=now,
+        finished_at=now,
+        error=IN_FLIGHT,
+    )
 
 
 def _retry_row(run: DispatchRun, retry_at: datetime, now: datetime, lease_s: float) -> dict:

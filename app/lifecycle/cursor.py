@@ -17,9 +17,13 @@ from datetime import datetime
 from typing import Any
 
 from app.core import jitter
-from app.core.misfire import Occurrence
+from app.core.misfire import Occurrence, find_backlog
 from app.core.schedules import next_fire
 from app.registry.records import dst_of, schedule_of
+
+# The most occurrences one move records `skipped` (a run in flight for a week of a
+# 1-second job is counted, not written 600,000 times); as the claim's run_all cap.
+SKIPPED_CAP = 1000
 
 
 @dataclass(frozen=True)
@@ -60,3 +64,39 @@ def advance(job: Mapping[str, Any], after: datetime) -> Advance:
         elif nominal is None or nominal > skipped_through:
             clear = True
     return Advance(None if nominal is None else occurrence(job, nominal), clear)
+
+
+@dataclass(frozen=True)
+class PastTheRun:
+    """Where an `overlap: skip` job goes when its run ends: `next` (None when the
+    schedule is over), the occurrences that fell due while the run was in flight
+    (`skipped`, at most SKIPPED_CAP, oldest first) and how many more there were."""
+
+    next: Occurrence | None
+    skipped: tuple[Occurrence, ...] = ()
+    unrecorded: int = 0
+
+
+def past_the_run(job: Mapping[str, Any], following: Occurrence | None, now: datetime) -> PastTheRun:
+    """From `following` (the occurrence after the run's own), every occurrence already
+    due at `now` (its fire instant passed while the run was in flight) is skipped, and
+    the job goes to the first one still ahead."""
+    if following is None or following.fire_at > now:
+        return PastTheRun(following)
+    backlog = find_backlog(
+        schedule_of(job),
+        dst_of(job),
+        job["created_at"],
+        job["job_id"],
+        job["jitter_s"],
+        following,
+        now,
+        limit=SKIPPED_CAP,
+    )
+    assert backlog.latest is not None  # `following` is due: the backlog holds it at least
+    known = list(backlog.oldest)
+    if known[-1].nominal != backlog.latest.nominal:
+        known.append(backlog.latest)
+    recorded = tuple(known[:SKIPPED_CAP])
+    total = backlog.count if backlog.count is not None else len(known) + backlog.truncated
+    return PastTheRun(advance(job, backlog.latest.nominal).next, recorded, max(0, total - len(recorded)))

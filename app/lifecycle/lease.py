@@ -69,7 +69,11 @@ def start(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -> se
 
     def write(engine: sa.Engine, group: list[DispatchRun]) -> list:
         on_jobs = sorted(
-            ({"job_id": run.job_id, "lease_token": run.lease_token} for run in group if not run.off_schedule),
+            (
+                {"job_id": run.job_id, "lease_token": run.lease_token}
+                for run in group
+                if not run.leased_on_run
+            ),
             key=lambda row: row["job_id"],
         )
         rows = [
@@ -78,7 +82,7 @@ def start(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -> se
                 "lease_token": run.lease_token,
                 "lateness_ms": int((now - run.scheduled_for).total_seconds() * 1000),
                 # Off-schedule runs hold their own lease; schedule runs' lease is the job's.
-                "leased_until": until if run.off_schedule else None,
+                "leased_until": until if run.leased_on_run else None,
             }
             for run in group
         ]
@@ -173,8 +177,8 @@ def hold(registry: Registry, held: Sequence[tuple[DispatchRun, datetime]], now: 
 
     def write(engine: sa.Engine, group: list[tuple[DispatchRun, datetime]]) -> int:
         until = {run.run_id: at for run, at in group}
-        scheduled = [(run, at) for run, at in group if not run.off_schedule]
-        off = [(run, at) for run, at in group if run.off_schedule]
+        scheduled = [(run, at) for run, at in group if not run.leased_on_run]
+        off = [(run, at) for run, at in group if run.leased_on_run]
         return retrying(
             functools.partial(_hold_on, engine, scheduled, off, until, now, registry.settings.lease_s),
             f"hold of {len(group)} runs",
@@ -282,17 +286,17 @@ def heartbeat(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -
 
     def write(engine: sa.Engine, group: list[DispatchRun]) -> set[uuid.UUID]:
         on_jobs = sorted(
-            ({"job_id": r.job_id, "lease_token": r.lease_token} for r in group if not r.off_schedule),
+            ({"job_id": r.job_id, "lease_token": r.lease_token} for r in group if not r.leased_on_run),
             key=lambda row: row["job_id"],
         )
         on_runs = sorted(
-            ({"run_id": r.run_id, "lease_token": r.lease_token} for r in group if r.off_schedule),
+            ({"run_id": r.run_id, "lease_token": r.lease_token} for r in group if r.leased_on_run),
             key=lambda row: row["run_id"],
         )
         beat = functools.partial(_heartbeat_on, engine, {r.shard for r in group}, on_jobs, on_runs, until)
         job_ids, run_ids = retrying(beat, f"heartbeat of {len(group)} runs", budget_s=budget_s)
         extended_jobs = set(job_ids)
-        return set(run_ids) | {r.run_id for r in group if not r.off_schedule and r.job_id in extended_jobs}
+        return set(run_ids) | {r.run_id for r in group if not r.leased_on_run and r.job_id in extended_jobs}
 
     kept: set[uuid.UUID] = set()
     for ids in registry.for_each_database(batch, _shard_of, write, fence_wait_s=budget_s):

@@ -2,9 +2,10 @@
 
 Each entry holds all a worker needs without reading the job (docs/design.md, "The
 dispatch message"): run_id, job_id, shard, owner, origin, lease_token,
-scheduled_for, attempt, the target and retry snapshots and the payload, and
-fire_at when the run was claimed ahead of its fire instant. The signing secret is
-never on the broker; the worker looks it up.
+scheduled_for, attempt, the target and retry snapshots and the payload, fire_at
+when the run was claimed ahead of its fire instant, and own_lease for an `allow`
+job's occurrence (leased on its row). The signing secret is never on the broker;
+the worker looks it up.
 
 A run claimed ahead (PUNCTUAL_CLAIM_AHEAD_S) travels in a message whose Celery eta
 is its fire instant, rounded up to ETA_STEP (100 ms): the worker holds the message,
@@ -74,11 +75,15 @@ class DispatchRun:
     # worker serves before one-off runs (app.worker.turns), so that a job every few
     # seconds keeps its pace while a burst of one-offs drains.
     recurring: bool = False
+    # An occurrence of a job whose overlap is `allow` (app.core.overlap): it holds its
+    # lease on its run row, as an off-schedule run does, not on the job.
+    own_lease: bool = False
 
     @property
-    def off_schedule(self) -> bool:
-        """Trigger and replay runs hold their lease on the run row, not the job."""
-        return self.origin != "schedule"
+    def leased_on_run(self) -> bool:
+        """The run holds its lease on its own row, not the job's: a triggered, replayed
+        or backfilled run, and an occurrence of a job whose overlap is `allow`."""
+        return self.own_lease or self.origin != "schedule"
 
     def to_message(self) -> dict:
         return {
@@ -95,6 +100,7 @@ class DispatchRun:
             "payload": self.payload,
             **({"fire_at": format_instant(self.fire_at)} if self.fire_at is not None else {}),
             **({"recurring": True} if self.recurring else {}),
+            **({"own_lease": True} if self.own_lease else {}),
         }
 
     @classmethod
@@ -113,6 +119,7 @@ class DispatchRun:
             payload=entry.get("payload"),
             fire_at=parse_instant(entry["fire_at"]) if entry.get("fire_at") else None,
             recurring=bool(entry.get("recurring")),
+            own_lease=bool(entry.get("own_lease")),
         )
 
     @classmethod
@@ -121,7 +128,9 @@ class DispatchRun:
     ) -> DispatchRun:
         """From a runs row (plus the job's payload, which runs do not store, the fire
         instant of a run claimed ahead, which is the job's next_run_at, and whether the
-        job is recurring, which the claim knows from the job row)."""
+        job is recurring, which the claim knows from the job row). A schedule run with a
+        lease of its own has its leased_until on the row (a run leased by its job never
+        has: app.lifecycle.lease writes it for runs leased on their row only)."""
         return cls(
             run_id=row["run_id"],
             job_id=row["job_id"],
@@ -136,6 +145,7 @@ class DispatchRun:
             payload=payload,
             fire_at=fire_at,
             recurring=recurring,
+            own_lease=row["origin"] == "schedule" and row.get("leased_until") is not None,
         )
 
 

@@ -17,6 +17,10 @@ are docs/design.md's "Completion of a schedule run" and "Off-schedule runs":
   `running` (paused stays paused, cancelled stays cancelled, and a cancelled job's
   next_run_at stays null) -- except that an end (`completed`, or a one-off's
   `dead`) also ends a paused job: there is nothing left for a resume to run.
+- a job whose overlap is `skip` moves on past what fell due while its run was in
+  flight (app.core.overlap): those occurrences are the Settlement's `skipped`.
+- a run holding its own lease (off-schedule, or an `allow` job's occurrence) never
+  touches the job: its retries are new run rows, as an off-schedule run's.
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from app.core.misfire import Occurrence
 from app.core.retries import CallOutcome, RetryPolicy, decide_retry
-from app.lifecycle.cursor import advance
+from app.lifecycle.cursor import advance, past_the_run
 
 LEASE_EXPIRED = "lease expired"
 
@@ -41,6 +46,7 @@ class Attempt:
     scheduled_for: datetime
     attempt: int
     retry: Mapping[str, Any]
+    own_lease: bool = False  # an `allow` job's occurrence: leased on its run row
 
     @property
     def policy(self) -> RetryPolicy:
@@ -55,6 +61,8 @@ class Settlement:
     error: str | None
     job: dict | None  # column values for the job row (schedule runs), lease cleared
     retry_at: datetime | None  # an off-schedule retry: a new run row due then
+    skipped: tuple[Occurrence, ...] = ()  # due while the run was in flight (overlap skip)
+    unrecorded_skips: int = 0  # more of them, beyond those listed
 
     @property
     def dead(self) -> bool:
@@ -72,14 +80,14 @@ def settle(
     """Decide one settled attempt. `job` is the locked job row (schedule runs only);
     `retry_now` (an expired lease) retries at once instead of after a backoff."""
     if outcome.succeeded:
-        return Settlement("succeeded", None, _moved_on(job, attempt, dead=False), None)
+        return _moved_on(job, attempt, "succeeded", None, now)
     decision = decide_retry(attempt.policy, attempt.attempt, outcome, now, rand)
     error = decision.reason
     if decision.dead:
-        return Settlement("dead", error, _moved_on(job, attempt, dead=True), None)
+        return _moved_on(job, attempt, "dead", error, now)
     retry_at = now if retry_now else decision.retry_at
     assert retry_at is not None  # decide_retry times every retry that is not dead
-    if attempt.origin != "schedule":
+    if attempt.origin != "schedule" or attempt.own_lease:
         return Settlement("failed", error, None, retry_at)
     return Settlement("failed", error, _retried(job, attempt, retry_at), None)
 
@@ -100,10 +108,13 @@ def _retried(job: Mapping[str, Any] | None, attempt: Attempt, retry_at: datetime
     return values
 
 
-def _moved_on(job: Mapping[str, Any] | None, attempt: Attempt, dead: bool) -> dict | None:
-    if job is None or attempt.origin != "schedule":
-        return None
+def _moved_on(
+    job: Mapping[str, Any] | None, attempt: Attempt, run_state: str, error: str | None, now: datetime
+) -> Settlement:
+    if job is None or attempt.origin != "schedule" or attempt.own_lease:
+        return Settlement(run_state, error, None, None)
     values: dict = {"lease_token": None, "leased_until": None, "attempt": 0, "misfire_exempt": False}
+    past = None
     if job["schedule_kind"] == "once":
         following = None
     else:
@@ -111,15 +122,19 @@ def _moved_on(job: Mapping[str, Any] | None, attempt: Attempt, dead: bool) -> di
         following = moved.next
         if moved.clear_skipped_range:
             values.update(skipped_after=None, skipped_through=None)
+        if job.get("overlap") == "skip" and job["state"] != "cancelled":
+            past = past_the_run(job, following, now)
+            following = past.next
+    skipped = (past.skipped, past.unrecorded) if past is not None else ((), 0)
     if following is None:
-        final = "dead" if dead and job["schedule_kind"] == "once" else "completed"
+        final = "dead" if run_state == "dead" and job["schedule_kind"] == "once" else "completed"
         if job["state"] in ("running", "paused"):
             values["state"] = final
         if job["state"] != "cancelled":
             values["next_run_at"] = None
-        return values
+        return Settlement(run_state, error, values, None, *skipped)
     if job["state"] != "cancelled":
         values.update(next_run_at=following.fire_at, nominal_at=following.nominal)
     if job["state"] == "running":
         values["state"] = "scheduled"
-    return values
+    return Settlement(run_state, error, values, None, *skipped)

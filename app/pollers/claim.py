@@ -283,6 +283,8 @@ _CLAIMED_COLUMNS = (
     "skipped_through",
 )
 _MOVED_COLUMNS = ("state", "nominal_at", "next_run_at")
+# A job whose overlap is `allow`: its run holds its own lease, the cursor moves on now.
+_PASSED_COLUMNS = ("state", "nominal_at", "next_run_at", "skipped_after", "skipped_through")
 
 
 def claim_batch(
@@ -307,6 +309,15 @@ def claim_batch(
     jsonb_to_recordset(:rows) AS v(job_id uuid, lease_token uuid, leased_until timestamptz,
     nominal_at timestamptz, next_run_at timestamptz, attempt integer, skipped_after timestamptz,
     skipped_through timestamptz) WHERE jobs.job_id = v.job_id AND jobs.job_id = ANY(:keys);
+
+    Jobs whose overlap is `allow` (the run holds its own lease; the cursor moves on past it):
+
+    UPDATE jobs SET state = v.state, nominal_at = v.nominal_at, next_run_at = v.next_run_at,
+    skipped_after = v.skipped_after, skipped_through = v.skipped_through, attempt = :attempt,
+    misfire_exempt = :misfire_exempt, updated_at = :updated_at FROM jsonb_to_recordset(:rows) AS
+    v(job_id uuid, state text, nominal_at timestamptz, next_run_at timestamptz, skipped_after
+    timestamptz, skipped_through timestamptz) WHERE jobs.job_id = v.job_id AND jobs.job_id =
+    ANY(:keys);
 
     Jobs whose misfire plan runs nothing (the cursor moves on):
 
@@ -337,6 +348,7 @@ def claim_batch(
     lease = timedelta(seconds=queued_lease_s(settings))
     due_at = now + timedelta(seconds=relay_grace_s(settings))
     claimed: list[dict] = []
+    passed: list[dict] = []
     moved: list[dict] = []
     new_runs: list[dict] = []
     to_publish: list[DispatchRun] = []
@@ -353,8 +365,13 @@ def claim_batch(
             token = uuid.uuid4()
             ahead = plan.run.fire_at > now
             # The lease runs from the fire instant: a run claimed ahead waits for it.
-            params, run_row = _claim_params(job, plan, token, max(now, plan.run.fire_at) + lease, now, due_at)
-            claimed.append(params)
+            leased_until = max(now, plan.run.fire_at) + lease
+            if plan.own_lease:
+                params, run_row = _passed_params(job, plan, token, leased_until, now, due_at)
+                passed.append(params)
+            else:
+                params, run_row = _claim_params(job, plan, token, leased_until, now, due_at)
+                claimed.append(params)
             new_runs.append(run_row)
             to_publish.append(
                 DispatchRun.from_row(
@@ -371,6 +388,14 @@ def claim_batch(
             match=("job_id",),
             columns=_CLAIMED_COLUMNS,
             constants={"state": "running", "updated_at": now},
+        )
+        update_many(
+            conn,
+            jobs,
+            passed,
+            match=("job_id",),
+            columns=_PASSED_COLUMNS,
+            constants={"attempt": 0, "misfire_exempt": False, "updated_at": now},
         )
         update_many(
             conn,
@@ -423,6 +448,18 @@ def _claim_params(
     }
     run_row = _run_row(job, plan.run.nominal, plan.attempt, "claimed", now)
     run_row.update(lease_token=token, due_at=due_at, published=False)
+    return params, run_row
+
+
+def _passed_params(
+    job: Row, plan: ClaimPlan, token: uuid.UUID, leased_until: datetime, now: datetime, due_at: datetime
+) -> tuple[dict, dict]:
+    """An `allow` job's claim: its run leased on its own row, the job moved past it."""
+    assert plan.run is not None  # only a plan that runs something is claimed
+    after, through = plan.skipped_range or (None, None)
+    params = {**_move_params(job, plan), "skipped_after": after, "skipped_through": through}
+    run_row = _run_row(job, plan.run.nominal, plan.attempt, "claimed", now)
+    run_row.update(lease_token=token, leased_until=leased_until, due_at=due_at, published=False)
     return params, run_row
 
 

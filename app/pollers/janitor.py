@@ -9,8 +9,8 @@ comes back later finds its token gone: its completion changes nothing (invariant
 
 Two scans per shard, each an index range scan in batches with FOR UPDATE SKIP
 LOCKED so that two janitors share the work: jobs by ix_jobs_leased (schedule runs
-hold their lease on the job), runs by ix_runs_leased (triggered and replayed runs
-hold their own).
+hold their lease on the job), runs by ix_runs_leased (triggered, replayed and
+backfilled runs, and the occurrences of `allow` jobs, hold their own).
 """
 
 from __future__ import annotations
@@ -49,15 +49,16 @@ def expired_jobs(shard: int, now: datetime, limit: int, lock: bool = True) -> sa
 def expired_runs(
     shard: int, now: datetime, limit: int, lock: bool = True, held: Collection[str] = ()
 ) -> sa.Select:
-    """Off-schedule runs whose lease passed, but the runs of the `held` owners (paused)
-    that wait to start: they wait for the resume, which renews their leases."""
+    """Runs holding their own lease (off-schedule runs, an `allow` job's occurrences:
+    the only runs whose row has a leased_until) whose lease passed, but the runs of the
+    `held` owners (paused) that wait to start: they wait for the resume, which renews
+    their leases."""
     stmt = (
         sa.select(runs)
         .where(
             runs.c.shard == shard,
             runs.c.state.in_(("claimed", "running")),
             runs.c.leased_until < now,
-            runs.c.origin != "schedule",
         )
         .order_by(runs.c.leased_until)
         .limit(limit)

@@ -17,11 +17,16 @@ it is on time, and its backlog is the current occurrence alone. The cases:
   run_all's cap leaves occurrences unrun, (last run, latest] becomes the skipped
   range that the completion steps over. When nothing runs, the cursor moves to
   the occurrence after the latest due one.
+
+The overlap policy `allow` (app.core.overlap) is applied last (`_own_lease`): the run
+holds a lease of its own instead of the job's, and the cursor moves on past it at
+once (`moved_to`), so the next occurrence is claimed at its instant whatever is in
+flight. The other policies claim as above.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from app.core.misfire import Occurrence, decide_misfire, find_backlog
@@ -40,9 +45,40 @@ class ClaimPlan:
     moved_to: Occurrence | None = None  # when nothing runs: the new cursor (None: the schedule is over)
     skipped_range: tuple[datetime, datetime] | None = None  # new (skipped_after, skipped_through)
     clear_skipped_range: bool = False
+    # overlap `allow`: the run holds its own lease and the job moves on to `moved_to` now.
+    own_lease: bool = False
 
 
 def plan_claim(job: Row, now: datetime, grace_s: float) -> ClaimPlan:
+    """The claim of one due job: its misfire plan, then its overlap policy."""
+    plan = _plan_misfire(job, now, grace_s)
+    if plan.run is None or job.get("overlap") != "allow" or job["schedule_kind"] == "once":
+        return plan
+    return _own_lease(job, plan)
+
+
+def _own_lease(job: Row, plan: ClaimPlan) -> ClaimPlan:
+    """`plan` for a job whose overlap is `allow`: its run holds a lease of its own and
+    the job's cursor moves past it now, through the skipped range the plan leaves."""
+    assert plan.run is not None
+    skipped_after, skipped_through = job.get("skipped_after"), job.get("skipped_through")
+    if plan.skipped_range is not None:
+        skipped_after, skipped_through = plan.skipped_range
+    elif plan.clear_skipped_range:
+        skipped_after = skipped_through = None
+    moved = advance(
+        {**job, "skipped_after": skipped_after, "skipped_through": skipped_through}, plan.run.nominal
+    )
+    kept = None
+    if not moved.clear_skipped_range and skipped_after is not None and skipped_through is not None:
+        kept = (skipped_after, skipped_through)
+    # For a plan that moves the cursor, the range is the whole value to write.
+    return replace(
+        plan, own_lease=True, moved_to=moved.next, skipped_range=kept, clear_skipped_range=kept is None
+    )
+
+
+def _plan_misfire(job: Row, now: datetime, grace_s: float) -> ClaimPlan:
     current = Occurrence(job["nominal_at"], job["next_run_at"])
     now = max(now, current.fire_at)  # claimed ahead: planned as at its instant
     if job["misfire_exempt"] or job["schedule_kind"] == "once":

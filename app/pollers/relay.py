@@ -26,6 +26,7 @@ from datetime import datetime
 import sqlalchemy as sa
 
 from app import metrics, tracing
+from app.core import jitter
 from app.core.timefmt import utcnow
 from app.lifecycle.message import DispatchRun, to_messages
 from app.registry.bulk import key_in, state_among
@@ -61,7 +62,9 @@ def publish_claimed(engine: sa.Engine, shard: int, claimed: Sequence[DispatchRun
 def outbox_due(lock: bool = True, holding: bool = False) -> sa.Select:
     """Unpublished claimed runs of a shard whose due_at has passed (ix_runs_outbox),
     with their job's payload (runs do not copy it) and, for a schedule run, its fire
-    instant: the job's next_run_at while the job holds that run's lease. `holding`:
+    instant: the job's next_run_at while the job holds that run's lease (a run with a
+    lease of its own, an `allow` job's, has it from its occurrence and the job's
+    jitter_s, `_fire_at`). `holding`:
     none of the owners bound as `held` (paused owners: their runs wait).
 
     Built once (every poll tick sweeps); `shard`, `now`, `limit` (and `held`) are bound
@@ -71,7 +74,7 @@ def outbox_due(lock: bool = True, holding: bool = False) -> sa.Select:
         else_=sa.null(),
     ).label("fire_at")
     stmt = (
-        sa.select(runs, jobs.c.payload, fire_at)
+        sa.select(runs, jobs.c.payload, jobs.c.jitter_s, fire_at)
         .join(jobs, jobs.c.job_id == runs.c.job_id)
         .where(
             runs.c.shard == sa.bindparam("shard"),
@@ -137,14 +140,24 @@ def sweep(
             rows = conn.execute(outbox_due(lock, holding), {**bound, "limit": limit}).mappings().all()
             if not rows:
                 return total
-            found = [DispatchRun.from_row(row, row["payload"], row["fire_at"]) for row in rows]
+            found = [DispatchRun.from_row(row, row["payload"], _fire_at(row)) for row in rows]
             _send_all(shard, found, send)
             conn.execute(_mark_published(conn, [run.run_id for run in found]))
         if spans is not None:  # a schedule run's claim has its span already (its claim's)
-            spans.claimed([run for run in found if run.off_schedule], began_ns, time.time_ns(), "relay sweep")
+            spans.claimed(
+                [run for run in found if run.leased_on_run], began_ns, time.time_ns(), "relay sweep"
+            )
         total += len(found)
         if len(rows) < limit:
             return total
+
+
+def _fire_at(row) -> datetime | None:
+    """When a swept schedule run may start: the job's next_run_at while the job holds its
+    lease, or, for a run holding its own (an `allow` job's), its occurrence's instant."""
+    if row["fire_at"] is not None or row["origin"] != "schedule" or row["leased_until"] is None:
+        return row["fire_at"]
+    return jitter.fire_at(row["job_id"], row["scheduled_for"], row["jitter_s"])
 
 
 def _send_all(shard: int, found: Sequence[DispatchRun], send: Send) -> int:

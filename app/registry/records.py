@@ -93,6 +93,7 @@ def new_job_row(
     request_hash: str | None = None,
     labels: Mapping[str, str] | None = None,
     job_key: str | None = None,
+    overlap: str = "buffer_one",
 ) -> dict[str, Any]:
     """The row of a new `scheduled` job whose first nominal occurrence is `first`.
 
@@ -127,6 +128,7 @@ def new_job_row(
         "labels": dict(labels or {}),
         "job_key": job_key,
         "rescheduled_at": None,
+        "overlap": overlap,
     }
 
 

@@ -117,6 +117,8 @@ jobs = sa.Table(
     # When the schedule, dst or jitter last changed: the next occurrence is computed
     # strictly after it even by a run in flight then (app.lifecycle.cursor.advance).
     sa.Column("rescheduled_at", UTCDateTime(), nullable=True),
+    # What an occurrence due while a run is in flight does (app.core.overlap).
+    sa.Column("overlap", sa.Text(), nullable=False, server_default="buffer_one"),
     sa.CheckConstraint(sa.column("state").in_(JOB_STATES), name="state"),
 )
 

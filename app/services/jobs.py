@@ -99,6 +99,7 @@ def spec_row(
         idempotency_key=idempotency_key,
         request_hash=request_hash,
         labels=spec.labels,
+        overlap=spec.overlap,
     )
 
 
@@ -371,7 +372,7 @@ def _replaced(row: Row, changes: Mapping[str, Any], now: datetime) -> dict[str, 
     run holds the job, and is remembered (`rescheduled_at`) so that a run in flight
     moves on strictly after the change (app.lifecycle.cursor)."""
     values: dict[str, Any] = {"updated_at": now}
-    for field in ("name", "target", "payload", "misfire", "jitter_s", "labels"):
+    for field in ("name", "target", "payload", "misfire", "jitter_s", "labels", "overlap"):
         if field in changes:
             values[field] = changes[field]
     schedule = changes.get("schedule", schedule_of(row))
@@ -491,6 +492,7 @@ def spec_changes(spec: JobSpec) -> dict[str, Any]:
         "dst": spec.dst,
         "jitter_s": spec.jitter_s,
         "labels": spec.labels,
+        "overlap": spec.overlap,
     }
 
 
@@ -507,6 +509,7 @@ def _same_spec(row: Row, spec: JobSpec) -> bool:
         and dst_of(row) == spec.dst
         and row["jitter_s"] == spec.jitter_s
         and row["labels"] == spec.labels
+        and row["overlap"] == spec.overlap
     )
 
 
@@ -576,9 +579,53 @@ def _unclaim(conn: sa.Connection, job: Row, now: datetime) -> Row | None:
     `running`, nothing is taken back) or it waits and then finds nothing to start.
     """
     token = job["lease_token"]
-    if token is None or not _take_back(conn, [(job["job_id"], token)], now):
+    if token is None:
+        return _rewind(conn, job, now) if job["overlap"] == "allow" else None
+    if not _take_back(conn, [(job["job_id"], token)], now):
         return None
     return conn.execute(sa.select(jobs).where(jobs.c.job_id == job["job_id"])).mappings().one()
+
+
+def _rewind(conn: sa.Connection, job: Row, now: datetime) -> Row | None:
+    """`_unclaim` for a job whose overlap is `allow`: its occurrences claimed and not
+    started (first attempts, each leased on its own row; a retry keeps its row, as an
+    off-schedule run's does) are taken back, and the cursor, which the claim moved past
+    them, goes back to the earliest, so the claim (or the resume) takes them again.
+    Returns the job row then, else None."""
+    taken = (
+        conn.execute(
+            sa.delete(runs)
+            .where(
+                runs.c.job_id == job["job_id"],
+                runs.c.origin == "schedule",
+                runs.c.attempt == 1,
+                runs.c.leased_until.isnot(None),
+                state_among(runs.c.state, ("claimed",)),
+            )
+            .returning(runs.c.scheduled_for)
+        )
+        .scalars()
+        .all()
+    )
+    if not taken:
+        return None
+    earliest = min(taken)
+    return (
+        conn.execute(
+            jobs.update()
+            .where(jobs.c.job_id == job["job_id"])
+            .values(
+                nominal_at=earliest,
+                next_run_at=fire_at(job["job_id"], earliest, job["jitter_s"]),
+                attempt=0,
+                misfire_exempt=False,
+                updated_at=now,
+            )
+            .returning(*jobs.c)
+        )
+        .mappings()
+        .one()
+    )
 
 
 def _take_back(conn: sa.Connection, leases: Sequence[tuple[uuid.UUID, uuid.UUID]], now: datetime) -> set:
@@ -642,13 +689,20 @@ def pause_selected(registry: Registry, owner: str, selector: Mapping[str, str], 
     not started are taken back; runs in flight finish."""
 
     def pause(conn: sa.Connection, ids: list) -> int:
-        moved = conn.execute(
-            jobs.update()
-            .where(key_in(conn, jobs.c.job_id, ids), jobs.c.state.in_(("scheduled", "running")))
-            .values(state="paused", updated_at=now)
-            .returning(jobs.c.job_id, jobs.c.lease_token)
-        ).all()
-        _take_back(conn, [(row.job_id, row.lease_token) for row in moved if row.lease_token is not None], now)
+        moved = (
+            conn.execute(
+                jobs.update()
+                .where(key_in(conn, jobs.c.job_id, ids), jobs.c.state.in_(("scheduled", "running")))
+                .values(state="paused", updated_at=now)
+                .returning(*jobs.c)
+            )
+            .mappings()
+            .all()
+        )
+        _take_back(conn, [(row["job_id"], row["lease_token"]) for row in moved if row["lease_token"]], now)
+        for row in moved:
+            if row["overlap"] == "allow":
+                _rewind(conn, row, now)
         return len(moved)
 
     return _for_selected(registry, owner, selector, pause)
@@ -698,12 +752,12 @@ def cancel_selected(registry: Registry, owner: str, selector: Mapping[str, str],
 def take_back_owner(registry: Registry, index: int, owner: str, now: datetime) -> tuple[int, int]:
     """What `punctual owners pause` takes back of `owner` on database `index`, in one
     transaction: its schedule runs claimed and not started (`_take_back`: the jobs are
-    due again as they were), and its off-schedule runs not started, which get a new
-    lease token (their dispatch messages start nothing), `published` false and no
-    lease: they wait in the outbox, which the relay sweep does not publish for a
-    paused owner, and the janitor has nothing to take back. Returns (schedule runs
-    taken back, off-schedule runs held). Job rows first, in key order, then runs, as
-    everywhere."""
+    due again as they were), and its runs leased on their own rows and not started
+    (off-schedule runs, an `allow` job's occurrences), which get a new lease token
+    (their dispatch messages start nothing) and `published` false: they wait in the
+    outbox, which the relay sweep does not publish for a paused owner, and the janitor
+    does not take them back. Returns (schedule runs taken back, runs held). Job rows
+    first, in key order, then runs, as everywhere."""
     engine = registry.engines[index]
     with engine.begin() as conn:
         leased = sa.select(jobs.c.job_id, jobs.c.lease_token).where(
@@ -713,20 +767,22 @@ def take_back_owner(registry: Registry, index: int, owner: str, now: datetime) -
             leased = leased.with_for_update()
         leases = conn.execute(served_only(registry, index, leased.order_by(jobs.c.job_id), jobs)).all()
         taken = _take_back(conn, [(row.job_id, row.lease_token) for row in leases], now)
+        # Runs leased on their own rows (off-schedule, an `allow` job's): the only runs
+        # whose row has a leased_until. The janitor passes a paused owner's by.
         waiting = runs.update().where(
-            runs.c.owner == owner, runs.c.state == "claimed", runs.c.origin != "schedule"
+            runs.c.owner == owner, runs.c.state == "claimed", runs.c.leased_until.isnot(None)
         )
         held = conn.execute(
             served_only(registry, index, waiting, runs)
-            .values(lease_token=random_uuid(conn), published=False, leased_until=None, updated_at=now)
+            .values(lease_token=random_uuid(conn), published=False, updated_at=now)
             .returning(runs.c.run_id)
         ).all()
     return len(taken), len(held)
 
 
 def renew_held_runs(registry: Registry, index: int, owner: str, now: datetime) -> int:
-    """At `punctual owners resume`: every off-schedule run of `owner` waiting to start
-    on database `index` (held by the pause, or a retry made while it lasted) gets a
+    """At `punctual owners resume`: every run of `owner` leased on its own row waiting to
+    start on database `index` (held by the pause, or a retry made while it lasted) gets a
     lease from now, as long as a claimed run's (queued_lease_s), or keeps a longer one
     (a run a rate holds to a later instant), so the janitor does not take back what
     the relay sweep is about to publish. Returns how many."""
@@ -736,7 +792,7 @@ def renew_held_runs(registry: Registry, index: int, owner: str, now: datetime) -
         waiting = runs.update().where(
             runs.c.owner == owner,
             runs.c.state == "claimed",
-            runs.c.origin != "schedule",
+            runs.c.leased_until.isnot(None),
             runs.c.published == sa.false(),
         )
         renewed = conn.execute(

@@ -225,9 +225,10 @@ def pause_owner(registry: Registry, owner: str, settle_s: float = PAUSE_SETTLE_S
     owner's due rows, sweeps its unpublished runs), and what was claimed meanwhile is
     taken back on every database, each in one transaction: a schedule run claimed
     and not started is deleted and its job's lease cleared (the job is due again as
-    it was, as a pause of the job does it), and an off-schedule run not started gets
-    a new lease token, so its dispatch message starts nothing, and goes back to the
-    outbox unpublished with no lease (the janitor has nothing to take back). LookupError
+    it was, as a pause of the job does it), and a run leased on its own row (an
+    off-schedule run, an `allow` job's occurrence) not started gets a new lease token,
+    so its dispatch message starts nothing, and goes back to the outbox unpublished
+    (the janitor does not take back a paused owner's waiting runs). LookupError
     for an unknown owner. Pausing a paused owner takes back again and changes nothing else.
     """
     with registry.home.begin() as conn:

@@ -29,12 +29,24 @@ from app.core.errors import FieldError, ValidationError
 from app.core.jitter import parse_jitter_s
 from app.core.labels import parse_labels, parse_selector_object
 from app.core.misfire import MISFIRE_POLICIES, parse_misfire
+from app.core.overlap import DEFAULT_OVERLAP, parse_overlap
 from app.core.private_targets import TargetPolicy
 from app.core.retries import RetryPolicy, parse_retry
 from app.core.schedules import DstPolicy, Schedule, parse_dst, parse_schedule
 from app.services import addresses
 
-JOB_FIELDS = ("name", "target", "payload", "schedule", "retry", "misfire", "dst", "jitter_s", "labels")
+JOB_FIELDS = (
+    "name",
+    "target",
+    "payload",
+    "schedule",
+    "retry",
+    "misfire",
+    "dst",
+    "jitter_s",
+    "labels",
+    "overlap",
+)
 REQUIRED_FIELDS = ("name", "target", "schedule")
 WEBHOOK_FIELDS = ("type", "url", "method", "headers", "timeout_s", "limits")
 QUEUE_FIELDS = ("type", "topic", "limits")
@@ -81,6 +93,7 @@ class JobSpec:
     dst: DstPolicy
     jitter_s: int
     labels: dict[str, str]
+    overlap: str
 
 
 def validate_job(
@@ -101,6 +114,7 @@ def validate_job(
         dst=values.get("dst", DstPolicy()),
         jitter_s=values.get("jitter_s", 0),
         labels=values.get("labels", {}),
+        overlap=values.get("overlap", DEFAULT_OVERLAP),
     )
 
 
@@ -419,6 +433,7 @@ _PARSERS: dict[str, Callable[[Any, Any], Any]] = {
     "dst": lambda value, _p: parse_dst(value, "dst"),
     "jitter_s": _jitter,
     "labels": lambda value, _p: parse_labels(value, "labels"),
+    "overlap": lambda value, _p: parse_overlap(value),
 }
 
 

@@ -122,7 +122,7 @@ def _recorded_as_failure(item: Finished, failure: Exception) -> Finished:
 def _reserver(run: DispatchRun) -> str:
     """Who owns a run's rate reservation across a hold: a schedule run is made anew
     by the next claim, so its job; an off-schedule run keeps its row."""
-    return str(run.run_id if run.off_schedule else run.job_id)
+    return str(run.run_id if run.leased_on_run else run.job_id)
 
 
 class HolderNames:

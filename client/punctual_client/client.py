@@ -129,6 +129,7 @@ class Client:
         dst: DstPolicy | None = None,
         jitter_s: int | None = None,
         labels: Mapping[str, str] | None = None,
+        overlap: str | None = None,
         idempotency_key: str | None = None,
     ) -> Job:
         """Create a job. With `idempotency_key`, a repeat with the same body returns the same job."""
@@ -142,6 +143,7 @@ class Client:
             "dst": dst,
             "jitter_s": jitter_s,
             "labels": None if labels is None else dict(labels),
+            "overlap": overlap,
         }
         return self.create_job_from(
             {k: v for k, v in body.items() if v is not None}, idempotency_key=idempotency_key
@@ -244,7 +246,8 @@ class Client:
     def update_job(self, job_id: str, **fields: Any) -> Job:
         """PATCH: each named field is replaced whole.
 
-        The fields: name, target, payload, schedule, retry, misfire, dst, jitter_s.
+        The fields: name, target, payload, schedule, retry, misfire, dst, jitter_s,
+        labels, overlap.
         """
         return Job.from_json(self._request("PATCH", f"/jobs/{quote(job_id, safe='')}", json_body=fields))
 

@@ -144,6 +144,7 @@ class Job:
     raw: dict[str, Any] = field(repr=False, compare=False)
     labels: dict[str, str] = field(default_factory=dict)
     key: str | None = None  # set by put_job (PUT /jobs/by-key/{key})
+    overlap: str = "buffer_one"  # buffer_one | skip | allow
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Job:
@@ -165,6 +166,7 @@ class Job:
             raw=data,
             labels=dict(data.get("labels") or {}),
             key=data.get("key"),
+            overlap=data.get("overlap", "buffer_one"),
         )
 
 

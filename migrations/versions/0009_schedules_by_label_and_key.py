@@ -1,4 +1,4 @@
-"""Labels and keys on jobs; backfill runs; the owner switch.
+"""Labels, keys and the overlap policy on jobs; backfill runs; the owner switch.
 
 jobs.labels holds a job's string pairs; on PostgreSQL a GIN index (jsonb_path_ops)
 serves the containment test of a selector (`labels @> '{"team": "billing"}'`).
@@ -12,6 +12,8 @@ every existing row met the narrower one, and validating would hold the runs tabl
 write lock for a scan of the whole history. SQLite rebuilds the table (batch mode).
 
 owners.paused_at is set while `punctual owners pause` holds an owner's runs.
+jobs.overlap is each job's overlap policy; every existing job keeps what it did
+(`buffer_one`, a constant default: nothing is rewritten).
 
 Revision ID: 0009
 Revises: 0007
@@ -47,6 +49,7 @@ def upgrade() -> None:
     )
     _widen_run_origins(postgres)
     op.add_column("owners", sa.Column("paused_at", UTCDateTime(), nullable=True))
+    op.add_column("jobs", sa.Column("overlap", sa.Text(), nullable=False, server_default="buffer_one"))
 
 
 ORIGINS = "origin IN ('schedule', 'trigger', 'replay', 'backfill')"

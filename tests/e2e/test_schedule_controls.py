@@ -125,3 +125,47 @@ def test_each_call_carries_its_runs_trace_and_the_worker_exports_claim_dispatch_
     assert spans["punctual.call"].span_id == parent  # what the target got is the call's span
     assert spans["punctual.call"].attributes["http.response.status_code"] == 200
     assert spans["punctual.claim"].attributes["punctual.job_id"] == job["id"]
+
+
+def test_the_overlap_policies_with_calls_slower_than_the_schedule(stack, api, sink):
+    """Every second, each call 2.5 s: `allow` runs each occurrence on time, side by side;
+    `skip` and `buffer_one` never overlap, skip recording what fell due meanwhile and
+    buffer_one running the latest of it as soon as the run ends."""
+    import time
+
+    from app.core.overlap import IN_FLIGHT
+
+    call_s = 2.5
+    start_at = utcnow().replace(microsecond=0) + timedelta(seconds=2)
+    made = {}
+    for overlap in ("allow", "skip", "buffer_one"):
+        sink.script(f"/overlap-{overlap}", [Answer(200, delay_s=call_s)])
+        made[overlap] = api.create(
+            target=hook(sink, f"/overlap-{overlap}"),
+            schedule={"interval_s": 1, "start_at": format_instant(start_at)},
+            overlap=overlap,
+        )
+    time.sleep(max(0.0, (start_at - utcnow()).total_seconds()) + 7)
+    for job in made.values():
+        api.request("DELETE", f"/jobs/{job['id']}", expect=200)
+    calls = {overlap: sorted(c.at for c in sink.calls(f"/overlap-{overlap}")) for overlap in made}
+
+    def most_in_flight(times: list[float]) -> int:
+        return max(sum(1 for t in times if t <= at < t + call_s) for at in times)
+
+    assert len(calls["allow"]) >= 4 and most_in_flight(calls["allow"]) >= 2
+    keys = [c.header("Idempotency-Key") for c in sink.calls("/overlap-allow")]
+    assert len(set(keys)) == len(keys)  # one run per occurrence, each its own key
+    for overlap in ("skip", "buffer_one"):
+        assert len(calls[overlap]) >= 2 and most_in_flight(calls[overlap]) == 1, (overlap, calls[overlap])
+
+    def skipped(overlap: str) -> list[str]:
+        runs = api.wait_runs(
+            made[overlap]["id"], lambda h: all(r["state"] not in ("claimed", "running") for r in h)
+        )
+        return [r["error"] for r in runs if r["state"] == "skipped"]
+
+    # (A claim that came late on a busy box may also supersede an occurrence: run_once.)
+    assert IN_FLIGHT in skipped("skip")
+    assert skipped("buffer_one") and all("(run_once)" in error for error in skipped("buffer_one"))
+    assert IN_FLIGHT not in skipped("allow") + skipped("buffer_one")

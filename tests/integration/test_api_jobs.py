@@ -41,6 +41,7 @@ def test_create_answers_201_the_job_and_its_location(alice):
         "misfire",
         "dst",
         "jitter_s",
+        "overlap",
         "attempt",
         "labels",
         "created_at",

@@ -70,9 +70,14 @@ def test_the_signing_secret_is_never_on_the_broker():
     assert not any("secret" in key for key in run().to_message())
 
 
-def test_off_schedule_runs_hold_their_own_lease():
-    assert not run().off_schedule
-    assert run(origin="trigger").off_schedule and run(origin="replay").off_schedule
+def test_off_schedule_runs_and_the_runs_of_an_allow_job_hold_their_own_lease():
+    assert not run().leased_on_run
+    assert run(origin="trigger").leased_on_run and run(origin="replay").leased_on_run
+    assert run(origin="backfill").leased_on_run
+    allowed = run(own_lease=True)
+    assert allowed.leased_on_run and allowed.origin == "schedule"
+    assert DispatchRun.from_message(allowed.to_message()) == allowed
+    assert "own_lease" not in run().to_message()
 
 
 def test_chunks_are_even_and_keep_the_order():

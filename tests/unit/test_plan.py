@@ -105,3 +105,37 @@ def test_a_job_claimed_ahead_is_on_time_under_every_policy(policy):
     plan = plan_claim(row(policy, behind_s=-5, interval_s=60), NOW, grace_s=0)
     assert plan.run.nominal == NOW + timedelta(seconds=5) and plan.attempt == 1
     assert plan.skipped == () and plan.unrecorded_skips == 0 and plan.skipped_range is None
+
+
+# --- overlap `allow`: the run holds its own lease, the cursor moves on at once --------
+
+
+def test_an_allow_job_moves_past_its_run_at_the_claim():
+    plan = plan_claim(row(behind_s=0, overlap="allow"), NOW, grace_s=1)
+    assert plan.own_lease and plan.run.nominal == NOW and plan.attempt == 1
+    assert plan.moved_to.nominal == NOW + timedelta(seconds=1)
+
+
+def test_an_allow_job_behind_runs_its_misfire_plan_then_moves_past_it():
+    once = plan_claim(row("run_once", behind_s=3, overlap="allow"), NOW, grace_s=1)
+    assert once.own_lease and once.run.nominal == NOW and len(once.skipped) == 3
+    assert once.moved_to.nominal == NOW + timedelta(seconds=1)
+    every = plan_claim(row("run_all", behind_s=3, overlap="allow"), NOW, grace_s=1)
+    assert every.run.nominal == NOW - timedelta(seconds=3)
+    assert every.moved_to.nominal == NOW - timedelta(seconds=2)  # due: the next claim takes it
+
+
+def test_an_allow_job_with_no_occurrence_left_is_over_at_the_claim():
+    plan = plan_claim(row(behind_s=0, overlap="allow", end_at=NOW), NOW, grace_s=1)
+    assert plan.own_lease and plan.run.nominal == NOW and plan.moved_to is None
+
+
+@pytest.mark.parametrize("overlap", ["buffer_one", "skip"])
+def test_the_other_policies_claim_with_the_jobs_lease(overlap):
+    plan = plan_claim(row(behind_s=0, overlap=overlap), NOW, grace_s=1)
+    assert not plan.own_lease and plan.moved_to is None
+
+
+def test_a_one_off_is_claimed_with_the_jobs_lease_whatever_its_overlap():
+    once = row(behind_s=0, overlap="allow", schedule_kind="once", run_at=NOW, interval_s=None)
+    assert not plan_claim(once, NOW, grace_s=1).own_lease

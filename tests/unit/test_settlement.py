@@ -119,3 +119,48 @@ def test_a_schedule_changed_during_the_run_moves_on_strictly_after_the_change():
     assert done.job["nominal_at"] == NOMINAL + timedelta(minutes=8)
     earlier = settle(attempt(), CallOutcome(status_code=200), job(rescheduled_at=NOMINAL), NOW, zero)
     assert earlier.job["nominal_at"] == NOMINAL + timedelta(minutes=1)  # a change before the run: as ever
+
+
+# --- overlap --------------------------------------------------------------------------
+
+
+def test_a_skip_job_skips_what_fell_due_while_its_run_was_in_flight():
+    from app.core.overlap import IN_FLIGHT
+
+    later = NOMINAL + timedelta(minutes=4, seconds=10)  # four occurrences fell due meanwhile
+    done = settle(attempt(), CallOutcome(status_code=200), job(overlap="skip", jitter_s=0), later, zero)
+    assert [o.nominal for o in done.skipped] == [NOMINAL + timedelta(minutes=m) for m in range(1, 5)]
+    assert done.unrecorded_skips == 0 and done.job["nominal_at"] == NOMINAL + timedelta(minutes=5)
+    assert IN_FLIGHT == "a run of the job was in flight (overlap skip)"
+    quick = settle(attempt(), CallOutcome(status_code=200), job(overlap="skip", jitter_s=0), NOW, zero)
+    assert quick.skipped == () and quick.job["nominal_at"] == NOMINAL + timedelta(minutes=1)
+
+
+def test_a_skip_job_after_a_long_run_records_at_most_the_cap_and_counts_the_rest():
+    from app.lifecycle.cursor import SKIPPED_CAP
+
+    every_second = job(overlap="skip", jitter_s=0, schedule_kind="interval", cron=None, interval_s=1)
+    later = NOMINAL + timedelta(hours=1)
+    done = settle(attempt(), CallOutcome(status_code=200), every_second, later, zero)
+    assert len(done.skipped) == SKIPPED_CAP and done.unrecorded_skips == 3600 - SKIPPED_CAP
+    assert done.job["nominal_at"] == later + timedelta(seconds=1)
+    # A cron schedule's occurrences are only counted by a walk: the rest is a lower bound.
+    cron = settle(
+        attempt(), CallOutcome(status_code=200), job(overlap="skip", cron="* * * * * *"), later, zero
+    )
+    assert len(cron.skipped) == SKIPPED_CAP and cron.unrecorded_skips >= 1
+    assert cron.job["next_run_at"] > later  # its jittered instant is still ahead
+
+
+def test_buffer_one_moves_on_from_the_runs_occurrence_as_before():
+    later = NOMINAL + timedelta(minutes=4, seconds=10)
+    done = settle(attempt(), CallOutcome(status_code=200), job(overlap="buffer_one", jitter_s=0), later, zero)
+    assert done.skipped == () and done.job["nominal_at"] == NOMINAL + timedelta(minutes=1)
+
+
+def test_an_allow_jobs_run_is_retried_as_a_run_of_its_own():
+    own = Attempt(uuid.UUID(int=5), "schedule", NOMINAL, 1, RETRY, own_lease=True)
+    failed = settle(own, CallOutcome(status_code=503), None, NOW, zero)
+    assert (failed.run_state, failed.job, failed.retry_at) == ("failed", None, NOW + timedelta(seconds=5))
+    done = settle(own, CallOutcome(status_code=200), None, NOW, zero)
+    assert (done.run_state, done.job, done.retry_at) == ("succeeded", None, None)
