@@ -32,14 +32,17 @@ from punctual_client.errors import ArgumentError, PunctualError, TransportError,
 from punctual_client.models import (
     Backfill,
     BatchResult,
+    Change,
     DstPolicy,
     Job,
     Misfire,
+    Overlap,
     Page,
     PreviewItem,
     Put,
     RetryPolicy,
     Run,
+    RunOrigin,
     RunState,
     Schedule,
     Selected,
@@ -52,6 +55,7 @@ DEFAULT_TIMEOUT_S = 30.0
 MAX_BATCH = 1000  # the most jobs POST /jobs/batch takes in one request
 # The states in which a run's occurrence is over: nothing more happens to it unless replayed.
 ENDED: tuple[RunState, ...] = ("succeeded", "dead")
+CHANGES: tuple[Change, ...] = ("created", "updated", "unchanged")  # what put_job did
 T = TypeVar("T")
 
 
@@ -129,7 +133,7 @@ class Client:
         dst: DstPolicy | None = None,
         jitter_s: int | None = None,
         labels: Mapping[str, str] | None = None,
-        overlap: str | None = None,
+        overlap: Overlap | None = None,
         idempotency_key: str | None = None,
     ) -> Job:
         """Create a job. With `idempotency_key`, a repeat with the same body returns the same job."""
@@ -189,17 +193,19 @@ class Client:
     def get_job(self, job_id: str) -> Job:
         return Job.from_json(self._request("GET", f"/jobs/{quote(job_id, safe='')}"))
 
-    def put_job(self, key: str, body: dict[str, Any], *, dry_run: bool = False) -> Put:
+    def put_job(self, key: str, body: Mapping[str, Any], *, dry_run: bool = False) -> Put:
         """Create the job `key`, or replace it whole with `body` (a create body); the
         same body again changes nothing. With `dry_run`, only say what it would do."""
-        response = self._request_with_headers(
+        data, headers = self._request_with_headers(
             "PUT",
             f"/jobs/by-key/{quote(key, safe='')}",
             json_body=body,
             params={"dry_run": "true" if dry_run else None},
         )
-        data, headers = response
-        return Put(change=headers.get("Punctual-Change", ""), job=Job.from_json(data))
+        change = headers.get("Punctual-Change")
+        if change not in CHANGES:
+            raise PunctualError(f"PUT /jobs/by-key/{key}: no Punctual-Change in the answer ({change!r})")
+        return Put(change=change, job=Job.from_json(data))
 
     def get_job_by_key(self, key: str) -> Job:
         return Job.from_json(self._request("GET", f"/jobs/by-key/{quote(key, safe='')}"))
@@ -293,7 +299,7 @@ class Client:
         self,
         job_id: str,
         *,
-        origin: str | None = None,
+        origin: RunOrigin | None = None,
         limit: int | None = None,
         cursor: str | None = None,
     ) -> Page[Run]:
@@ -306,7 +312,9 @@ class Client:
         )
         return Page([Run.from_json(item) for item in data["items"]], data["next_cursor"])
 
-    def iter_runs(self, job_id: str, *, origin: str | None = None, page_size: int = 100) -> Iterator[Run]:
+    def iter_runs(
+        self, job_id: str, *, origin: RunOrigin | None = None, page_size: int = 100
+    ) -> Iterator[Run]:
         return self._follow(
             lambda cursor: self.list_runs(job_id, origin=origin, limit=page_size, cursor=cursor)
         )

@@ -30,6 +30,9 @@ __all__ = [
     "JobState",
     "RunState",
     "Misfire",
+    "Overlap",
+    "RunOrigin",
+    "Change",
     "DstFlag",
     "HttpMethod",
     "Limits",
@@ -49,6 +52,9 @@ T = TypeVar("T")
 JobState: TypeAlias = Literal["scheduled", "running", "paused", "completed", "cancelled", "dead"]
 RunState: TypeAlias = Literal["claimed", "running", "succeeded", "failed", "dead", "skipped", "replayed"]
 Misfire: TypeAlias = Literal["run_once", "run_all", "skip"]
+Overlap: TypeAlias = Literal["buffer_one", "skip", "allow"]
+RunOrigin: TypeAlias = Literal["schedule", "trigger", "replay", "backfill"]
+Change: TypeAlias = Literal["created", "updated", "unchanged"]
 DstFlag: TypeAlias = Literal["gap_shifted", "overlap_first", "overlap_second"]
 HttpMethod: TypeAlias = Literal["POST", "PUT", "GET", "DELETE", "PATCH"]
 Instant: TypeAlias = datetime | str  # an aware datetime, or RFC 3339 text with an offset
@@ -144,7 +150,7 @@ class Job:
     raw: dict[str, Any] = field(repr=False, compare=False)
     labels: dict[str, str] = field(default_factory=dict)
     key: str | None = None  # set by put_job (PUT /jobs/by-key/{key})
-    overlap: str = "buffer_one"  # buffer_one | skip | allow
+    overlap: Overlap = "buffer_one"
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Job:
@@ -183,7 +189,7 @@ class Run:
     status_code: int | None
     error: str | None
     raw: dict[str, Any] = field(repr=False, compare=False)
-    origin: str = "schedule"  # schedule | trigger | replay | backfill
+    origin: RunOrigin = "schedule"
     job_name: str | None = None  # given by GET /dead-letters only
 
     @classmethod
@@ -275,7 +281,7 @@ class Put:
     """What put_job did (or, with dry_run, would do): `change` is created, updated or
     unchanged, and `job` the job as it is (or would be) after it."""
 
-    change: str
+    change: Change
     job: Job
 
 
