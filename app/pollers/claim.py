@@ -91,10 +91,15 @@ def due_jobs(shard: int, horizon: datetime, limit: int, lock: bool = True) -> sa
 # The claim's statements are built once, their values bound at each execution: a
 # poll tick runs them every batch, and building a statement (and its cache key) anew
 # each time was a few per cent of the worker's CPU on a burst.
+# What a claim reads of a job row: all but what only the API shows (the labels and the
+# key: a JSON document to decode per row, which no claim uses).
+_CLAIM_READS = [column for column in jobs.c if column.name not in ("labels", "job_key")]
+
+
 @functools.cache
 def _due_jobs_statement(lock: bool) -> sa.Select:
     stmt = (
-        sa.select(jobs)
+        sa.select(*_CLAIM_READS)
         .where(
             jobs.c.shard == sa.bindparam("shard"),
             jobs.c.state == "scheduled",
@@ -180,7 +185,7 @@ def fair_due_jobs(
         .render_derived("share")
     )
     per_owner = (
-        sa.select(jobs)
+        sa.select(*_CLAIM_READS)
         .where(
             jobs.c.shard == shard,
             jobs.c.state == "scheduled",
