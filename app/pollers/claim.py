@@ -88,14 +88,14 @@ def due_jobs(shard: int, horizon: datetime, limit: int, lock: bool = True) -> sa
     return _due_jobs_statement(lock).params(shard=shard, horizon=horizon, limit=limit)
 
 
-# The claim's statements are built once, their values bound at each execution: a
-# poll tick runs them every batch, and building a statement (and its cache key) anew
-# each time was a few per cent of the worker's CPU on a burst.
 # What a claim reads of a job row: all but what only the API shows (the labels and the
 # key: a JSON document to decode per row, which no claim uses).
 _CLAIM_READS = [column for column in jobs.c if column.name not in ("labels", "job_key")]
 
 
+# The claim's statements are built once, their values bound at each execution: a
+# poll tick runs them every batch, and building a statement (and its cache key) anew
+# each time was a few per cent of the worker's CPU on a burst.
 @functools.cache
 def _due_jobs_statement(lock: bool) -> sa.Select:
     stmt = (
@@ -121,7 +121,7 @@ def _due_jobs_statement(lock: bool) -> sa.Select:
 # lease is PUNCTUAL_LEASE_S, renewed by the heartbeat. A message whose worker died is
 # handed on by the broker (acks_late), and a dispatch that cannot reach the registry
 # gives its message back, so this lease only covers a message the broker itself lost.
-# (The figure lives in app.settings: a backfill's runs, written by the API, wait so too.)
+# (QUEUED_LEASES is in app.settings: a backfill's runs, which the API writes, wait as long.)
 
 
 def queued_lease_s(settings: Settings) -> float:
