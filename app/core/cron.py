@@ -19,6 +19,7 @@ Two halves, both pure:
 
 from __future__ import annotations
 
+import copy
 import heapq
 import re
 from collections.abc import Iterator
@@ -231,7 +232,7 @@ def _raw_occurrences(
     """
     start = _iteration_start(after, zone)
     horizon = start.year + _HORIZON_YEARS
-    iterator = croniter(expr.croniter_form, start)
+    iterator = _iterator(expr.croniter_form, start)
     pending: list[datetime] = []
     while True:
         try:
@@ -246,7 +247,7 @@ def _raw_occurrences(
             # iterator to the end of the gap instead of walking (a 1 s cron has 3600).
             # (max(): the jump must never go backwards, whatever the zone data says.)
             gap_end = first.astimezone(zone).replace(tzinfo=None)
-            iterator = croniter(expr.croniter_form, max(naive, gap_end - timedelta(seconds=1)))
+            iterator = _iterator(expr.croniter_form, max(naive, gap_end - timedelta(seconds=1)))
             if gap == "skip":
                 continue
         while pending and pending[0] <= first:
@@ -262,6 +263,26 @@ def _raw_occurrences(
                 heapq.heappush(pending, second)
     while pending:
         yield heapq.heappop(pending), OVERLAP_SECOND
+
+
+def _iterator(form: str, start: datetime) -> croniter:
+    """A croniter over `form` whose next occurrence is the first strictly after the
+    naive wall-clock time `start`.
+
+    croniter expands its expression (splits, ranges, steps, name lookups) every time
+    one is built, which costs about as much as finding an occurrence. The expansion
+    depends on the expression alone, so each expression is expanded once per process
+    (`_expanded`) and a shallow copy of it is started wherever a search begins: a
+    search only replaces the copy's own position, never the shared expansion.
+    """
+    iterator = copy.copy(_expanded(form))
+    iterator.set_current(start, force=True)
+    return iterator
+
+
+@lru_cache(maxsize=4096)
+def _expanded(form: str) -> croniter:
+    return croniter(form, _PROBE_START)
 
 
 def _iteration_start(after: datetime, zone: ZoneInfo) -> datetime:
