@@ -190,7 +190,29 @@ def next_fire(schedule: Schedule, dst: DstPolicy, after: datetime, anchor: datet
     `anchor` is the job's created_at: the interval grid's origin when there is no
     start_at. Bounds: start_at <= t <= end_at.
     """
-    return next(iter_fires(schedule, dst, after, anchor), None)
+    if schedule.kind != "cron":
+        return next(iter_fires(schedule, dst, after, anchor), None)
+    _refuse_naive(after, anchor)
+    return _next_cron_fire(schedule.cron, schedule.timezone, schedule.start_at, schedule.end_at, dst, after)
+
+
+# A cron occurrence depends on the expression, the zone, the bounds, the DST policy and
+# `after` alone (never on the job or the anchor), so it is remembered, bounded, per
+# process. The jobs that fire at one instant mostly share their expression and zone
+# ("0 0 * * *" in a few zones at midnight): the claim, which plans each run from its
+# occurrence, and the completion, which moves each job to its next one, then compute
+# each distinct next occurrence once, not two or three times per run.
+@lru_cache(maxsize=4096)
+def _next_cron_fire(
+    text: str | None,
+    timezone: str,
+    start_at: datetime | None,
+    end_at: datetime | None,
+    dst: DstPolicy,
+    after: datetime,
+) -> datetime | None:
+    schedule = Schedule(kind="cron", cron=text, timezone=timezone, start_at=start_at, end_at=end_at)
+    return next((at for at, _flag in _flagged(schedule, dst, after, after)), None)
 
 
 def first_fire(schedule: Schedule, dst: DstPolicy, now: datetime, anchor: datetime) -> datetime | None:
@@ -206,6 +228,13 @@ def first_fire(schedule: Schedule, dst: DstPolicy, now: datetime, anchor: dateti
 
 def iter_fires(schedule: Schedule, dst: DstPolicy, after: datetime, anchor: datetime) -> Iterator[datetime]:
     """Every occurrence strictly after `after`, increasing, within the bounds."""
+    if schedule.kind == "cron":
+        # The first is next_fire's (remembered); the others are those after the first.
+        first = next_fire(schedule, dst, after, anchor)
+        if first is None:
+            return
+        yield first
+        after = first
     for at, _flag in _flagged(schedule, dst, after, anchor):
         yield at
 
@@ -287,9 +316,7 @@ def count_fires(
 def _flagged(
     schedule: Schedule, dst: DstPolicy, after: datetime, anchor: datetime
 ) -> Iterator[tuple[datetime, str | None]]:
-    if after.tzinfo is None or anchor.tzinfo is None:
-        # astimezone() would read a naive time as the HOST's local time: a silent bug.
-        raise ValueError("naive datetime: every instant in Punctual is aware UTC")
+    _refuse_naive(after, anchor)
     if schedule.kind == "once":
         run_at = _run_at(schedule)
         if run_at > after:
@@ -310,6 +337,12 @@ def _flagged(
     except OverflowError:
         # The next occurrence lies past year 9999: none that can be represented remains.
         return
+
+
+def _refuse_naive(*instants: datetime) -> None:
+    if any(instant.tzinfo is None for instant in instants):
+        # astimezone() would read a naive time as the HOST's local time: a silent bug.
+        raise ValueError("naive datetime: every instant in Punctual is aware UTC")
 
 
 def _run_at(schedule: Schedule) -> datetime:
