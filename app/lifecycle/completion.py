@@ -44,7 +44,7 @@ from app import metrics
 from app.core.overlap import IN_FLIGHT
 from app.core.retries import CallOutcome
 from app.lifecycle.message import DispatchRun
-from app.lifecycle.settlement import Attempt, Settlement, settle
+from app.lifecycle.settlement import JOB_COLUMNS, Attempt, Settlement, settle
 from app.registry.bulk import insert_many, key_in, state_in, update_many
 from app.registry.dialect import locks_rows
 from app.registry.engines import Registry, refuse_moved_shards
@@ -277,12 +277,9 @@ def recordable(text: str | None) -> str | None:
     return _UNSTORABLE.sub("\ufffd", text)
 
 
-# What settling needs from a job row: not its target, payload or labels (JSON to decode).
-_SETTLE_COLUMNS = [
-    c
-    for c in jobs.c
-    if c.name not in ("target", "payload", "labels", "name", "idempotency_key", "request_hash", "job_key")
-]
+# What settling needs from a job row: not its target or payload (JSON to decode), nor
+# the instants it never reads (each one decoded is a datetime made per row).
+_SETTLE_COLUMNS = [jobs.c[name] for name in ("lease_token", *JOB_COLUMNS)]
 # What it needs from a one-off's: a recurring job's row also feeds its next occurrence
 # (app.core.schedules.advance), and a burst's one-offs spent more on turning the nine
 # instants of each row into datetimes than on the rest of the lock.

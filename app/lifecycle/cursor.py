@@ -25,6 +25,26 @@ from app.registry.records import dst_of, schedule_of
 # 1-second job is counted, not written 600,000 times); as the claim's run_all cap.
 SKIPPED_CAP = 1000
 
+# The columns of a job row that `advance` and `occurrence` read: its schedule, DST
+# policy, anchor, jitter and run_all's skipped range.
+CURSOR_COLUMNS = (
+    "job_id",
+    "schedule_kind",
+    "run_at",
+    "cron",
+    "timezone",
+    "interval_s",
+    "start_at",
+    "end_at",
+    "dst_gap",
+    "dst_overlap",
+    "created_at",
+    "jitter_s",
+    "skipped_after",
+    "skipped_through",
+    "rescheduled_at",
+)
+
 
 @dataclass(frozen=True)
 class Advance:

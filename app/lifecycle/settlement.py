@@ -32,9 +32,13 @@ from typing import Any
 
 from app.core.misfire import Occurrence
 from app.core.retries import CallOutcome, RetryPolicy, decide_retry
-from app.lifecycle.cursor import advance, past_the_run
+from app.lifecycle.cursor import CURSOR_COLUMNS, advance, past_the_run
 
 LEASE_EXPIRED = "lease expired"
+
+# The columns of the locked job row that `settle` reads (the cursor's, the state and
+# the overlap policy).
+JOB_COLUMNS = ("state", "overlap", *CURSOR_COLUMNS)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 from app.core.jitter import fire_at
 from app.core.retries import CallOutcome
-from app.lifecycle.settlement import Attempt, settle
+from app.lifecycle.settlement import JOB_COLUMNS, Attempt, settle
 
 NOW = datetime(2026, 6, 1, 12, 0, 30, tzinfo=UTC)
 NOMINAL = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
@@ -31,6 +31,8 @@ def job(**overrides) -> dict:
         "skipped_after": None,
         "skipped_through": None,
         "created_at": NOMINAL - timedelta(days=1),
+        "overlap": "buffer_one",
+        "rescheduled_at": None,
     }
     values.update(overrides)
     return values
@@ -164,3 +166,20 @@ def test_an_allow_jobs_run_is_retried_as_a_run_of_its_own():
     assert (failed.run_state, failed.job, failed.retry_at) == ("failed", None, NOW + timedelta(seconds=5))
     done = settle(own, CallOutcome(status_code=200), None, NOW, zero)
     assert (done.run_state, done.job, done.retry_at) == ("succeeded", None, None)
+
+
+def test_settling_reads_only_the_job_columns_the_completion_locks():
+    # The completion reads JOB_COLUMNS alone from a locked job row (`job()` holds just
+    # those): every rule, for every kind, must make do with them.
+    assert set(job()) == set(JOB_COLUMNS)
+    rows = (
+        job(),
+        job(schedule_kind="interval", cron=None, interval_s=60),
+        job(schedule_kind="once", cron=None, run_at=NOMINAL),
+        job(skipped_after=NOMINAL, skipped_through=NOMINAL + timedelta(minutes=5)),
+    )
+    outcomes = (CallOutcome(status_code=200), CallOutcome(status_code=503), CallOutcome(error="timeout"))
+    for row in rows:
+        for outcome in outcomes:
+            for n in (1, 3):
+                assert settle(attempt(n), outcome, row, NOW, zero).job is not None
