@@ -61,8 +61,8 @@ _FIELDS = (
 _ITEM = re.compile(r"(?:(\*)|([0-9a-z]+)(?:-([0-9a-z]+))?)(?:/([0-9]+))?")
 
 # The bounds of an expression, checked before croniter sees it: croniter's cost grows
-# with a field's items, and one is built for each next occurrence. No field has more
-# than 60 values, so 60 items say all a list can.
+# with a field's items, in its expansion and in every search. No field has more than
+# 60 values, so 60 items say all a list can.
 MAX_CHARS = 256
 MAX_ITEMS = 60
 
