@@ -45,11 +45,12 @@ from app.core.overlap import IN_FLIGHT
 from app.core.retries import CallOutcome
 from app.lifecycle.message import DispatchRun
 from app.lifecycle.settlement import JOB_COLUMNS, Attempt, Settlement, settle
-from app.registry.bulk import insert_many, key_in, state_in, update_many
+from app.registry.bulk import key_in
 from app.registry.dialect import locks_rows
 from app.registry.engines import Registry, refuse_moved_shards
 from app.registry.records import run_row
-from app.registry.schema import jobs, runs
+from app.registry.schema import jobs
+from app.registry.statements import FINISH_RUNS, INSERT_RUNS, SETTLE_JOBS, BulkUpdate
 from app.registry.transient import first_line
 
 
@@ -105,7 +106,7 @@ def apply(
     now: datetime,
     rand: Callable[[], float],
     lease_s: float,
-    run_states: tuple[str, ...] = ("running",),
+    runs_write: BulkUpdate = FINISH_RUNS,
     retry_now: bool = False,
     refuse_moved: Iterable[int] = (),
 ) -> CompletionReport:
@@ -113,51 +114,14 @@ def apply(
     a move took a shard of `refuse_moved` away (refuse_moved_shards; read with the job
     rows it locks, when it locks some: one round trip less per flush).
 
-    The runs, fenced by their token and state (the completion's `running`; the
-    janitor's `claimed` or `running`), returning the ones written; a worker's
-    completion also sets started_at and lateness_ms to when the call went out (the
-    janitor's, of a call it cannot know, leaves them):
-
-    UPDATE runs SET state = v.state, finished_at = v.finished_at, status_code = v.status_code, error
-    = v.error, started_at = v.started_at, lateness_ms = v.lateness_ms, leased_until = :leased_until,
-    updated_at = :updated_at FROM jsonb_to_recordset(:rows) AS v(run_id uuid, lease_token uuid,
-    state text, finished_at timestamptz, status_code integer, error text, started_at timestamptz,
-    lateness_ms bigint) WHERE runs.run_id = v.run_id AND runs.run_id = ANY(:keys) AND
-    runs.lease_token IS NOT DISTINCT FROM v.lease_token AND v.lease_token IS NOT NULL AND
-    coalesce(runs.state, '') IN ('running') RETURNING runs.run_id;
-
-    UPDATE runs SET state = v.state, finished_at = v.finished_at, status_code = v.status_code, error
-    = v.error, leased_until = :leased_until, updated_at = :updated_at FROM jsonb_to_recordset(:rows)
-    AS v(run_id uuid, lease_token uuid, state text, finished_at timestamptz, status_code integer,
-    error text) WHERE runs.run_id = v.run_id AND runs.run_id = ANY(:keys) AND runs.lease_token IS
-    NOT DISTINCT FROM v.lease_token AND v.lease_token IS NOT NULL AND coalesce(runs.state, '') IN
-    ('claimed', 'running') RETURNING runs.run_id;
-
-    The jobs of schedule runs, fenced by the token, one statement per shape (a settlement
-    sets only the columns it changes; this is the widest):
-
-    UPDATE jobs SET attempt = v.attempt, leased_until = v.leased_until, misfire_exempt =
-    v.misfire_exempt, next_run_at = v.next_run_at, nominal_at = v.nominal_at, skipped_after =
-    v.skipped_after, skipped_through = v.skipped_through, state = v.state, updated_at = :updated_at,
-    lease_token = :lease_token FROM jsonb_to_recordset(:rows) AS v(job_id uuid, lease_token uuid,
-    attempt integer, leased_until timestamptz, misfire_exempt boolean, next_run_at timestamptz,
-    nominal_at timestamptz, skipped_after timestamptz, skipped_through timestamptz, state text)
-    WHERE jobs.job_id = v.job_id AND jobs.job_id = ANY(:keys) AND jobs.lease_token IS NOT DISTINCT
-    FROM v.lease_token AND v.lease_token IS NOT NULL;
-
-    The next attempts of runs leased on their rows, and the occurrences skipped while a
-    run was in flight (app.registry.records.run_row):
-
-    INSERT INTO runs (run_id, job_id, shard, owner, origin, scheduled_for, attempt, state,
-    lease_token, leased_until, due_at, published, target, retry, started_at, finished_at,
-    lateness_ms, status_code, error, created_at, updated_at) SELECT v.run_id, v.job_id, v.shard,
-    v.owner, v.origin, v.scheduled_for, v.attempt, v.state, v.lease_token, v.leased_until, v.due_at,
-    v.published, v.target, v.retry, v.started_at, v.finished_at, v.lateness_ms, v.status_code,
-    v.error, v.created_at, v.updated_at FROM jsonb_to_recordset(:rows) AS v(run_id uuid, job_id
-    uuid, shard smallint, owner text, origin text, scheduled_for timestamptz, attempt integer, state
-    text, lease_token uuid, leased_until timestamptz, due_at timestamptz, published boolean, target
-    jsonb, retry jsonb, started_at timestamptz, finished_at timestamptz, lateness_ms bigint,
-    status_code integer, error text, created_at timestamptz, updated_at timestamptz);
+    The runs, fenced by their token and state (`runs_write`: the completion's
+    FINISH_RUNS, of runs `running`; the janitor's EXPIRE_RUNS, `claimed` or `running`),
+    returning the ones written; a worker's completion also sets started_at and
+    lateness_ms to when the call went out (the janitor's, of a call it cannot know,
+    leaves them). Then the jobs of schedule runs, fenced by the token, one SETTLE_JOBS
+    per shape (a settlement sets only the columns it changes), and the next attempts of
+    runs leased on their rows and the occurrences skipped while a run was in flight
+    (INSERT_RUNS; app.registry.statements names each).
     """
     locking = {f.run.job_id for f in batch if not f.run.leased_on_run}
     if locking:
@@ -195,15 +159,11 @@ def apply(
         rows = [row for row in run_writes if ("started_at" in row) is called]
         if rows:
             written.update(
-                update_many(
+                runs_write.update(
                     conn,
-                    runs,
                     rows,
-                    match=("run_id", "lease_token"),
-                    columns=_CALLED_COLUMNS if called else _RUN_COLUMNS,
-                    constants={"leased_until": None, "updated_at": now},
-                    where=state_in(runs, run_states),
-                    returning="run_id",
+                    {"leased_until": None, "updated_at": now},
+                    _CALLED_COLUMNS if called else _RUN_COLUMNS,
                 )
             )
     job_writes, new_rows = [], []
@@ -222,15 +182,9 @@ def apply(
     for shape, rows in _by_shape(job_writes):
         # The lease fence, written into the statement: WHERE job_id = ? AND lease_token = ?
         fenced = [{**row, "lease_token": row["_token"]} for row in rows]
-        update_many(
-            conn,
-            jobs,
-            fenced,
-            match=("job_id", "lease_token"),
-            columns=[c for c in shape if c != "lease_token"],
-            constants={"updated_at": now, **({"lease_token": None} if "lease_token" in shape else {})},
-        )
-    insert_many(conn, runs, new_rows)
+        constants = {"updated_at": now, **({"lease_token": None} if "lease_token" in shape else {})}
+        SETTLE_JOBS.update(conn, fenced, constants, [c for c in shape if c != "lease_token"])
+    INSERT_RUNS.insert(conn, new_rows)
     for state, count in states.items():
         metrics.RUNS.labels(state).inc(count)
     if states["dead"]:

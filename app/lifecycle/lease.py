@@ -44,10 +44,11 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 
 from app.lifecycle.message import DispatchRun
-from app.registry.bulk import Update, key_in, same_token, state_among, state_in, update_together
+from app.registry.bulk import key_in, same_token, state_among, update_together
 from app.registry.dialect import locks_rows
 from app.registry.engines import LEASE_FENCE_WAIT_S, Registry, refuse_moved_shards, statement_connection
 from app.registry.schema import jobs, runs
+from app.registry.statements import HEARTBEAT_JOBS, HEARTBEAT_RUNS, START_JOBS, START_RUNS
 from app.registry.transient import retrying
 
 
@@ -116,33 +117,16 @@ def _start_on(
 ) -> list:
     """One try of a start on one DSN, one statement (app.registry.bulk.update_together:
     in autocommit, behind the move fence, refused if a move took these shards away,
-    refuse_moved_shards). Job rows are written before run rows, the janitor's lock
-    order, so the two never deadlock:
-
-    UPDATE jobs SET leased_until = :leased_until FROM jsonb_to_recordset(:rows) AS v(job_id uuid,
-    lease_token uuid) WHERE jobs.job_id = v.job_id AND jobs.job_id = ANY(:keys) AND jobs.lease_token
-    IS NOT DISTINCT FROM v.lease_token AND v.lease_token IS NOT NULL;
-
-    UPDATE runs SET lateness_ms = v.lateness_ms, leased_until = v.leased_until, state = :state,
-    started_at = :started_at, updated_at = :updated_at FROM jsonb_to_recordset(:rows) AS v(run_id
-    uuid, lease_token uuid, lateness_ms bigint, leased_until timestamptz) WHERE runs.run_id =
-    v.run_id AND runs.run_id = ANY(:keys) AND runs.lease_token IS NOT DISTINCT FROM v.lease_token
-    AND v.lease_token IS NOT NULL AND coalesce(runs.state, '') IN ('claimed') RETURNING runs.run_id;
+    refuse_moved_shards): START_JOBS, then START_RUNS (app.registry.statements). Job
+    rows are written before run rows, the janitor's lock order, so the two never
+    deadlock.
     """
     with statement_connection(engine) as conn:
         _, ids = update_together(
             conn,
             [
-                Update(jobs, on_jobs, match=("job_id", "lease_token"), constants={"leased_until": until}),
-                Update(
-                    runs,
-                    rows,
-                    match=("run_id", "lease_token"),
-                    columns=("lateness_ms", "leased_until"),
-                    constants={"state": "running", "started_at": now, "updated_at": now},
-                    where=state_in(runs, ("claimed",)),
-                    returning="run_id",
-                ),
+                START_JOBS.of(on_jobs, {"leased_until": until}),
+                START_RUNS.of(rows, {"state": "running", "started_at": now, "updated_at": now}),
             ],
             refuse_moved=shards,
         )
@@ -312,40 +296,15 @@ def _heartbeat_on(
     run; each update returns the leases it extended. The rows are locked in key order
     first (bulk.locked_in_key_order): a heartbeat covers the runs whose calls ended and
     whose completion is being written, and the completion locks their jobs in key order.
-    In the order of its plan, a heartbeat deadlocked with it:
-
-    UPDATE jobs SET leased_until = :leased_until FROM jsonb_to_recordset(:rows) AS v(job_id uuid,
-    lease_token uuid) WHERE jobs.job_id = v.job_id AND jobs.job_id = ANY(:keys) AND jobs.lease_token
-    IS NOT DISTINCT FROM v.lease_token AND v.lease_token IS NOT NULL AND jobs.job_id IN (SELECT
-    job_id FROM jobs WHERE job_id = ANY(:keys) ORDER BY job_id FOR UPDATE) RETURNING jobs.job_id;
-
-    UPDATE runs SET leased_until = :leased_until FROM jsonb_to_recordset(:rows) AS v(run_id uuid,
-    lease_token uuid) WHERE runs.run_id = v.run_id AND runs.run_id = ANY(:keys) AND runs.lease_token
-    IS NOT DISTINCT FROM v.lease_token AND v.lease_token IS NOT NULL AND coalesce(runs.state, '') IN
-    ('running') AND runs.run_id IN (SELECT run_id FROM runs WHERE run_id = ANY(:keys) ORDER BY
-    run_id FOR UPDATE) RETURNING runs.run_id;
+    In the order of its plan, a heartbeat deadlocked with it. HEARTBEAT_JOBS, then
+    HEARTBEAT_RUNS (app.registry.statements).
     """
     with statement_connection(engine) as conn:
         job_ids, run_ids = update_together(
             conn,
             [
-                Update(
-                    jobs,
-                    on_jobs,
-                    match=("job_id", "lease_token"),
-                    constants=until,
-                    returning="job_id",
-                    lock_in_key_order=True,
-                ),
-                Update(
-                    runs,
-                    on_runs,
-                    match=("run_id", "lease_token"),
-                    constants=until,
-                    where=state_in(runs, ("running",)),
-                    returning="run_id",
-                    lock_in_key_order=True,
-                ),
+                HEARTBEAT_JOBS.of(on_jobs, until),
+                HEARTBEAT_RUNS.of(on_runs, until),
             ],
             refuse_moved=shards,
         )

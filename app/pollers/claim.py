@@ -75,10 +75,10 @@ from app.core.misfire import skip_reason
 from app.lifecycle.message import DispatchRun
 from app.pollers.plan import ClaimPlan, plan_claim
 from app.pollers.shares import fair_shares
-from app.registry.bulk import insert_many, update_many
 from app.registry.dialect import is_postgres, locks_rows
 from app.registry.records import Row, retry_of, run_row
-from app.registry.schema import DUE_INDEX_BOUND, jobs, runs
+from app.registry.schema import DUE_INDEX_BOUND, jobs
+from app.registry.statements import CLAIM_JOBS, INSERT_RUNS, MOVE_JOBS, PASS_JOBS
 from app.settings import Settings
 
 
@@ -277,21 +277,6 @@ class ClaimResult:
         return self.taken == 0
 
 
-# Columns each claimed (or moved-on) job row gets from its plan; the rest are constants.
-_CLAIMED_COLUMNS = (
-    "lease_token",
-    "leased_until",
-    "nominal_at",
-    "next_run_at",
-    "attempt",
-    "skipped_after",
-    "skipped_through",
-)
-_MOVED_COLUMNS = ("state", "nominal_at", "next_run_at")
-# A job whose overlap is `allow`: its run holds its own lease, the cursor moves on now.
-_PASSED_COLUMNS = ("state", "nominal_at", "next_run_at", "skipped_after", "skipped_through")
-
-
 def claim_batch(
     engine: sa.Engine,
     shard: int,
@@ -304,46 +289,8 @@ def claim_batch(
     """Claim at most `limit` (settings.claim_batch) jobs of `shard` due by now +
     settings.claim_ahead_s, fairly between owners (`weights`: the owners whose weight is
     not 1; `paused`: owners none of whose rows is claimed), and commit. After the
-    SELECTs (`due_owners`, `fair_due_jobs`), the batch is written with:
-
-    Claimed jobs (a run to start):
-
-    UPDATE jobs SET lease_token = v.lease_token, leased_until = v.leased_until, nominal_at =
-    v.nominal_at, next_run_at = v.next_run_at, attempt = v.attempt, skipped_after = v.skipped_after,
-    skipped_through = v.skipped_through, state = :state, updated_at = :updated_at FROM
-    jsonb_to_recordset(:rows) AS v(job_id uuid, lease_token uuid, leased_until timestamptz,
-    nominal_at timestamptz, next_run_at timestamptz, attempt integer, skipped_after timestamptz,
-    skipped_through timestamptz) WHERE jobs.job_id = v.job_id AND jobs.job_id = ANY(:keys);
-
-    Jobs whose overlap is `allow` (the run holds its own lease; the cursor moves on past it):
-
-    UPDATE jobs SET state = v.state, nominal_at = v.nominal_at, next_run_at = v.next_run_at,
-    skipped_after = v.skipped_after, skipped_through = v.skipped_through, attempt = :attempt,
-    misfire_exempt = :misfire_exempt, updated_at = :updated_at FROM jsonb_to_recordset(:rows) AS
-    v(job_id uuid, state text, nominal_at timestamptz, next_run_at timestamptz, skipped_after
-    timestamptz, skipped_through timestamptz) WHERE jobs.job_id = v.job_id AND jobs.job_id =
-    ANY(:keys);
-
-    Jobs whose misfire plan runs nothing (the cursor moves on):
-
-    UPDATE jobs SET state = v.state, nominal_at = v.nominal_at, next_run_at = v.next_run_at, attempt
-    = :attempt, misfire_exempt = :misfire_exempt, skipped_after = :skipped_after, skipped_through =
-    :skipped_through, updated_at = :updated_at FROM jsonb_to_recordset(:rows) AS v(job_id uuid,
-    state text, nominal_at timestamptz, next_run_at timestamptz) WHERE jobs.job_id = v.job_id AND
-    jobs.job_id = ANY(:keys);
-
-    The run rows (the outbox, and skipped occurrences):
-
-    INSERT INTO runs (run_id, job_id, shard, owner, origin, scheduled_for, attempt, state,
-    lease_token, leased_until, due_at, published, target, retry, started_at, finished_at,
-    lateness_ms, status_code, error, created_at, updated_at) SELECT v.run_id, v.job_id, v.shard,
-    v.owner, v.origin, v.scheduled_for, v.attempt, v.state, v.lease_token, v.leased_until, v.due_at,
-    v.published, v.target, v.retry, v.started_at, v.finished_at, v.lateness_ms, v.status_code,
-    v.error, v.created_at, v.updated_at FROM jsonb_to_recordset(:rows) AS v(run_id uuid, job_id
-    uuid, shard smallint, owner text, origin text, scheduled_for timestamptz, attempt integer, state
-    text, lease_token uuid, leased_until timestamptz, due_at timestamptz, published boolean, target
-    jsonb, retry jsonb, started_at timestamptz, finished_at timestamptz, lateness_ms bigint,
-    status_code integer, error text, created_at timestamptz, updated_at timestamptz);
+    SELECTs (`due_owners`, `fair_due_jobs`), the batch is written with
+    app.registry.statements' CLAIM_JOBS, PASS_JOBS, MOVE_JOBS and INSERT_RUNS.
     """
     limit = limit or settings.claim_batch
     spans = tracing.spans()
@@ -386,29 +333,12 @@ def claim_batch(
                     recurring=job["schedule_kind"] != "once",
                 )
             )
-        update_many(
+        CLAIM_JOBS.update(conn, claimed, {"state": "running", "updated_at": now})
+        PASS_JOBS.update(conn, passed, {"attempt": 0, "misfire_exempt": False, "updated_at": now})
+        MOVE_JOBS.update(
             conn,
-            jobs,
-            claimed,
-            match=("job_id",),
-            columns=_CLAIMED_COLUMNS,
-            constants={"state": "running", "updated_at": now},
-        )
-        update_many(
-            conn,
-            jobs,
-            passed,
-            match=("job_id",),
-            columns=_PASSED_COLUMNS,
-            constants={"attempt": 0, "misfire_exempt": False, "updated_at": now},
-        )
-        update_many(
-            conn,
-            jobs,
             moved,
-            match=("job_id",),
-            columns=_MOVED_COLUMNS,
-            constants={
+            {
                 "attempt": 0,
                 "misfire_exempt": False,
                 "skipped_after": None,
@@ -416,7 +346,7 @@ def claim_batch(
                 "updated_at": now,
             },
         )
-        insert_many(conn, runs, new_runs)
+        INSERT_RUNS.insert(conn, new_runs)
     if spans is not None:
         spans.claimed(to_publish, began_ns, time.time_ns(), "claim")
     metrics.CLAIM_BATCH_SIZE.observe(len(rows))

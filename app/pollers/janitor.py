@@ -30,6 +30,7 @@ from app.lifecycle.settlement import LEASE_EXPIRED
 from app.registry.bulk import same_token, state_among
 from app.registry.dialect import locks_rows
 from app.registry.schema import jobs, runs
+from app.registry.statements import EXPIRE_RUNS
 from app.settings import Settings
 
 BATCH = 500
@@ -137,7 +138,5 @@ def _settle(conn, rows, now, settings, rand) -> int:
     if not rows:
         return 0
     batch = [Finished(DispatchRun.from_row(row, None), EXPIRED, now) for row in rows]
-    report = apply(
-        conn, batch, now, rand, settings.lease_s, run_states=("claimed", "running"), retry_now=True
-    )
+    report = apply(conn, batch, now, rand, settings.lease_s, runs_write=EXPIRE_RUNS, retry_now=True)
     return report.applied

@@ -16,14 +16,9 @@ run or two, that compiling was a quarter of each statement's CPU in the worker. 
 (embedded mode) gets the same writes as an executemany: it has no arrays, and one
 process writing in-process does not need them.
 
-Every function that calls `update_many` or `insert_many` shows the statement in its
-docstring, in the form `update_sql` / `insert_sql` render (every column travelling in
-the recordset, constants as `:name`, ending in `;`), so that `grep "UPDATE jobs"` finds
-every write. Where one call writes rows of several shapes (the completion sets only
-the columns a settlement changes), the docstring shows the widest form, and a
-statement whose SET and recordset columns are a subset of it is that form.
-The test suite pins it: while a test runs, each statement issued here is checked
-against its caller's docstring (tests/conftest.py, `observe`).
+The writes of app/ are named in app.registry.statements, each once; `update_sql` /
+`insert_sql` render a statement's shape there (every column travelling in the
+recordset, constants as `:name`), and the tests pin each rendering in a snapshot.
 
 A fenced write names its row by the table's key and checks the rest (the lease
 token, the state) in a form that implies no partial index's predicate: the token by
@@ -46,8 +41,7 @@ from __future__ import annotations
 import functools
 import json
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -215,7 +209,7 @@ def update_sql(
     returning: str | None = None,
     lock_in_key_order: bool = False,
 ) -> str:
-    """The statement `update_many` issues, as its callers' docstrings show it."""
+    """The statement `update_many` issues, as app.registry.statements renders it."""
     names = list(match) + [c for c in columns if c not in match]
     sets = [f"{c} = v.{c}" for c in columns] + [f"{c} = :{c}" for c in constants]
     conditions = _conditions(table, match, where, lock_in_key_order)
@@ -227,7 +221,7 @@ def update_sql(
 
 
 def insert_sql(table: sa.Table, columns: Sequence[str]) -> str:
-    """The statement `insert_many` issues, as its callers' docstrings show it."""
+    """The statement `insert_many` issues, as app.registry.statements renders it."""
     return (
         f"INSERT INTO {table.name} ({', '.join(columns)}) SELECT {', '.join(f'v.{c}' for c in columns)} "
         f"FROM {_source_sql(table, columns)};"
@@ -235,31 +229,12 @@ def insert_sql(table: sa.Table, columns: Sequence[str]) -> str:
 
 
 def insert_new_sql(table: sa.Table, columns: Sequence[str], key: str) -> str:
-    """The statement `insert_new` issues, as its callers' docstrings show it."""
+    """The statement `insert_new` issues, as app.registry.statements renders it."""
     return insert_sql(table, columns).removesuffix(";") + f" ON CONFLICT ({key}) DO NOTHING RETURNING {key};"
 
 
 def _source_sql(table: sa.Table, columns: Sequence[str]) -> str:
     return f"jsonb_to_recordset(:rows) AS v({', '.join(f'{c} {_pg_type(table.c[c])}' for c in columns)})"
-
-
-_observers: list[Callable[[str], None]] = []
-
-
-@contextmanager
-def observe(callback: Callable[[str], None]) -> Iterator[None]:
-    """Call `callback(sql)` with the documented form of every bulk statement issued
-    meanwhile, in the issuing thread (the tests check it against the caller's docstring)."""
-    _observers.append(callback)
-    try:
-        yield
-    finally:
-        _observers.remove(callback)
-
-
-def _observed(sql: str) -> None:
-    for callback in list(_observers):
-        callback(sql)
 
 
 @dataclass(frozen=True)
@@ -277,17 +252,6 @@ class Update:
     # that another writer may be locking at the same time.
     lock_in_key_order: bool = False
 
-    def documented(self) -> str:
-        return update_sql(
-            self.table,
-            self.match,
-            self.columns,
-            list(self.constants),
-            self.where,
-            self.returning,
-            self.lock_in_key_order,
-        )
-
 
 def update_many(
     conn: sa.Connection,
@@ -304,16 +268,18 @@ def update_many(
     `where` is an extra SQL condition on the table (e.g. `state_in(runs, ("claimed",))`);
     `returning` a column of the table to return for the rows updated.
     """
-    if not rows:
+    return write(conn, Update(table, rows, match, columns, dict(constants or {}), where, returning))
+
+
+def write(conn: sa.Connection, update: Update) -> list:
+    """`update` as one statement (update_many's; app.registry.statements names them)."""
+    if not update.rows:
         return []
-    update = Update(table, rows, match, columns, dict(constants or {}), where, returning)
-    if _observers:
-        _observed(update.documented())
     if not is_postgres(conn):
         return _update_each(conn, update)
     sql, params = _update_statement(update)
     result = conn.exec_driver_sql(sql, params)
-    return list(result.scalars()) if returning else []
+    return list(result.scalars()) if update.returning else []
 
 
 def update_together(
@@ -338,10 +304,6 @@ def update_together(
     deadlock is a transient failure, and the write is sent again. On SQLite the
     updates run one after another in the caller's transaction (no fences there).
     """
-    if _observers:
-        for update in updates:
-            if update.rows:
-                _observed(update.documented())
     if not is_postgres(conn):  # (the fences are PostgreSQL's only)
         return [_update_each(conn, update) if update.rows else [] for update in updates]
     ctes, reads, params = [], [], {}
@@ -393,8 +355,6 @@ def insert_many(conn: sa.Connection, table: sa.Table, rows: Sequence[Mapping[str
     """Insert rows that all have the same keys, in one statement."""
     if not rows:
         return
-    if _observers:
-        _observed(insert_sql(table, list(rows[0])))
     if not is_postgres(conn):
         conn.execute(table.insert(), list(rows))
         return
@@ -413,8 +373,6 @@ def insert_new(conn: sa.Connection, table: sa.Table, rows: Sequence[Mapping[str,
     if not rows:
         return set()
     rows = sorted(rows, key=lambda row: str(row[key]))
-    if _observers:
-        _observed(insert_new_sql(table, list(rows[0]), key))
     if not is_postgres(conn):
         statement = sqlite.insert(table).on_conflict_do_nothing(index_elements=[key]).returning(table.c[key])
         return {found for row in rows for found in conn.execute(statement, dict(row)).scalars()}

@@ -24,10 +24,9 @@ from typing import Any
 from app.core.errors import FieldError, ValidationError
 from app.core.schedules import count_fires, iter_fires
 from app.core.timefmt import format_instant, parse_instant
-from app.registry.bulk import insert_many
 from app.registry.engines import Registry
 from app.registry.records import Row, dst_of, retry_of, run_row, schedule_of
-from app.registry.schema import runs
+from app.registry.statements import INSERT_RUNS
 from app.services.errors import Conflict, NotFound
 from app.services.jobs import locate, select_job
 
@@ -118,19 +117,8 @@ def _too_many(schedule, dst, anchor, start: datetime, end: datetime, last: datet
 def backfill(registry: Registry, owner: str, job_id: str, body: object, now: datetime) -> Backfilled:
     """Insert a `backfill` run for every occurrence of the job's schedule in the body's
     range. Conflict for a one-off (no schedule to backfill) and a cancelled job (no new
-    run starts for it); NotFound for another owner's job.
-
-        INSERT INTO runs (run_id, job_id, shard, owner, origin, scheduled_for, attempt, state,
-        lease_token, leased_until, due_at, published, target, retry, started_at, finished_at,
-        lateness_ms, status_code, error, created_at, updated_at) SELECT v.run_id, v.job_id,
-        v.shard, v.owner, v.origin, v.scheduled_for, v.attempt, v.state, v.lease_token,
-        v.leased_until, v.due_at, v.published, v.target, v.retry, v.started_at, v.finished_at,
-        v.lateness_ms, v.status_code, v.error, v.created_at, v.updated_at FROM
-        jsonb_to_recordset(:rows) AS v(run_id uuid, job_id uuid, shard smallint, owner text,
-        origin text, scheduled_for timestamptz, attempt integer, state text, lease_token uuid,
-        leased_until timestamptz, due_at timestamptz, published boolean, target jsonb, retry
-        jsonb, started_at timestamptz, finished_at timestamptz, lateness_ms bigint, status_code
-        integer, error text, created_at timestamptz, updated_at timestamptz);
+    run starts for it); NotFound for another owner's job. The runs are written in
+    batches of INSERT_BATCH (app.registry.statements.INSERT_RUNS).
     """
     start, end = parse_range(body, now)
     engine, key = locate(registry, job_id)
@@ -168,5 +156,5 @@ def backfill(registry: Registry, owner: str, job_id: str, body: object, now: dat
             for index, at in enumerate(found)
         ]
         for batch in range(0, len(rows), INSERT_BATCH):
-            insert_many(conn, runs, rows[batch : batch + INSERT_BATCH])
+            INSERT_RUNS.insert(conn, rows[batch : batch + INSERT_BATCH])
     return Backfilled(key, len(found), found[0] if found else None, found[-1] if found else None)

@@ -8,8 +8,8 @@ when its body (without the key) is equal JSON, a conflict otherwise.
 
 All or nothing per job, not per batch: one invalid job is answered with its own
 problem and the others are still created. The writes go in one transaction per
-physical DSN, as one `INSERT ... SELECT FROM jsonb_to_recordset(...) ON CONFLICT
-(job_id) DO NOTHING RETURNING job_id` (app.registry.bulk.insert_new), then one
+physical DSN, as one `INSERT ... ON CONFLICT (job_id) DO NOTHING RETURNING job_id`
+(app.registry.statements.INSERT_NEW_JOBS), then one
 SELECT of the ids that were taken already; that is what makes a batch cheap. A DSN
 that fails answers its own jobs as unavailable and leaves the others created.
 
@@ -34,6 +34,7 @@ from app.registry.engines import Registry
 from app.registry.records import Row
 from app.registry.schema import jobs
 from app.registry.sharding import shard_for
+from app.registry.statements import INSERT_NEW_JOBS
 from app.services import addresses, idempotency
 from app.services.errors import Conflict, Unavailable
 from app.services.jobs import first_fire_remembered, spec_row
@@ -134,31 +135,7 @@ _Placed = tuple[int, uuid.UUID, _Plan]
 def _write(engine: sa.Engine, owner: str, plans: list[_Placed]) -> dict[int, Outcome]:
     """One DSN's share of a batch, in one transaction: insert, then read what keys stood for.
 
-    The insert (app.registry.bulk.insert_new), the rows in job id order:
-
-        INSERT INTO jobs (job_id, shard, owner, name, target, payload, schedule_kind, run_at,
-        cron, timezone, interval_s, start_at, end_at, retry_max_attempts, retry_backoff_s,
-        retry_max_backoff_s, misfire, dst_gap, dst_overlap, jitter_s, state, next_run_at,
-        nominal_at, attempt, misfire_exempt, skipped_after, skipped_through, lease_token,
-        leased_until, idempotency_key, request_hash, created_at, updated_at, labels, job_key,
-        rescheduled_at, overlap) SELECT v.job_id, v.shard, v.owner, v.name, v.target,
-        v.payload, v.schedule_kind, v.run_at, v.cron, v.timezone, v.interval_s, v.start_at,
-        v.end_at, v.retry_max_attempts, v.retry_backoff_s, v.retry_max_backoff_s, v.misfire,
-        v.dst_gap, v.dst_overlap, v.jitter_s, v.state, v.next_run_at, v.nominal_at, v.attempt,
-        v.misfire_exempt, v.skipped_after, v.skipped_through, v.lease_token, v.leased_until,
-        v.idempotency_key, v.request_hash, v.created_at, v.updated_at, v.labels, v.job_key,
-        v.rescheduled_at, v.overlap FROM jsonb_to_recordset(:rows) AS v(job_id uuid, shard
-        smallint, owner text, name text, target jsonb, payload jsonb, schedule_kind text,
-        run_at timestamptz, cron text, timezone text, interval_s integer, start_at
-        timestamptz, end_at timestamptz, retry_max_attempts integer, retry_backoff_s double
-        precision, retry_max_backoff_s double precision, misfire text, dst_gap text,
-        dst_overlap text, jitter_s integer, state text, next_run_at timestamptz, nominal_at
-        timestamptz, attempt integer, misfire_exempt boolean, skipped_after timestamptz,
-        skipped_through timestamptz, lease_token uuid, leased_until timestamptz,
-        idempotency_key text, request_hash text, created_at timestamptz, updated_at
-        timestamptz, labels jsonb, job_key text, rescheduled_at timestamptz, overlap text) ON
-        CONFLICT (job_id) DO NOTHING RETURNING job_id;
-
+    The insert (app.registry.statements.INSERT_NEW_JOBS), the rows in job id order,
     then `SELECT ... FROM jobs WHERE job_id = ANY(:job_id_keys) AND owner = :owner` for
     the keyed jobs whose id was taken already.
     """
@@ -169,7 +146,7 @@ def _write(engine: sa.Engine, owner: str, plans: list[_Placed]) -> dict[int, Out
             inserter[job_id] = index
             rows.append(plan.row)
     with engine.begin() as conn:
-        inserted = bulk.insert_new(conn, jobs, rows, "job_id")
+        inserted = INSERT_NEW_JOBS.insert_new(conn, rows)
         taken = [
             job_id for _, job_id, plan in plans if plan.request_hash is not None and job_id not in inserted
         ]
