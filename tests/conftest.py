@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import subprocess
 import uuid
 
@@ -154,73 +153,3 @@ def truncate(pg_dsns):
             engine.dispose()
 
     return _truncate
-
-
-def _bulk_caller(frame) -> tuple[str, str | None]:
-    """The function that called update_many / insert_many, and its docstring."""
-    import sys
-
-    while frame is not None and frame.f_globals.get("__name__") in ("app.registry.bulk", __name__):
-        frame = frame.f_back
-    module = sys.modules[frame.f_globals["__name__"]]
-    target: object = module
-    # A function nested in another (a per-database write handed to
-    # Registry.for_each_database) is documented by the function it is nested in.
-    qualname = frame.f_code.co_qualname.split(".<locals>.")[0]
-    for part in qualname.split("."):
-        target = getattr(target, part, None)
-    name = f"{module.__name__}.{qualname}"
-    return name, getattr(target, "__doc__", None)
-
-
-_UPDATE = re.compile(
-    r"UPDATE (\w+) SET (.*?) FROM jsonb_to_recordset\(:rows\) AS v\((.*?)\) WHERE (.*?)( RETURNING [\w.]+)?;"
-)
-
-
-def _documents(doc: str, sql: str) -> bool:
-    """Whether a docstring shows `sql`: verbatim (whitespace aside), or for an UPDATE,
-    a statement of the same shape whose SET and recordset columns include its own."""
-    doc, sql = " ".join(doc.split()), " ".join(sql.split())
-    if sql in doc:
-        return True
-    issued = _UPDATE.fullmatch(sql)
-    if issued is None:
-        return False
-    table, sets, columns, where, returning = issued.groups()
-    for shown in _UPDATE.finditer(doc):
-        if (
-            (shown.group(1), shown.group(4), shown.group(5)) == (table, where, returning)
-            and set(sets.split(", ")) <= set(shown.group(2).split(", "))
-            and set(columns.split(", ")) <= set(shown.group(3).split(", "))
-        ):
-            return True
-    return False
-
-
-@pytest.fixture(autouse=True)
-def bulk_statements_documented():
-    """Every bulk statement a test issues is shown in its caller's docstring
-    (app.registry.bulk: so that `grep "UPDATE jobs"` finds every write)."""
-    import sys
-    import textwrap
-
-    from app.registry import bulk
-
-    undocumented: dict[str, str] = {}
-
-    def check(sql: str) -> None:
-        name, doc = _bulk_caller(sys._getframe(1))
-        if not _documents(doc or "", sql):
-            undocumented[sql] = name
-
-    with bulk.observe(check):
-        yield
-    if undocumented:
-        pytest.fail(
-            "bulk statements not in their callers' docstrings:\n"
-            + "\n".join(
-                f"{name}:\n{textwrap.indent(textwrap.fill(sql, 100), '    ')}"
-                for sql, name in undocumented.items()
-            )
-        )

@@ -1,58 +1,11 @@
-"""Every bulk write can be found by its SQL (app.registry.bulk).
-
-The integration tier checks each statement a test issues against its caller's
-docstring (tests/conftest.py); this checks, without a database, that every call of
-update_many / insert_many in app/ sits in a function whose docstring shows a statement
-on the same table, and that the documented form is what update_many sends.
-"""
+"""The shapes app.registry.bulk renders: what `update_sql` / `insert_sql` say is what
+update_many and insert_many send (app.registry.statements names each write of app/,
+tests/unit/test_statements.py pins each)."""
 
 from __future__ import annotations
 
-import ast
-import pathlib
-
 from app.registry.bulk import insert_new_sql, insert_sql, state_in, update_sql
 from app.registry.schema import jobs, runs
-
-APP = pathlib.Path(__file__).resolve().parents[2] / "app"
-
-
-def _bulk_calls():
-    for path in sorted(APP.rglob("*.py")):
-        if path.name == "bulk.py":  # the writes themselves, not a caller
-            continue
-        tree = ast.parse(path.read_text())
-        # Module functions and methods; a function nested in one (a per-database write
-        # handed to Registry.for_each_database) is documented by the one it is in.
-        defs = (ast.FunctionDef, ast.AsyncFunctionDef)
-        tops = [n for n in tree.body if isinstance(n, defs)]
-        tops += [m for c in tree.body if isinstance(c, ast.ClassDef) for m in c.body if isinstance(m, defs)]
-        for func in tops:
-            for node in ast.walk(func):
-                verb = getattr(node.func, "id", None) if isinstance(node, ast.Call) else None
-                # update_many(conn, table, ...), insert_many(conn, table, ...), and the
-                # parts of update_together: Update(table, ...).
-                place = {"update_many": 1, "insert_many": 1, "Update": 0}.get(verb or "")
-                if place is None:
-                    continue
-                assert isinstance(node, ast.Call)
-                arg = node.args[place] if len(node.args) > place else None
-                table = arg.id if isinstance(arg, ast.Name) else None
-                yield (
-                    path.relative_to(APP.parent),
-                    func,
-                    "insert_many" if verb == "insert_many" else "update_many",
-                    table,
-                )
-
-
-def test_every_bulk_call_shows_its_statement_in_the_docstring():
-    calls = list(_bulk_calls())
-    assert len(calls) >= 8  # claim (3), start (2), heartbeat (2), completion (3)
-    for path, func, verb, table in calls:
-        doc = " ".join((ast.get_docstring(func) or "").split())
-        wanted = f"UPDATE {table} SET" if verb == "update_many" else f"INSERT INTO {table} ("
-        assert table and wanted in doc, f"{path}:{func.lineno} {func.name}: docstring lacks `{wanted} ...`"
 
 
 def test_update_sql_is_the_shape_update_many_sends():

@@ -1,0 +1,10 @@
+UPDATE runs SET state = v.state, finished_at = v.finished_at, status_code = v.status_code, error =
+    v.error, leased_until = :leased_until, updated_at = :updated_at
+FROM jsonb_to_recordset(:rows) AS v(run_id uuid, lease_token uuid, state text, finished_at
+    timestamptz, status_code integer, error text)
+WHERE runs.run_id = v.run_id
+AND runs.run_id = ANY(:keys)
+AND runs.lease_token IS NOT DISTINCT FROM v.lease_token
+AND v.lease_token IS NOT NULL
+AND coalesce(runs.state, '') IN ('claimed', 'running')
+RETURNING runs.run_id;
