@@ -5,7 +5,7 @@ write it through these few functions so the mapping lives in one place.
 
 `run_row` is the one place a new run row is shaped (the runs table is both the
 history and the outbox: see app.registry.schema's docstring): every row carries every
-column, so a batch of them is one INSERT (app.registry.bulk.insert_many), and what a
+column, so a batch of them is one INSERT (app.registry.statements.INSERT_RUNS), and what a
 claim, a skipped occurrence or an off-schedule retry writes differs only in what they say.
 """
 
