@@ -1,36 +1,28 @@
 """The worker's fenced writes before completion: start, hold, heartbeat.
 
-Each takes a batch and writes it with one statement (or one executemany) per
-physical DSN, and each is fenced by the lease token, so a duplicated or stale
-dispatch message changes nothing (invariants 1, 3, 4):
+Each takes a batch and writes it with one statement per physical DSN, fenced by the
+lease token, so a duplicated or stale dispatch message changes nothing (invariants 1,
+3, 4):
 
-- start: claimed -> running, `WHERE (run_id, lease_token) IN (...) AND state =
-  'claimed'`; the runs it returns are the only ones the worker may call. The lease
-  is renewed with it.
+- start: claimed -> running for the runs whose token still holds; the runs it returns
+  are the only ones the worker may call. The lease is renewed with it.
 - hold: a limit said "not yet" (a rate before the start, or a cap the run waited its
-  while for, before its call). A schedule run's row is deleted (no attempt spent)
-  and its job goes back to `scheduled` at the time the limit allows, misfire_exempt,
-  lease cleared; an off-schedule run is `claimed` again under a new token and is due
-  (for the relay sweep) at that time.
+  while for, before its call). A schedule run's row is deleted (no attempt spent) and
+  its job goes back to `scheduled` at the time the limit allows, misfire_exempt; an
+  off-schedule run is `claimed` again under a new token, due then for the relay sweep.
 - heartbeat: leased_until = now + lease_s on the job (schedule runs) or the run
   (off-schedule runs) while the call is in flight.
 
-Each write is retried in place after a transient failure (app.registry.transient):
-all three are fenced, so sending one again changes nothing that the first one
-changed; the start recognises the runs an earlier try of its own started (the
-commit went through, its answer was lost) by their started_at, which is this
-start's `now` to the microsecond, and its token.
+Each write is retried in place after a transient failure (app.registry.transient): all
+three are fenced, so sending one again changes nothing the first one changed; the
+start recognises the runs an earlier try of its own started (commit through, answer
+lost) by their started_at, which is this start's `now` to the microsecond, and token.
 
-During a shard move (app.registry.mover) each write goes to the database the map
-names and, refused by the move's fence (SQLSTATE PT409), waits for the switch and
-is written on the shard's new database (Registry.for_each_database), as a completion
-is: a refused write changed nothing, and what an earlier try wrote on the old
-database before the fence was carried to the new one by the move, so a run is
-started on one database only, once. The wait is bounded (LEASE_FENCE_WAIT_S for a
-start or hold, after which the dispatch message goes back to the broker; a
-heartbeat interval for a heartbeat, which the next beat takes over). A start that
-tried a run on the old database looks on the new one for its own start too (an
-answer lost just before the fence).
+During a shard move (app.registry.mover) a write refused by the move's fence (SQLSTATE
+PT409) waits for the switch, bounded (LEASE_FENCE_WAIT_S for a start or hold, a
+heartbeat interval for a heartbeat), and is written on the shard's new database, as a
+completion is: a run is started on one database only, once. A start that tried a run
+on the old database looks on the new one for its own start too.
 """
 
 from __future__ import annotations

@@ -14,9 +14,8 @@ and at most one step after it, while runs due within one step share a message.
 
 The entries travel as one JSON text in the message (`encode_runs`), not as a list
 inside Celery's own JSON: kombu decodes its JSON with a Python hook called for every
-object, and a message holds a hundred runs of several objects each. That hook was
-about 5% of a worker's CPU under a burst (py-spy); one plain `json.loads` of the text
-is C from end to end. A worker still reads a message whose runs are a list.
+object, and a message holds a hundred runs of several objects each; one plain
+`json.loads` of the text is C from end to end. A worker still reads a message whose runs are a list.
 
 Pure: building entries from run rows, grouping them into messages, parsing them back.
 """

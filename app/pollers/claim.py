@@ -2,59 +2,27 @@
 
 The claim is fair between owners (docs/design.md "The fair claim"): one owner's
 backlog does not make another owner's due rows wait. It is two statements:
+`due_owners`, the owners of the shard with due rows and each one's oldest due instant,
+by a loose index scan of ix_jobs_due_by_owner (one probe per owner, however many rows
+each has); then `fair_due_jobs`, each owner's share of the batch (app.pollers.shares:
+weighted round-robin), a range scan of the same index per owner, FOR UPDATE SKIP
+LOCKED. With one owner due it is `due_jobs`, a range scan of ix_jobs_due (invariant 5).
 
-`due_owners`: the owners of the shard with due rows, each with its oldest due
-instant, by a loose index scan of ix_jobs_due_by_owner (shard, owner, next_run_at)
-WHERE state = 'scheduled': one index probe per owner of the shard, however many
-rows each has:
+In the same transaction every row gets its plan (app.pollers.plan, misfires included)
+and the writes are batched, one statement each (app.registry.statements): the claimed
+jobs (state running, a new lease_token each, leased_until = fire instant +
+queued_lease_s), the jobs whose misfire ran nothing, and the run rows (the outbox,
+published = false). Then COMMIT; the relay publishes.
 
-    WITH RECURSIVE due_owners(owner, next_run_at) AS (
-        (SELECT owner, next_run_at FROM jobs WHERE shard = :s AND state = 'scheduled'
-         ORDER BY owner, next_run_at LIMIT 1)
-        UNION ALL
-        SELECT next.owner, next.next_run_at FROM due_owners, LATERAL (
-            SELECT owner, next_run_at FROM jobs WHERE shard = :s AND state = 'scheduled'
-            AND owner > due_owners.owner ORDER BY owner, next_run_at LIMIT 1) AS next)
-    SELECT owner, next_run_at FROM due_owners WHERE next_run_at <= :now + ahead
+Claiming ahead: a job is claimed up to PUNCTUAL_CLAIM_AHEAD_S before its fire instant,
+and its run travels with that instant (DispatchRun.fire_at), so the worker starts it
+then, not before (app.lifecycle.message): the costly part of firing is done before the
+instant. Such a run is on time, so its plan is made as at its fire instant.
 
-`fair_due_jobs`: each owner's share of the batch (app.pollers.shares: weighted
-round-robin), a range scan of the same index per owner, locked, skipping locked rows:
-
-    SELECT due.* FROM unnest(:owners, :takes) AS share(owner, take), LATERAL (
-        SELECT ... FROM jobs WHERE shard = :s AND state = 'scheduled'
-        AND owner = share.owner AND next_run_at <= :now + ahead
-        ORDER BY next_run_at LIMIT share.take FOR UPDATE SKIP LOCKED) AS due
-
-With one owner due this is `due_jobs`, the claim before fairness, a range scan of
-ix_jobs_due (shard, next_run_at) WHERE state = 'scheduled' AND next_run_at >
-'0001-01-01' (invariant 5; the bound, true of every row, keeps the per-owner probe
-above off this index: docs/design.md "The fair claim"):
-
-    SELECT ... FROM jobs
-    WHERE shard = :s AND state = 'scheduled'
-    AND next_run_at > '0001-01-01' AND next_run_at <= :now + ahead
-    ORDER BY next_run_at LIMIT :n
-    FOR UPDATE SKIP LOCKED
-
-In the same transaction every row gets its plan
-(app.pollers.plan, misfires included) and the writes are batched (app.registry.bulk: one
-statement each, whatever the batch size): one UPDATE for the claimed jobs (state
-running, a new lease_token each, leased_until = fire instant + queued_lease_s), one for
-jobs whose misfire ran nothing, one INSERT of run rows (the outbox, published =
-false). Then COMMIT; the relay publishes.
-
-Claiming ahead: a job is claimed up to PUNCTUAL_CLAIM_AHEAD_S before its fire
-instant, and its run travels with that instant (DispatchRun.fire_at), so the
-worker starts it then, not before (app.lifecycle.message). The claim, the costly part
-of firing (a job UPDATE and a run INSERT per run), is done before the instant
-instead of after it: when a million jobs fall due at one midnight, the calls
-start at midnight instead of after the claiming. Such a run is on time, so its
-plan is made as at its fire instant (app.pollers.plan).
-
-Two pollers (or two beats) on one shard never double-fire: SKIP LOCKED hands each
-row to one transaction, and a row it took is no longer 'scheduled' when the other
-looks again (invariant 4). SQLite (embedded mode) has no FOR UPDATE; it has one
-poller and takes the write lock at BEGIN.
+Two pollers (or two beats) on one shard never double-fire: SKIP LOCKED hands each row
+to one transaction, and a row it took is no longer 'scheduled' when the other looks
+again (invariant 4). SQLite (embedded mode) has no FOR UPDATE; it has one poller and
+takes the write lock at BEGIN.
 """
 
 from __future__ import annotations

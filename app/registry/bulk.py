@@ -1,39 +1,27 @@
 """Bulk writes: a whole batch of rows in ONE statement on PostgreSQL.
 
 The hot path writes hundreds of rows at a time (claims, run rows, starts,
-completions, heartbeats). Row-by-row executemany costs a parse, a bind and a round
-of the pipeline per row; here the batch travels as one JSON document and the
-statement is
-
-    UPDATE t SET c = v.c, ... FROM jsonb_to_recordset(:rows) AS v(k uuid, c text, ...)
-    WHERE t.k = v.k AND t.k = ANY(:keys) [AND ...]
-    INSERT INTO t (c, ...) SELECT v.c, ... FROM jsonb_to_recordset(:rows) AS v(...)
-
-so a batch is one statement with one parameter, whatever its size. They go to the
-driver as they are (`exec_driver_sql`): such a statement, built for its batch, has
-nothing for SQLAlchemy's compiler to do, and at a steady load, where a batch holds a
-run or two, that compiling was a quarter of each statement's CPU in the worker. SQLite
-(embedded mode) gets the same writes as an executemany: it has no arrays, and one
-process writing in-process does not need them.
+completions, heartbeats). Row-by-row executemany costs a parse, a bind and a round of
+the pipeline per row; here the batch travels as one JSON document
+(`UPDATE t SET c = v.c FROM jsonb_to_recordset(:rows) AS v(...) WHERE t.k = v.k AND
+t.k = ANY(:keys)`, or `INSERT INTO t SELECT ... FROM jsonb_to_recordset(:rows)`), so a
+batch is one statement with one parameter, whatever its size. They go to the driver as
+they are (`exec_driver_sql`): a statement built for its batch has nothing for
+SQLAlchemy's compiler to do. SQLite (embedded mode) gets the same writes as an
+executemany: it has no arrays, and one process writing in-process does not need them.
 
 The writes of app/ are named in app.registry.statements, each once; `update_sql` /
-`insert_sql` render a statement's shape there (every column travelling in the
-recordset, constants as `:name`), and the tests pin each rendering in a snapshot.
+`insert_sql` render a statement's shape there, and the tests pin each rendering in a
+snapshot.
 
-A fenced write names its row by the table's key and checks the rest (the lease
-token, the state) in a form that implies no partial index's predicate: the token by
-IS NOT DISTINCT FROM (`match`'s columns after the key), the state through coalesce
-(`state_in`, `state_among`). ix_jobs_leased holds only the jobs with a lease, and
-ix_runs_leased only the runs claimed or running; PostgreSQL costs an index that was
-empty at the table's last ANALYZE as empty, however many rows it has held since. A
-burst fills both at once, and `jobs.lease_token = v.lease_token` (which implies
-lease_token IS NOT NULL, ix_jobs_leased's predicate) or `runs.state = 'running'` made
-the planner scan the whole partial index for every statement: each start, heartbeat
-and completion of a burst read every leased row (10,000 of them half-way through a
-burst of 20,000: 10 ms a statement of 100 rows instead of 2; one row's release, 7.7
-ms instead of 0.16), so the registry's work per run grew with the burst. Written this
-way, the key's index is the only one the fence can use, and each row is one lookup
-(tests/integration/test_indexes.py).
+A fenced write names its row by the table's key and checks the rest (the lease token,
+the state) in a form that implies no partial index's predicate: the token by IS NOT
+DISTINCT FROM, the state through coalesce (`state_in`, `state_among`). PostgreSQL
+costs a partial index that was empty at the table's last ANALYZE as empty however many
+rows it holds since, and a burst fills ix_jobs_leased and ix_runs_leased at once: a
+predicate implying theirs made every write of a burst scan every leased row. Written
+this way, the key's index is the only one the fence can use, and each row is one
+lookup (tests/integration/test_indexes.py).
 """
 
 from __future__ import annotations
@@ -122,7 +110,7 @@ def _instant_columns(table: sa.Table, columns: tuple[str, ...]) -> tuple[str, ..
 def _dumps(rows: list[dict]) -> str:
     """The batch as JSON. orjson writes UUIDs and datetimes itself: json.dumps called
     back into Python for each of them, and a burst's starts and completions carry four
-    or five a row (4.7 us a completion row against 0.4). What orjson refuses (an
+    or five a row. What orjson refuses (an
     integer past 64 bits in an owner's payload) goes the standard library's way.
     """
     try:
@@ -341,8 +329,8 @@ def _update_statement(update: Update, prefix: str = "") -> tuple[str, dict]:
     key = match[0]
     params[f"{prefix}keys"] = [row[key] for row in rows]
     # In binary (`%b`): psycopg dumps a list in text one element at a time in Python,
-    # 2.4 us a UUID against 0.35 in binary, and every run of a burst is in three to
-    # five such arrays on its way (a start, a completion).
+    # and every run of a burst is in several such arrays on its way (a start, a
+    # completion).
     keys = f"CAST(%({prefix}keys)b AS {_pg_type(table.c[key])}[])"
     conditions = _conditions(table, match, update.where, update.lock_in_key_order, keys)
     sql = f"UPDATE {table.name} SET {', '.join(sets)} FROM {source} WHERE {' AND '.join(conditions)}"
@@ -404,8 +392,8 @@ def key_in(conn: sa.Connection, column: sa.Column, values: Sequence[Any]) -> sa.
     if not is_postgres(conn):
         return column.in_(list(values))
     if isinstance(column.type, sa.Uuid) and all(isinstance(value, uuid.UUID) for value in values):
-        # As one array literal: a list of UUIDs is dumped element by element in Python
-        # (2.4 us a key); the literal costs a join (a UUID's text needs no quoting).
+        # As one array literal: a list of UUIDs is dumped element by element in Python;
+        # the literal costs a join (a UUID's text needs no quoting).
         literal = sa.bindparam(f"{column.name}_keys", "{" + ",".join(map(str, values)) + "}", type_=sa.Text)
         return column == sa.any_(sa.cast(literal, postgresql.ARRAY(column.type)))
     return column == sa.any_(

@@ -2,43 +2,26 @@
 
 `dispatch(batch)` (called by the Celery dispatch task) does, for a batch of runs:
 
-1. rates: one `acquire_many` for the batch's rates (app.limits; no I/O when none has
-   a rate). A run held by a rate has its start reserved and is put off until then
-   (app.lifecycle.lease.hold: one registry write, no attempt spent);
-2. start: one fenced UPDATE for the admitted runs; a run it does not return was
-   started already (a duplicated message) or lost its lease: nothing is called;
-3. call: each started run goes to the process's event loop (app.worker.event_loop),
-   and dispatch returns. On the loop a run under a concurrency cap first takes its
-   slot (app.worker.slot_wait: the runs that ask together cost one script call; a
-   run that finds the cap full waits in the gate's line for a call to end, `running`,
-   its lease kept by the heartbeat, and after a second or two is put off to the
-   registry, once, no attempt spent); a run becomes a task once it has its slot, or
-   at once when it has no cap. The calls finish in the
-   background; a call's slots go back the moment it ends (a cap bounds calls in
-   flight), its completion is written in batches by the completion buffer, and its
-   lease is extended by the heartbeat until then. What blocks (a renewal of the
-   lease, an owner's secrets not cached, a publish to a queue target, the limiter)
-   runs on the loop's threads, not on the loop.
-4. lease check: right before its call (after its slot), the task makes sure the
-   run's lease still holds. The worker knows until when it does (from the start and
-   from each heartbeat that extended it); a run whose lease may have run out (the
-   process was stopped or starved) is renewed first with one fenced UPDATE, and a run
-   that a heartbeat or that renewal found taken back is not called at all. The
-   webhook caller asks once more (in memory, no round trip) after the headers are
-   built and signed, and again right before the request is written to the socket,
-   headers and body in one write (after the pool and the connect), so a process
-   stopped in between sends nothing stale either: a target does not get an older
-   attempt after a newer one.
-
-Transient registry and Redis failures of the admission and the start are retried in
-place (app.registry.transient); when they last beyond the retry budget the dispatch
-task gives its message back to the broker instead of sitting on its runs.
-
-Back-pressure: a semaphore of PUNCTUAL_DISPATCH_THREADS slots (calls in flight, or
-waiting on the loop for their concurrency slot) is taken for each run of a message
-before it is started, so a busy process stops taking messages (prefetch 1) instead of
-starting runs it cannot call. A message's runs start as those slots free, at least
-START_AT_LEAST at a time (`take_call_slots`), not once a whole message's worth is free.
+1. rates: one `acquire_many` for the batch's rates (app.limits). A run held by a rate
+   is put off until then (app.lifecycle.lease.hold: one registry write, no attempt);
+2. start: one fenced write for the admitted runs; a run it does not return was started
+   already (a duplicated message) or lost its lease: nothing is called;
+3. call: each started run goes to the process's event loop (app.worker.event_loop).
+   A run under a concurrency cap first takes its slot there (app.worker.slot_wait),
+   waiting in the cap's line, `running`, its lease kept by the heartbeat, and is put
+   off to the registry once after a second or two. A call's slots go back the moment
+   it ends; its completion is written in batches by the completion buffer. What
+   blocks (a lease renewal, an owner's secrets, a queue publish) runs on the loop's
+   threads;
+4. lease check: right before its call the task makes sure the run's lease still holds
+   (renewing it with one fenced write if it may have run out); the webhook caller asks
+   again after signing and right before the request is written, so a process stopped
+   in between sends nothing stale (docs/design.md, "Invariants").
+Transient registry and Redis failures are retried in place (app.registry.transient);
+beyond the budget the message goes back to the broker. Back-pressure: a semaphore of
+PUNCTUAL_DISPATCH_THREADS call slots is taken for a message's runs before they start,
+at least START_AT_LEAST at a time (`take_call_slots`), so a busy process stops taking
+messages (prefetch 1) instead of starting runs it cannot call.
 """
 
 from __future__ import annotations
@@ -133,8 +116,7 @@ class HolderNames:
 
     The word is a random one drawn once per process, then a count: drawn for each
     admission (os.urandom), it let go of the GIL for each run on the calls' loop, and
-    the loop waited for it behind the process's other threads (13 us a run in
-    bench.dispatch, bench/README.md 2026-12-04).
+    the loop waited for it behind the process's other threads.
     """
 
     def __init__(self) -> None:
@@ -169,9 +151,8 @@ def take_call_slots(slots: threading.Semaphore, wanted: int, floor: int) -> int:
     """Take call slots for the next runs of a message: wait for `floor` of them (or
     `wanted`, if fewer), then take whatever else is free, up to `wanted`; returns how
     many. Waiting for a whole message's worth, a process let its calls in flight drain
-    to 28 of its 128 before its next 100 runs began, and cap 200 with calls of 200 ms
-    made 860 calls a second where 200 slots allow 1,000; starting 50 at a time it made
-    950 (bench/README.md, 2026-12-03)."""
+    far below its slots before its next runs began, and a cap's slots stood idle
+    (docs/design.md, "Decisions")."""
     floor = min(wanted, floor)
     for _ in range(floor):
         slots.acquire()
@@ -396,8 +377,8 @@ class Dispatcher:
     async def _calls(self, first: _Call) -> None:
         """A call's task: the call, then the run handed its slot as it ended, and so on.
         A new task for the next run would hold the slot, idle, for a turn of the loop
-        before the call is made: under a burst, a third of the time a 1 ms call held
-        its slot (bench/README.md, 2026-12-05)."""
+        before the call is made, and under a burst that turn is long next to a short
+        call."""
         call: _Call | None = first
         while call is not None:
             call = await self._call(call)

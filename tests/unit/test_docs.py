@@ -465,13 +465,6 @@ def test_no_module_imports_from_a_layer_above_its_own():
 # reason, not a dated run, a bench reference, a profiler's share or a timing. The hot
 # path's modules (the bulk writes, the claim, the relay, a run's lifecycle, the engine)
 # keep theirs until their SQL is gathered in one place; this covers every other module.
-HOT_PATH = (
-    "app/registry/bulk.py",
-    "app/pollers/claim.py",
-    "app/pollers/relay.py",
-    "app/lifecycle/",
-    "app/worker/engine.py",
-)
 MEASUREMENT_NOTE = re.compile(
     r"\bbench(?:/README\.md|/results|\.[a-z_]+)"  # bench/README.md, bench.dispatch
     r"|\bpy-spy\b|\bcProfile\b|\bCPU-ms\b"
@@ -509,12 +502,7 @@ def measurement_notes(text: str) -> list[str]:
 
 
 def cleaned_modules() -> list[Path]:
-    files = tracked_text_files(("app/", "celeryconfig.py"))
-    return [
-        path
-        for path in files
-        if path.suffix == ".py" and not path.relative_to(ROOT).as_posix().startswith(HOT_PATH)
-    ]
+    return [path for path in tracked_text_files(("app/", "celeryconfig.py")) if path.suffix == ".py"]
 
 
 def test_comments_and_docstrings_in_app_hold_no_measurement_notes():
