@@ -59,6 +59,12 @@ START_LATENESS = Histogram(
     "When a run's call goes out (after its concurrency slot) minus its nominal scheduled instant",
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600),
 )
+REPLICA_SKIPPED_READS = Counter(
+    "punctual_replica_skipped_reads_total",
+    "Replica reads sent to the primary because no replica of it was usable: lag (more than "
+    "PUNCTUAL_REPLICA_MAX_LAG_S behind), down (not answering), refused (not a replica of it)",
+    ["reason"],
+)
 
 # The API's registry gauges (app.api.ops.RegistryGauges), read from the databases at
 # scrape time rather than counted: their names and help, for the API and the alert rules.

@@ -44,6 +44,17 @@ VARIABLES: tuple[Variable, ...] = (
     ),
     Variable("PUNCTUAL_SHARDS", "16", "logical shards, a power of two"),
     Variable(
+        "PUNCTUAL_REPLICA_URLS",
+        "",
+        "comma-separated Postgres DSNs of streaming replicas of the primaries, for stale-tolerant reads",
+        "none: every read on the primaries",
+    ),
+    Variable(
+        "PUNCTUAL_REPLICA_MAX_LAG_S",
+        "5",
+        "a replica further behind its primary than this is skipped: the read goes to the primary",
+    ),
+    Variable(
         "PUNCTUAL_BROKER_URL", "", "Celery broker", "embedded filesystem transport under PUNCTUAL_DATA_DIR"
     ),
     Variable("PUNCTUAL_REDIS_URL", "", "Redis for rate limits and concurrency caps", "in-process"),
@@ -143,6 +154,27 @@ def _dsns(raw: str) -> tuple[str, ...]:
     return dsns
 
 
+def _replica_dsns(raw: str, primaries: tuple[str, ...]) -> tuple[str, ...]:
+    dsns = tuple(part.strip() for part in raw.split(",") if part.strip())
+    if raw.strip() and not dsns:
+        raise SettingsError("PUNCTUAL_REPLICA_URLS: no DSN given")
+    for dsn in dsns:
+        parts = urlsplit(dsn)
+        if parts.scheme not in ("postgresql", "postgres") or not parts.path.strip("/"):
+            raise SettingsError(
+                f"PUNCTUAL_REPLICA_URLS: {dsn!r} is not a postgresql://user@host:port/dbname URL"
+            )
+        if dsn in primaries:
+            raise SettingsError(f"PUNCTUAL_REPLICA_URLS: {dsn!r} is in PUNCTUAL_DATABASE_URLS: list replicas")
+    if len(set(dsns)) != len(dsns):
+        raise SettingsError("PUNCTUAL_REPLICA_URLS: a DSN is listed twice")
+    if dsns and any(not p.startswith(("postgresql", "postgres")) for p in primaries):
+        raise SettingsError(
+            "PUNCTUAL_REPLICA_URLS: replicas need PostgreSQL primaries in PUNCTUAL_DATABASE_URLS"
+        )
+    return dsns
+
+
 # A run claimed ahead waits in its worker, unacknowledged, until its fire instant
 # (a Celery eta); RabbitMQ closes a channel that holds a message longer than its
 # consumer_timeout (30 min by default), so the wait is kept well inside it.
@@ -153,6 +185,13 @@ def _claim_ahead(raw: str) -> float:
     value = _number("PUNCTUAL_CLAIM_AHEAD_S", raw, float, minimum=0)
     if value > MAX_CLAIM_AHEAD_S:
         raise SettingsError(f"PUNCTUAL_CLAIM_AHEAD_S={raw!r}: at most {MAX_CLAIM_AHEAD_S}")
+    return value
+
+
+def _replica_max_lag(raw: str) -> float:
+    value = _number("PUNCTUAL_REPLICA_MAX_LAG_S", raw, float)
+    if not math.isfinite(value) or value <= 0:
+        raise SettingsError(f"PUNCTUAL_REPLICA_MAX_LAG_S={raw!r}: must be a number of seconds above 0")
     return value
 
 
@@ -174,6 +213,8 @@ QUEUED_LEASES = 30
 class Settings:
     database_urls: tuple[str, ...]
     shards: int = 16
+    replica_urls: tuple[str, ...] = ()
+    replica_max_lag_s: float = 5.0
     broker_url: str = ""
     redis_url: str = ""
     poll_interval_s: float = 1.0
@@ -269,6 +310,8 @@ class Settings:
         values: dict[str, Any] = dict(
             database_urls=dsns,
             shards=shards,
+            replica_urls=_replica_dsns(get("PUNCTUAL_REPLICA_URLS"), dsns),
+            replica_max_lag_s=_replica_max_lag(get("PUNCTUAL_REPLICA_MAX_LAG_S")),
             broker_url=broker_url,
             redis_url=redis_url,
             poll_interval_s=_number(

@@ -65,17 +65,20 @@ def shard_census(registry: Registry, now: datetime) -> list[ShardRow]:
     )
     found: dict[int, tuple] = {}
     flying: dict[int, int] = {}
-    for index, engine in enumerate(registry.engines):
+    for index in range(len(registry.engines)):
         served = set(routing.shards_of(index))
         if not served:
             continue
-        with engine.connect() as conn:
-            for shard, total, due_now, oldest in conn.execute(job_counts):
-                if shard in served:
-                    found[shard] = (total, due_now, oldest)
-            for shard, count in conn.execute(in_flight):
-                if shard in served:
-                    flying[shard] = count
+        # A replica read (docs/api.md "Replica reads").
+        counted, flown = registry.read(
+            index, lambda conn: (conn.execute(job_counts).all(), conn.execute(in_flight).all())
+        )
+        for shard, total, due_now, oldest in counted:
+            if shard in served:
+                found[shard] = (total, due_now, oldest)
+        for shard, count in flown:
+            if shard in served:
+                flying[shard] = count
     rows = []
     for shard, placement in enumerate(routing.map.placements):
         total, due_now, oldest = found.get(shard, (0, 0, None))

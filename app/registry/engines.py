@@ -23,6 +23,7 @@ from typing import TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, make_url
 
+from app.registry.replicas import CONNECT_TIMEOUT_S, Replicas
 from app.registry.shard_map import (
     UNREACHABLE,
     Routing,
@@ -41,6 +42,17 @@ def engine_url(dsn: str) -> sa.URL:
     if url.drivername in ("postgresql", "postgres"):
         url = url.set(drivername="postgresql+psycopg")
     return url
+
+
+def replica_dsn(dsn: str) -> str:
+    """A replica's DSN with a connect timeout (its own, if it has one): a replica that
+    does not answer is skipped, not waited for."""
+    url = make_url(dsn)
+    if "connect_timeout" in url.query:
+        return dsn
+    return url.update_query_dict({"connect_timeout": str(CONNECT_TIMEOUT_S)}).render_as_string(
+        hide_password=False
+    )
 
 
 def create_engine_for(dsn: str, pool_size: int = 10) -> Engine:
@@ -201,6 +213,44 @@ class Registry:
         size = self.settings.db_pool_size
         return tuple(create_engine_for(dsn, size) for dsn in self.settings.database_urls)
 
+    @cached_property
+    def replicas(self) -> Replicas | None:
+        """The replicas of PUNCTUAL_REPLICA_URLS (app.registry.replicas), or None."""
+        if not self.settings.replica_urls:
+            return None
+        size = self.settings.db_pool_size
+        return Replicas(
+            self.settings.replica_urls,
+            self.settings.replica_max_lag_s,
+            lambda: self.engines,
+            self.routing,
+            lambda dsn: create_engine_for(replica_dsn(dsn), size),
+        )
+
+    def read(
+        self,
+        index: int,
+        read: Callable[[sa.Connection], R],
+        confirm: Callable[[R], bool] | None = None,
+    ) -> R:
+        """`read(conn)` for a read that may be a little stale (docs/api.md "Replica
+        reads"): on a fresh replica of DSN `index` when there is one, else on the
+        primary. A read the replica fails (it went away, a recovery conflict) is made
+        again on the primary, and so is one whose result `confirm` rejects (a job not
+        found on a replica may have been created a moment ago)."""
+        replicas = self.replicas
+        replica = replicas.pick(index) if replicas is not None else None
+        if replica is not None:
+            try:
+                with replica.engine.connect() as conn:
+                    result = read(conn)
+                if confirm is None or confirm(result):
+                    return result
+            except sa.exc.OperationalError:
+                replicas.failed(replica)  # type: ignore[union-attr]
+        with self.engines[index].connect() as conn:
+            return read(conn)
+
     def routing(self) -> Routing:
         """The shard map as this process follows it."""
         routing = self._routing
@@ -232,8 +282,12 @@ class Registry:
             return self._routing
 
     def check(self) -> Routing:
-        """Start-up: the map read and checked against PUNCTUAL_DATABASE_URLS, or ShardMapError."""
-        return self.routing()
+        """Start-up: the map read and checked against PUNCTUAL_DATABASE_URLS, and every
+        replica that answers recognised as a replica of one of them, or ShardMapError."""
+        routing = self.routing()
+        if self.replicas is not None:
+            self.replicas.check()
+        return routing
 
     def _load(self, current: Routing | None, force: bool = False) -> Routing:
         if current is None:
@@ -326,6 +380,8 @@ class Registry:
         return self.settings.embedded
 
     def dispose(self) -> None:
+        if self.__dict__.get("replicas") is not None:
+            self.__dict__.pop("replicas").dispose()
         if "engines" in self.__dict__:
             for engine in self.engines:
                 engine.dispose()

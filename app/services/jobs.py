@@ -271,10 +271,13 @@ def list_jobs(
         query = query.where(jobs.c.job_key.isnot(None) if keyed else jobs.c.job_key.is_(None))
     query = newest_first(query, jobs.c.created_at, jobs.c.job_id, position, limit)
     pages = []
-    for index, engine in enumerate(registry.engines):
-        with engine.connect() as conn:
+    for index in range(len(registry.engines)):
+
+        def page(conn: sa.Connection, index: int = index) -> list:
             selected = query.where(carries_labels(conn, jobs.c.labels, labels)) if labels else query
-            pages.append(list(conn.execute(served_only(registry, index, selected, jobs)).mappings()))
+            return list(conn.execute(served_only(registry, index, selected, jobs)).mappings())
+
+        pages.append(registry.read(index, page))  # a replica read (docs/api.md "Replica reads")
     return merge_newest("j", pages, limit, "created_at", "job_id")
 
 
@@ -292,10 +295,9 @@ def count_by_state(registry: Registry) -> dict[str, int]:
     """Jobs per state over every database (operator metrics; not owner-scoped): exact
     while the table is small, PostgreSQL's estimate once it is big (app.registry.estimates)."""
     counts = dict.fromkeys(JOB_STATES, 0)
-    for engine in registry.engines:
-        with engine.connect() as conn:
-            for state, count in counts_by_state(conn, jobs).items():
-                counts[state] = counts.get(state, 0) + count
+    for index in range(len(registry.engines)):
+        for state, count in registry.read(index, lambda conn: counts_by_state(conn, jobs)).items():
+            counts[state] = counts.get(state, 0) + count
     return counts
 
 
@@ -312,12 +314,11 @@ def backlog_by_shard(registry: Registry, now: datetime) -> dict[int, tuple[int, 
         .where(jobs.c.state == "scheduled", jobs.c.next_run_at <= now)
         .group_by(jobs.c.shard)
     )
-    for engine in registry.engines:
-        with engine.connect() as conn:
-            for shard, count, oldest in conn.execute(query):
-                before, age = found.get(shard, (0, 0.0))
-                oldest_age = max(0.0, (now - oldest).total_seconds())
-                found[shard] = (before + count, max(age, oldest_age))
+    for index in range(len(registry.engines)):
+        for shard, count, oldest in registry.read(index, lambda conn: conn.execute(query).all()):
+            before, age = found.get(shard, (0, 0.0))
+            oldest_age = max(0.0, (now - oldest).total_seconds())
+            found[shard] = (before + count, max(age, oldest_age))
     return found
 
 
@@ -931,11 +932,17 @@ def insert_run(
 
 def locate(registry: Registry, job_id: str | uuid.UUID) -> tuple[sa.Engine, uuid.UUID]:
     """The engine holding a job, and its id as a UUID; NotFound for a malformed id."""
+    index, key = locate_index(registry, job_id)
+    return registry.engines[index], key
+
+
+def locate_index(registry: Registry, job_id: str | uuid.UUID) -> tuple[int, uuid.UUID]:
+    """The DSN index holding a job, and its id as a UUID; NotFound for a malformed id."""
     try:
         key = job_id if isinstance(job_id, uuid.UUID) else uuid.UUID(job_id)
     except ValueError:
         raise NotFound("job") from None
-    return registry.engine_for_shard(shard_for(key, registry.settings.shards)), key
+    return registry.database_index(shard_for(key, registry.settings.shards)), key
 
 
 def select_job(

@@ -10,6 +10,7 @@ DSN. Replay follows docs/design.md ("API verbs"): the dead run becomes
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 
 import sqlalchemy as sa
@@ -20,7 +21,7 @@ from app.registry.estimates import counts_by_state
 from app.registry.records import Row
 from app.registry.schema import RUN_ORIGINS, jobs, runs
 from app.services.errors import Conflict, NotFound
-from app.services.jobs import insert_run, locate, select_job, served_only
+from app.services.jobs import insert_run, locate_index, select_job, served_only
 from app.services.pagination import Page, decode_cursor, merge_newest, newest_first
 
 
@@ -38,7 +39,7 @@ def list_runs(
     if origin is not None and origin not in RUN_ORIGINS:
         raise ValidationError.single("origin", f"must be one of {', '.join(RUN_ORIGINS)}")
     position = decode_cursor("r", cursor)
-    engine, key = locate(registry, job_id)
+    index, key = locate_index(registry, job_id)
     selected = sa.select(runs).where(runs.c.job_id == key, runs.c.owner == owner)
     if origin is not None:
         selected = selected.where(runs.c.origin == origin)
@@ -49,13 +50,18 @@ def list_runs(
         position,
         limit,
     )
-    with engine.connect() as conn:
-        if (
-            conn.execute(sa.select(jobs.c.job_id).where(jobs.c.job_id == key, jobs.c.owner == owner)).first()
-            is None
-        ):
-            raise NotFound("job")
-        rows = list(conn.execute(query).mappings())
+
+    def history(conn: sa.Connection) -> list | None:
+        owned = sa.select(jobs.c.job_id).where(jobs.c.job_id == key, jobs.c.owner == owner)
+        if conn.execute(owned).first() is None:
+            return None
+        return list(conn.execute(query).mappings())
+
+    # A replica read (docs/api.md "Replica reads"); a job the replica does not have yet
+    # is looked for on the primary, so a job just created never answers 404 here.
+    rows = registry.read(index, history, confirm=lambda found: found is not None)
+    if rows is None:
+        raise NotFound("job")
     return merge_newest("r", [rows], limit, "created_at", "run_id")
 
 
@@ -70,16 +76,22 @@ def list_dead_letters(registry: Registry, owner: str, *, limit: int, cursor: str
         position,
         limit,
     )
-    pages = []
-    for index, engine in enumerate(registry.engines):
-        with engine.connect() as conn:
-            rows = list(conn.execute(served_only(registry, index, query, runs)).mappings())
-            wanted = {row["job_id"] for row in rows}
-            names: dict = {}
-            if wanted:
-                query_names = sa.select(jobs.c.job_id, jobs.c.name).where(jobs.c.job_id.in_(wanted))
-                names = {job_id: name for job_id, name in conn.execute(query_names)}
-        pages.append([{**row, "job_name": names.get(row["job_id"])} for row in rows])
+
+    def page(index: int) -> Callable[[sa.Connection], list]:
+        return lambda conn: named(conn, index)
+
+    def named(conn: sa.Connection, index: int) -> list:
+        rows = list(conn.execute(served_only(registry, index, query, runs)).mappings())
+        wanted = {row["job_id"] for row in rows}
+        names: dict = {}
+        if wanted:
+            query_names = sa.select(jobs.c.job_id, jobs.c.name).where(jobs.c.job_id.in_(wanted))
+            names = {job_id: name for job_id, name in conn.execute(query_names)}
+        return [{**row, "job_name": names.get(row["job_id"])} for row in rows]
+
+    pages = [  # replica reads (docs/api.md "Replica reads")
+        registry.read(index, page(index)) for index in range(len(registry.engines))
+    ]
     return merge_newest("d", pages, limit, "created_at", "run_id")
 
 
@@ -87,9 +99,8 @@ def count_dead(registry: Registry) -> int:
     """Runs in state `dead` over every database (operator metrics; not owner-scoped):
     exact while the table is small, an estimate once it is big (app.registry.estimates)."""
     total = 0
-    for engine in registry.engines:
-        with engine.connect() as conn:
-            total += counts_by_state(conn, runs, ("dead",)).get("dead", 0)
+    for index in range(len(registry.engines)):
+        total += registry.read(index, lambda conn: counts_by_state(conn, runs, ("dead",))).get("dead", 0)
     return total
 
 

@@ -64,6 +64,30 @@ def test_values_are_read_and_frozen():
         ({"PUNCTUAL_SHARDSS": "16"}, "PUNCTUAL_SHARDSS"),
         ({"PUNCTUAL_CLAIM_AHEAD_S": "-1"}, "PUNCTUAL_CLAIM_AHEAD_S"),
         ({"PUNCTUAL_CLAIM_AHEAD_S": "301"}, "PUNCTUAL_CLAIM_AHEAD_S"),
+        (
+            {"PUNCTUAL_DATABASE_URLS": "postgresql://h/a", "PUNCTUAL_REPLICA_URLS": "mysql://r/a"},
+            "PUNCTUAL_REPLICA_URLS",
+        ),
+        (
+            {"PUNCTUAL_DATABASE_URLS": "postgresql://h/a", "PUNCTUAL_REPLICA_URLS": "postgresql://r"},
+            "PUNCTUAL_REPLICA_URLS",
+        ),
+        (
+            {"PUNCTUAL_DATABASE_URLS": "postgresql://h/a", "PUNCTUAL_REPLICA_URLS": "postgresql://h/a"},
+            "PUNCTUAL_REPLICA_URLS",
+        ),
+        (
+            {
+                "PUNCTUAL_DATABASE_URLS": "postgresql://h/a",
+                "PUNCTUAL_REPLICA_URLS": "postgresql://r/a,postgresql://r/a",
+            },
+            "PUNCTUAL_REPLICA_URLS",
+        ),
+        ({"PUNCTUAL_REPLICA_URLS": "postgresql://r/a"}, "PUNCTUAL_REPLICA_URLS"),  # embedded primary
+        ({"PUNCTUAL_REPLICA_URLS": " , "}, "PUNCTUAL_REPLICA_URLS"),
+        ({"PUNCTUAL_REPLICA_MAX_LAG_S": "0"}, "PUNCTUAL_REPLICA_MAX_LAG_S"),
+        ({"PUNCTUAL_REPLICA_MAX_LAG_S": "inf"}, "PUNCTUAL_REPLICA_MAX_LAG_S"),
+        ({"PUNCTUAL_REPLICA_MAX_LAG_S": "soon"}, "PUNCTUAL_REPLICA_MAX_LAG_S"),
     ],
 )
 def test_a_bad_value_names_its_variable(env, variable):
