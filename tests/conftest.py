@@ -65,6 +65,57 @@ def pg_template(pg_admin):
     drop_database(pg_admin, name)
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+# The replica scripts/test made, else a port of this run's own for the one pg_replica makes.
+REPLICA_PORT = int(os.environ.get("PUNCTUAL_TEST_PG_REPLICA_PORT") or _free_port())
+REPLICA_SCRIPT = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "pg-replica"
+)
+
+
+def replica_url(dsn: str) -> str:
+    """`dsn` (a database of the test server) on its streaming replica."""
+    return sa.engine.make_url(dsn).set(port=REPLICA_PORT).render_as_string(hide_password=False)
+
+
+def replica_ctl(action: str) -> None:
+    """scripts/pg-replica ACTION on the test replica's port (stop, start, up, down)."""
+    subprocess.run([REPLICA_SCRIPT, action, str(REPLICA_PORT)], check=True, capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def pg_replica(pg_admin):
+    """A streaming replica of the test server on REPLICA_PORT: the one scripts/test made
+    (PUNCTUAL_TEST_PG_REPLICA_PORT), else one made here with scripts/pg-replica and
+    removed afterwards. Skips, saying why, only where none can be made (not root, no
+    Debian PostgreSQL binaries, a primary without wal_level=replica)."""
+    made = False
+    if "PUNCTUAL_TEST_PG_REPLICA_PORT" not in os.environ:
+        done = subprocess.run(
+            [REPLICA_SCRIPT, "up", str(REPLICA_PORT)], capture_output=True, text=True, timeout=300
+        )
+        if done.returncode != 0:
+            pytest.skip(f"no streaming replica can be made here: {done.stderr.strip() or done.returncode}")
+        made = True
+    admin = replica_url(PG_ADMIN_DSN)
+    engine = sa.create_engine(
+        admin.replace("postgresql://", "postgresql+psycopg://", 1), poolclass=sa.pool.NullPool
+    )
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT pg_is_in_recovery()").scalar() is True
+    engine.dispose()
+    yield admin
+    if made:
+        replica_ctl("down")
+
+
 @pytest.fixture(scope="module")
 def pg_shards(request) -> int:
     """The logical shards of a module's cluster: its PG_SHARDS, else production's 16."""
