@@ -242,3 +242,25 @@ def test_each_worker_serves_its_metrics_on_a_port_of_its_own():
         assert int(container_port) == port
         published.append(int(host_port))
     assert len(set(published)) == 2, published
+
+
+def test_each_primary_has_a_streaming_replica_that_punctual_reads():
+    for primary in ("postgres-a", "postgres-b"):
+        replica = SERVICES[f"{primary}-replica"]
+        assert replica["image"] == SERVICES[primary]["image"]
+        assert replica["depends_on"][primary]["condition"] == "service_healthy"
+        script = replica["command"][-1]
+        basebackup = next(line for line in script.splitlines() if "pg_basebackup" in line)
+        argv = shlex.split(basebackup.split(";")[0].replace("until ", "", 1))
+        assert argv[argv.index("-h") + 1] == primary and "-R" in argv  # streams from its own primary
+        assert "hot_standby=on" in script
+        assert replica["volumes"] != SERVICES[primary]["volumes"]
+        # The primary lets it connect for replication (the image runs initdb.d scripts once).
+        assert any(
+            "allow-replication.sh:/docker-entrypoint-initdb.d/" in v for v in SERVICES[primary]["volumes"]
+        )
+    assert "replication" in (ROOT / "deploy/postgres/allow-replication.sh").read_text()
+    for name in PUNCTUAL_SERVICES:
+        settings = Settings.from_env(SERVICES[name]["environment"])
+        hosts = [re.search(r"@([\w-]+):", dsn).group(1) for dsn in settings.replica_urls]
+        assert hosts == ["postgres-a-replica", "postgres-b-replica"], name
