@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +108,18 @@ VARIABLES: tuple[Variable, ...] = (
         "a file beat touches whenever it has sent tasks, for health checks",
         "none",
     ),
+    Variable(
+        "PUNCTUAL_TARGET_DATABASES",
+        "",
+        "databases `postgres` targets write their inbox rows to: alias=DSN;alias=DSN",
+        "none",
+    ),
+    Variable(
+        "PUNCTUAL_TARGET_DATABASE_OWNERS",
+        "",
+        "which owners may target each of those databases: alias=owner,owner;alias=*",
+        "none: no owner may",
+    ),
     Variable("PUNCTUAL_DEV_MODE", "0", "set by `punctual dev` for its children: serves the /dev/echo target"),
 )
 
@@ -175,6 +188,59 @@ def _replica_dsns(raw: str, primaries: tuple[str, ...]) -> tuple[str, ...]:
     return dsns
 
 
+_ALIAS = re.compile(r"[a-z][a-z0-9_]{0,62}")
+
+
+@dataclass(frozen=True)
+class TargetDatabase:
+    """A database `postgres` targets may write their inbox rows to, and who may."""
+
+    alias: str
+    dsn: str
+    owners: tuple[str, ...]  # ("*",): every owner
+
+    def granted(self, owner: str) -> bool:
+        return "*" in self.owners or owner in self.owners
+
+
+def _pairs(name: str, raw: str) -> list[tuple[str, str]]:
+    pairs: list[tuple[str, str]] = []
+    for entry in (part.strip() for part in raw.split(";")):
+        if not entry:
+            continue
+        alias, sep, value = entry.partition("=")
+        alias = alias.strip()
+        if not sep or not _ALIAS.fullmatch(alias) or not value.strip():
+            raise SettingsError(
+                f"{name}: {entry.split('://')[0]!r} is not alias=value "
+                "(an alias of lowercase letters, digits and _, starting with a letter)"
+            )
+        if alias in dict(pairs):
+            raise SettingsError(f"{name}: alias {alias!r} is given twice")
+        pairs.append((alias, value.strip()))
+    return pairs
+
+
+def _target_databases(raw: str, raw_owners: str) -> tuple[TargetDatabase, ...]:
+    dsns = _pairs("PUNCTUAL_TARGET_DATABASES", raw)
+    for alias, dsn in dsns:
+        parts = urlsplit(dsn)
+        if parts.scheme not in ("postgresql", "postgres") or not parts.path.strip("/"):
+            raise SettingsError(
+                f"PUNCTUAL_TARGET_DATABASES: {alias}'s DSN is not a postgresql://user@host:port/dbname URL"
+            )
+    grants = dict(_pairs("PUNCTUAL_TARGET_DATABASE_OWNERS", raw_owners))
+    for alias in grants:
+        if alias not in dict(dsns):
+            raise SettingsError(
+                f"PUNCTUAL_TARGET_DATABASE_OWNERS: {alias!r} is not an alias of PUNCTUAL_TARGET_DATABASES"
+            )
+    return tuple(
+        TargetDatabase(alias, dsn, tuple(o.strip() for o in grants.get(alias, "").split(",") if o.strip()))
+        for alias, dsn in dsns
+    )
+
+
 # A run claimed ahead waits in its worker, unacknowledged, until its fire instant
 # (a Celery eta); RabbitMQ closes a channel that holds a message longer than its
 # consumer_timeout (30 min by default), so the wait is kept well inside it.
@@ -238,6 +304,7 @@ class Settings:
     log_format: str = "text"
     beat_alive_file: Path | None = None
     history_days: float = 30.0
+    target_databases: tuple[TargetDatabase, ...] = ()
     # Set only by `punctual dev`: serves /dev/echo and allows the embedded defaults.
     dev_mode: bool = False
 
@@ -350,10 +417,16 @@ class Settings:
             log_format=_choice("PUNCTUAL_LOG_FORMAT", get("PUNCTUAL_LOG_FORMAT"), LOG_FORMATS),
             beat_alive_file=Path(alive_file) if (alive_file := get("PUNCTUAL_BEAT_ALIVE_FILE")) else None,
             history_days=_history_days(get("PUNCTUAL_HISTORY_DAYS")),
+            target_databases=_target_databases(
+                get("PUNCTUAL_TARGET_DATABASES"), get("PUNCTUAL_TARGET_DATABASE_OWNERS")
+            ),
             dev_mode=_flag("PUNCTUAL_DEV_MODE", get("PUNCTUAL_DEV_MODE")),
         )
         values.update(overrides)
         return cls(**values)
+
+    def target_database(self, alias: str) -> TargetDatabase | None:
+        return next((d for d in self.target_databases if d.alias == alias), None)
 
     def broker(self) -> str:
         """The broker URL, or the embedded filesystem transport under the data dir."""

@@ -100,6 +100,18 @@ def _schemas() -> dict:
         },
         required=("type", "topic"),
     )
+    postgres = _object(
+        {
+            "type": {"const": "postgres"},
+            "database": {
+                "type": "string",
+                "pattern": r"^[a-z][a-z0-9_]{0,62}$",
+                "description": "an alias of PUNCTUAL_TARGET_DATABASES granted to the owner",
+            },
+            "limits": _ref("Limits"),
+        },
+        required=("type", "database"),
+    )
     bounds = {"start_at": INSTANT, "end_at": INSTANT}
     schedule = {
         "oneOf": [
@@ -278,13 +290,15 @@ def _schemas() -> dict:
         "Limits": limits,
         "WebhookTarget": webhook,
         "QueueTarget": queue,
+        "PostgresTarget": postgres,
         "Target": {
-            "oneOf": [_ref("WebhookTarget"), _ref("QueueTarget")],
+            "oneOf": [_ref("WebhookTarget"), _ref("QueueTarget"), _ref("PostgresTarget")],
             "discriminator": {
                 "propertyName": "type",
                 "mapping": {
                     "webhook": "#/components/schemas/WebhookTarget",
                     "queue": "#/components/schemas/QueueTarget",
+                    "postgres": "#/components/schemas/PostgresTarget",
                 },
             },
         },

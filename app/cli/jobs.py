@@ -50,6 +50,8 @@ def _schedule_text(schedule: dict) -> str:
 def _target_text(target: dict) -> str:
     if target.get("type") == "queue":
         return f"queue {target.get('topic')}"
+    if target.get("type") == "postgres":
+        return f"postgres {target.get('database')}"
     return f"{target.get('method', 'POST')} {target.get('url')}"
 
 

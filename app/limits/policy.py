@@ -48,13 +48,16 @@ class LimitSpec:
 
 
 def target_origin(target: Mapping[str, Any]) -> str:
-    """`scheme://host:port` of a webhook target, `topic:<topic>` of a queue target.
+    """`scheme://host:port` of a webhook target, `topic:<topic>` of a queue target,
+    `database:<alias>` of a postgres target.
 
     The host is lowercased and the port always written, so https://API.example/x
     and https://api.example:443/y share one origin.
     """
     if target.get("type") == "queue":
         return f"topic:{target.get('topic', '')}"
+    if target.get("type") == "postgres":
+        return f"database:{target.get('database', '')}"
     url = str(target.get("url", ""))
     # Every run's limits are keyed by its origin, and a burst calls a few origins many
     # times, each job often at a path of its own: the origin is parsed once per

@@ -37,7 +37,7 @@ from app.registry.sharding import shard_for
 from app.registry.statements import INSERT_NEW_JOBS
 from app.services import addresses, idempotency
 from app.services.errors import Conflict, Unavailable
-from app.services.jobs import first_fire_remembered, spec_row
+from app.services.jobs import check_target_grant, first_fire_remembered, spec_row
 from app.services.validation import run_at_not_past, validate_job, webhook_urls
 
 MAX_JOBS = 1000
@@ -107,6 +107,7 @@ def _plan(registry: Registry, owner: str, item: Any, now: datetime, resolve: add
     shard = shard_for(job_id, registry.settings.shards)
     try:
         spec = validate_job(body, allow_private=registry.settings.private_target_policy, resolve=resolve)
+        check_target_grant(registry.settings, owner, spec.target)
         run_at_not_past(spec.schedule, now, registry.settings.misfire_grace_s)
         first = first_fire_remembered(spec.schedule, spec.dst, now, now)
         if first is None:

@@ -53,6 +53,7 @@ from app.services.errors import Conflict, NotFound, RateLimited
 from app.services.job_keys import check_job_key, job_id_for_key
 from app.services.pagination import Page, decode_cursor, merge_newest, newest_first
 from app.services.validation import JobSpec, run_at_not_past, validate_changes, validate_job
+from app.settings import Settings
 
 LIVE_STATES = ("scheduled", "running", "paused")  # the states a job can still change from
 # Triggers of one job: each is a call of its target, made at once, so one API key
@@ -122,6 +123,7 @@ def create_job(
     engine = registry.engine_for_shard(shard)
     try:
         spec = validate_job(body, allow_private=registry.settings.private_target_policy)
+        check_target_grant(registry.settings, owner, spec.target)
         run_at_not_past(spec.schedule, now, registry.settings.misfire_grace_s)
         first = first_fire_remembered(spec.schedule, spec.dst, now, now)
         if first is None:
@@ -336,6 +338,8 @@ def patch_job(registry: Registry, owner: str, job_id: str, body: object, now: da
     job is completed).
     """
     changes = validate_changes(body, allow_private=registry.settings.private_target_policy)
+    if "target" in changes:
+        check_target_grant(registry.settings, owner, changes["target"])
     if "schedule" in changes:
         run_at_not_past(changes["schedule"], now, registry.settings.misfire_grace_s)
     engine, key = locate(registry, job_id)
@@ -431,6 +435,7 @@ def put_job(
         body = {field: value for field, value in body.items() if field != "key"}
     try:
         spec = validate_job(body, allow_private=registry.settings.allow_private_targets)
+        check_target_grant(registry.settings, owner, spec.target)
         run_at_not_past(spec.schedule, now, registry.settings.misfire_grace_s)
     except ValidationError as exc:
         raise ValidationError(errors + exc.errors) from None
@@ -928,6 +933,17 @@ def insert_run(
 
 
 # --- helpers -----------------------------------------------------------------------
+
+
+def check_target_grant(settings: Settings, owner: str, target: Mapping[str, Any]) -> None:
+    """A `postgres` target must name a database of PUNCTUAL_TARGET_DATABASES granted to
+    the owner (PUNCTUAL_TARGET_DATABASE_OWNERS); one it was not granted is answered
+    as one that does not exist, so an owner cannot probe the others' aliases."""
+    if target.get("type") != "postgres":
+        return
+    database = settings.target_database(str(target.get("database")))
+    if database is None or not database.granted(owner):
+        raise ValidationError.single("target.database", "is not a target database granted to this owner")
 
 
 def locate(registry: Registry, job_id: str | uuid.UUID) -> tuple[sa.Engine, uuid.UUID]:

@@ -50,6 +50,7 @@ JOB_FIELDS = (
 REQUIRED_FIELDS = ("name", "target", "schedule")
 WEBHOOK_FIELDS = ("type", "url", "method", "headers", "timeout_s", "limits")
 QUEUE_FIELDS = ("type", "topic", "limits")
+POSTGRES_FIELDS = ("type", "database", "limits")
 LIMITS_FIELDS = ("key", "rate_per_s", "max_concurrency")
 SELECTOR_FIELDS = ("labels",)  # the body of POST /jobs/pause, /resume, /cancel
 
@@ -73,6 +74,7 @@ MIN_YEAR = 1000
 # and "X-Team\n" is not a header name.
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # an HTTP header name (RFC 9110 token)
 # An AMQP topic routing key: dot-separated words; `*` and `#` are for bindings only.
+_DATABASE_ALIAS = re.compile(r"[a-z][a-z0-9_]{0,62}")
 _TOPIC = re.compile(r"[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*")
 _SURROGATES = re.compile("[\ud800-\udfff]")
 # Control characters: C0, DEL and C1 (Unicode category Cc); a header value may hold a tab.
@@ -205,7 +207,7 @@ def _jitter(value: object, _allow_private: bool) -> int:
 
 def _target(value: object, allow_private: TargetPolicy, resolve: addresses.Resolve | None = None) -> dict:
     if not isinstance(value, dict):
-        raise ValidationError.single("target", "must be an object with type 'webhook' or 'queue'")
+        raise ValidationError.single("target", "must be an object with type 'webhook', 'queue' or 'postgres'")
     kind = value.get("type")
     allowed: tuple[str, ...]
     check: Callable[[dict[str, Any], dict[str, Any], list[FieldError], Any], None]
@@ -213,8 +215,10 @@ def _target(value: object, allow_private: TargetPolicy, resolve: addresses.Resol
         allowed, check = WEBHOOK_FIELDS, partial(_webhook, resolve=resolve or addresses.resolve_target)
     elif kind == "queue":
         allowed, check = QUEUE_FIELDS, _queue
+    elif kind == "postgres":
+        allowed, check = POSTGRES_FIELDS, _postgres
     else:
-        raise ValidationError.single("target.type", "must be 'webhook' or 'queue'")
+        raise ValidationError.single("target.type", "must be 'webhook', 'queue' or 'postgres'")
     errors = [FieldError(f"target.{key}", "unknown field") for key in value if key not in allowed]
     target: dict = {"type": kind}
     check(value, target, errors, allow_private)
@@ -338,6 +342,20 @@ def _queue(value: dict, target: dict, errors: list[FieldError], _allow_private: 
             )
         )
     target["topic"] = topic
+
+
+def _postgres(value: dict, target: dict, errors: list[FieldError], _allow_private: TargetPolicy) -> None:
+    """The shape of the alias only: whether it is configured and granted to the owner
+    is app.services.target_grants' check (it needs the settings and the owner)."""
+    database = value.get("database")
+    if not isinstance(database, str) or not _DATABASE_ALIAS.fullmatch(database):
+        errors.append(
+            FieldError(
+                "target.database",
+                "must be the alias of a target database (lowercase letters, digits and _)",
+            )
+        )
+    target["database"] = database
 
 
 def _limits(value: object, errors: list[FieldError]) -> dict:

@@ -4,7 +4,7 @@ It needs `requests` and the standard library only: importing it never pulls in
 the server (Flask, SQLAlchemy, Celery). See punctual_client.client for the client.
 
 What a job is made of is typed (TypedDicts, plain dicts at run time: WebhookTarget,
-QueueTarget, CronSchedule, IntervalSchedule, OneOffSchedule, RetryPolicy, DstPolicy,
+QueueTarget, PostgresTarget, CronSchedule, IntervalSchedule, OneOffSchedule, RetryPolicy, DstPolicy,
 Limits), states are Literals (JobState, RunState), and the package ships `py.typed`.
 `Client.wait_for_run(job_id)` waits for a run of the job to end and returns it.
 
@@ -22,6 +22,10 @@ Every error is a PunctualError, mapped from the API's problem+json (punctual_cli
 Many jobs at once: `Client.create_jobs(bodies)` sends POST /jobs/batch (1,000 jobs a
 request) and answers one BatchResult per job: 201 created, 200 an earlier job its
 `idempotency_key` stands for, or the job's own error (never raised).
+
+A postgres target's inbox: `punctual_client.inbox.consume_inbox(connection, handle)`
+takes pending rows FOR UPDATE SKIP LOCKED and marks them done in the application's
+own transaction (any DB-API driver; the module imports none).
 
 Labels pick jobs: `list_jobs(labels={"team": "billing"})` lists the jobs carrying
 them all, and `pause_jobs`, `resume_jobs`, `cancel_jobs` act on every such job at
@@ -74,6 +78,7 @@ from punctual_client.models import (
     OneOffSchedule,
     Overlap,
     Page,
+    PostgresTarget,
     PreviewItem,
     Put,
     QueueTarget,
@@ -106,6 +111,7 @@ __all__ = [
     "Target",
     "WebhookTarget",
     "QueueTarget",
+    "PostgresTarget",
     "Limits",
     "Schedule",
     "OneOffSchedule",

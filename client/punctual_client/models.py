@@ -38,6 +38,7 @@ __all__ = [
     "Limits",
     "WebhookTarget",
     "QueueTarget",
+    "PostgresTarget",
     "Target",
     "OneOffSchedule",
     "CronSchedule",
@@ -85,7 +86,15 @@ class QueueTarget(TypedDict):
     limits: NotRequired[Limits]
 
 
-Target: TypeAlias = WebhookTarget | QueueTarget
+class PostgresTarget(TypedDict):
+    """An inbox row per occurrence in a target database the operator granted (its alias)."""
+
+    type: Literal["postgres"]
+    database: str
+    limits: NotRequired[Limits]
+
+
+Target: TypeAlias = WebhookTarget | QueueTarget | PostgresTarget
 
 
 class OneOffSchedule(TypedDict):
