@@ -26,6 +26,7 @@ _SUBCOMMAND_MODULES = (
     "app.cli.dev",
     "app.cli.serve",
     "app.cli.queues",
+    "app.cli.targets",
 )
 
 

@@ -56,6 +56,7 @@ from app.registry.engines import Registry
 from app.registry.transient import first_line, retrying
 from app.services.owners import OwnerDirectory
 from app.settings import Settings
+from app.worker import inbox
 from app.worker.buffer import CompletionBuffer
 from app.worker.inflight import InFlight
 from app.worker.queue_publisher import QueueCall, QueuePublisher
@@ -497,6 +498,8 @@ class Dispatcher:
     async def _attempt_traced(self, call: _Call, traceparent: str) -> CallOutcome:
         """The call itself, carrying `traceparent` (app.tracing)."""
         run = call.run
+        if run.target.get("type") == "postgres":  # an inbox row in the target's database (app.worker.inbox)
+            return await asyncio.to_thread(inbox.attempt, self.settings, run)
         signing_secrets = self.owners.cached_signing_secrets(run.owner)
         if signing_secrets is None:  # read on a thread: the registry is not the loop's to wait for
             signing_secrets = await asyncio.to_thread(self.owners.signing_secrets, run.owner)
