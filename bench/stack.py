@@ -210,11 +210,16 @@ class PunctualStack:
     resources; stack.url, stack.api_key, stack.settings (every PUNCTUAL_* in effect),
     stack.components (name -> root pids, for the CPU meter), stack.database."""
 
-    def __init__(self, overrides: dict[str, str] | None = None, prepare=None):
+    def __init__(
+        self, overrides: dict[str, str] | None = None, prepare=None, replica_port: int | None = None
+    ):
         """`prepare(dsn)`, if given, runs once the database is migrated, before any
-        process starts (bench.prune writes a history there)."""
+        process starts (bench.prune writes a history there). `replica_port`: a
+        streaming replica of the server there (scripts/pg-replica) serves the
+        database's replica reads (PUNCTUAL_REPLICA_URLS)."""
         self.overrides = dict(overrides or {})
         self.prepare = prepare
+        self.replica_port = replica_port
         self.exits = contextlib.ExitStack()
         self.processes: list[Process] = []
         self.log_dir = Path(tempfile.mkdtemp(prefix="punctual-bench-"))
@@ -246,8 +251,13 @@ class PunctualStack:
                 "PUNCTUAL_ALLOW_PRIVATE_TARGETS": "1",
                 **self.overrides,
             }
+            if self.replica_port is not None:
+                replica = self.database.replace(":5432/", f":{self.replica_port}/", 1)
+                self.env["PUNCTUAL_REPLICA_URLS"] = replica
             self.settings = effective_settings(self.env)
             self._run("punctual", "migrate")
+            if self.replica_port is not None:
+                caught_up(self.database, self.env["PUNCTUAL_REPLICA_URLS"])
             if self.prepare is not None:
                 self.prepare(self.database)
             self.api_key = json.loads(self._run("punctual", "keys", "create", "--owner", "bench", "--json"))[
@@ -290,6 +300,28 @@ class PunctualStack:
         for process in reversed(self.processes):
             process.stop()
         self.exits.close()
+
+
+def caught_up(primary: str, replica: str, timeout_s: float = 60) -> None:
+    """Wait until the replica has replayed what the primary has written now (the
+    migration: a process that starts earlier would find the replica unmigrated)."""
+    import psycopg
+
+    with psycopg.connect(primary, autocommit=True) as conn:
+        target = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with psycopg.connect(replica, autocommit=True) as conn:
+                if conn.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (str(target),)).fetchone()[
+                    0
+                ]:
+                    return
+        except psycopg.OperationalError:
+            pass  # the database's creation not replayed yet
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench: the replica did not catch up in {timeout_s:g} s")
+        time.sleep(0.2)
 
 
 def backend_pids(dsn: str):
