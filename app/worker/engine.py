@@ -539,9 +539,15 @@ class Dispatcher:
         self._inflight.pop_many([item.run.run_id for item in items])
 
     def _heartbeat(self, calls: list[_Call]) -> None:
+        """Renew the leases of the runs in flight that have held theirs for a beat or
+        more (the others have at least lease_s - heartbeat_s left, and the next beat
+        comes first: a run whose call ends within a beat of its start never has its
+        row written for its lease), and the slots of all."""
         sent = time.monotonic()
-        kept = lease.heartbeat(self.registry, [call.run for call in calls], utcnow())
-        for call in calls:
+        renew_below = self.settings.lease_s - self.settings.heartbeat_s
+        due = [call for call in calls if call.lease_until - sent < renew_below]
+        kept = lease.heartbeat(self.registry, [call.run for call in due], utcnow()) if due else set()
+        for call in due:
             if call.run.run_id in kept:
                 call.lease_until = sent + self.settings.lease_s
             else:  # taken back (or already completed): a call not yet made must not start
