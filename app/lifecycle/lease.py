@@ -4,14 +4,14 @@ Each takes a batch and writes it with one statement per physical DSN, fenced by 
 lease token, so a duplicated or stale dispatch message changes nothing (invariants 1,
 3, 4):
 
-- start: claimed -> running for the runs whose token still holds; the runs it returns
-  are the only ones the worker may call. The lease is renewed with it.
+- start: a run leased on its job gets its row, `running`, while the job holds its
+  token (app.pollers.claim writes none); one leased on its row goes claimed -> running.
+  Only the runs it returns may be called, each with the lease of its call on its row.
 - hold: a limit said "not yet" (a rate before the start, or a cap the run waited its
-  while for, before its call). A schedule run's row is deleted (no attempt spent) and
-  its job goes back to `scheduled` at the time the limit allows, misfire_exempt; an
+  while for, before its call). A schedule run's row, if it has one, is deleted (no
+  attempt spent) and its job goes back to `scheduled` at the time the limit allows, misfire_exempt; an
   off-schedule run is `claimed` again under a new token, due then for the relay sweep.
-- heartbeat: leased_until = now + lease_s on the job (schedule runs) or the run
-  (off-schedule runs) while the call is in flight.
+- heartbeat: leased_until = now + lease_s on the run row while the call is in flight.
 
 Each write is retried in place after a transient failure (app.registry.transient): all
 three are fenced, so sending one again changes nothing the first one changed; the
@@ -40,7 +40,7 @@ from app.registry.bulk import key_in, same_token, state_among, update_together
 from app.registry.dialect import locks_rows
 from app.registry.engines import LEASE_FENCE_WAIT_S, Registry, refuse_moved_shards, statement_connection
 from app.registry.schema import jobs, runs
-from app.registry.statements import HEARTBEAT_JOBS, HEARTBEAT_RUNS, START_JOBS, START_RUNS
+from app.registry.statements import HEARTBEAT_RUNS, START_NEW_RUNS, START_RUNS
 from app.registry.transient import retrying
 
 
@@ -51,8 +51,8 @@ def _shard_of(run: DispatchRun) -> int:
 def start(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -> set[uuid.UUID]:
     """Mark runs running, fenced; returns the run_ids that this call started.
 
-    The start also renews the lease (leased_until = now + lease_s), in the same
-    transaction: a run that waited in the broker for most of its lease must not be
+    The start gives each run the lease of its call on its row (leased_until = now +
+    lease_s): a run that waited in the broker for most of its job's lease must not be
     taken back by the janitor before its first heartbeat. The statements are
     _start_on's; a try after a transient failure, or on the database a move took
     the shard to, also takes as its own the runs an earlier try started (_started_at).
@@ -62,22 +62,17 @@ def start(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -> se
 
     def write(engine: sa.Engine, group: list[DispatchRun]) -> list:
         on_jobs = sorted(
-            (
-                {"job_id": run.job_id, "lease_token": run.lease_token}
-                for run in group
-                if not run.leased_on_run
-            ),
-            key=lambda row: row["job_id"],
+            (_new_row(run, now) for run in group if not run.leased_on_run), key=lambda row: row["job_id"]
         )
         rows = [
             {
                 "run_id": run.run_id,
                 "lease_token": run.lease_token,
                 "lateness_ms": int((now - run.scheduled_for).total_seconds() * 1000),
-                # Off-schedule runs hold their own lease; schedule runs' lease is the job's.
-                "leased_until": until if run.leased_on_run else None,
+                "leased_until": until,
             }
             for run in group
+            if run.leased_on_run
         ]
         # A try on the old database may have committed before the fence and lost its
         # answer: the move carried that start here.
@@ -109,24 +104,57 @@ def _start_on(
 ) -> list:
     """One try of a start on one DSN, one statement (app.registry.bulk.update_together:
     in autocommit, behind the move fence, refused if a move took these shards away,
-    refuse_moved_shards): START_JOBS, then START_RUNS (app.registry.statements). Job
-    rows are written before run rows, the janitor's lock order, so the two never
-    deadlock.
+    refuse_moved_shards): START_NEW_RUNS, the rows of runs leased on their jobs,
+    written under the job's lease (its row locked FOR KEY SHARE: a claim not yet
+    committed, a take-back or the janitor holding it is waited for), then START_RUNS
+    (app.registry.statements). Job rows are locked before run rows, the janitor's lock
+    order, so the two never deadlock.
     """
     with statement_connection(engine) as conn:
-        _, ids = update_together(
+        inserted, updated = update_together(
             conn,
             [
-                START_JOBS.of(on_jobs, {"leased_until": until}),
-                START_RUNS.of(rows, {"state": "running", "started_at": now, "updated_at": now}),
+                START_NEW_RUNS.of(
+                    on_jobs,
+                    {
+                        "origin": "schedule",
+                        "state": "running",
+                        "leased_until": until,
+                        "published": True,
+                        "started_at": now,
+                        "created_at": now,
+                        "updated_at": now,
+                    },
+                ),
+                START_RUNS.of(
+                    sorted(rows, key=lambda row: row["run_id"]),
+                    {"state": "running", "started_at": now, "updated_at": now},
+                ),
             ],
             refuse_moved=shards,
         )
+        ids = inserted + updated
         if retried:
             # The connection may have broken after an earlier try committed: the runs it
             # started carry this start's exact instant and the message's token.
-            ids += _started_at(conn, rows, now)
+            ids += _started_at(conn, on_jobs + rows, now)
     return ids
+
+
+def _new_row(run: DispatchRun, now: datetime) -> dict:
+    """The row START_NEW_RUNS writes for a run leased on its job (its constants aside)."""
+    return {
+        "run_id": run.run_id,
+        "job_id": run.job_id,
+        "lease_token": run.lease_token,
+        "shard": run.shard,
+        "owner": run.owner,
+        "scheduled_for": run.scheduled_for,
+        "attempt": run.attempt,
+        "target": run.target,
+        "retry": run.retry,
+        "lateness_ms": int((now - run.scheduled_for).total_seconds() * 1000),
+    }
 
 
 def _started_at(conn: sa.Connection, rows: list[dict], now: datetime) -> list:
@@ -188,30 +216,27 @@ def _hold_on(
             )
             if locks_rows(conn):
                 conn.execute(lock.with_for_update()).all()
-            deleted = conn.execute(
-                sa.delete(runs)
-                .where(
+            # A run held before its start has no row; one held after it (before its
+            # call) has, and it goes: nothing happened.
+            conn.execute(
+                sa.delete(runs).where(
                     sa.tuple_(runs.c.run_id, runs.c.lease_token).in_(
                         [(r.run_id, r.lease_token) for r, _ in scheduled]
                     ),
                     state_among(runs.c.state, _HOLDABLE),
                 )
-                .returning(runs.c.run_id, runs.c.job_id, runs.c.lease_token)
-            ).all()
-            if deleted:
-                conn.execute(
+            )
+            for run, _ in sorted(scheduled, key=lambda item: item[0].job_id):
+                released = conn.execute(
                     _RELEASE_JOB,
-                    [
-                        {
-                            "b_job_id": row.job_id,
-                            "b_token": row.lease_token,
-                            "b_at": until[row.run_id],
-                            "b_now": now,
-                        }
-                        for row in sorted(deleted, key=lambda r: r.job_id)
-                    ],
+                    {
+                        "b_job_id": run.job_id,
+                        "b_token": run.lease_token,
+                        "b_at": until[run.run_id],
+                        "b_now": now,
+                    },
                 )
-            held += len(deleted)
+                held += released.rowcount
         for run, at in off:
             result = conn.execute(
                 sa.update(runs)
@@ -261,18 +286,12 @@ def heartbeat(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -
     budget_s = registry.settings.heartbeat_s
 
     def write(engine: sa.Engine, group: list[DispatchRun]) -> set[uuid.UUID]:
-        on_jobs = sorted(
-            ({"job_id": r.job_id, "lease_token": r.lease_token} for r in group if not r.leased_on_run),
-            key=lambda row: row["job_id"],
-        )
+        # Every started run holds the lease of its call on its row (start).
         on_runs = sorted(
-            ({"run_id": r.run_id, "lease_token": r.lease_token} for r in group if r.leased_on_run),
-            key=lambda row: row["run_id"],
+            ({"run_id": r.run_id, "lease_token": r.lease_token} for r in group), key=lambda row: row["run_id"]
         )
-        beat = functools.partial(_heartbeat_on, engine, {r.shard for r in group}, on_jobs, on_runs, until)
-        job_ids, run_ids = retrying(beat, f"heartbeat of {len(group)} runs", budget_s=budget_s)
-        extended_jobs = set(job_ids)
-        return set(run_ids) | {r.run_id for r in group if not r.leased_on_run and r.job_id in extended_jobs}
+        beat = functools.partial(_heartbeat_on, engine, {r.shard for r in group}, on_runs, until)
+        return set(retrying(beat, f"heartbeat of {len(group)} runs", budget_s=budget_s))
 
     kept: set[uuid.UUID] = set()
     for ids in registry.for_each_database(batch, _shard_of, write, fence_wait_s=budget_s):
@@ -280,24 +299,14 @@ def heartbeat(registry: Registry, batch: Sequence[DispatchRun], now: datetime) -
     return kept
 
 
-def _heartbeat_on(
-    engine, shards: set[int], on_jobs: list[dict], on_runs: list[dict], until: dict
-) -> tuple[list, list]:
+def _heartbeat_on(engine, shards: set[int], on_runs: list[dict], until: dict) -> list:
     """One try of a heartbeat on one DSN, one statement behind the move fence (as
-    _start_on's). Schedule runs hold their lease on the job, off-schedule runs on the
-    run; each update returns the leases it extended. The rows are locked in key order
-    first (bulk.locked_in_key_order): a heartbeat covers the runs whose calls ended and
-    whose completion is being written, and the completion locks their jobs in key order.
-    In the order of its plan, a heartbeat deadlocked with it. HEARTBEAT_JOBS, then
-    HEARTBEAT_RUNS (app.registry.statements).
+    _start_on's): HEARTBEAT_RUNS (app.registry.statements), returning the runs whose
+    leases it extended. The rows are locked in key order first
+    (bulk.locked_in_key_order): a heartbeat covers the runs whose calls ended and whose
+    completion is being written, and the completion locks their rows in key order too.
+    In the order of its plan, a heartbeat deadlocked with it.
     """
     with statement_connection(engine) as conn:
-        job_ids, run_ids = update_together(
-            conn,
-            [
-                HEARTBEAT_JOBS.of(on_jobs, until),
-                HEARTBEAT_RUNS.of(on_runs, until),
-            ],
-            refuse_moved=shards,
-        )
-    return job_ids, run_ids
+        [run_ids] = update_together(conn, [HEARTBEAT_RUNS.of(on_runs, until)], refuse_moved=shards)
+    return run_ids

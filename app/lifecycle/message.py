@@ -123,13 +123,21 @@ class DispatchRun:
 
     @classmethod
     def from_row(
-        cls, row: Row, payload: Any, fire_at: datetime | None = None, recurring: bool = False
+        cls,
+        row: Row,
+        payload: Any,
+        fire_at: datetime | None = None,
+        recurring: bool = False,
+        own_lease: bool | None = None,
     ) -> DispatchRun:
         """From a runs row (plus the job's payload, which runs do not store, the fire
         instant of a run claimed ahead, which is the job's next_run_at, and whether the
-        job is recurring, which the claim knows from the job row). A schedule run with a
-        lease of its own has its leased_until on the row (a run leased by its job never
-        has: app.lifecycle.lease writes it for runs leased on their row only)."""
+        job is recurring, which the claim knows from the job row). `own_lease` unsaid: a
+        row not started yet with a leased_until holds a lease of its own (a run leased
+        by its job has no row until it starts); the janitor, which also reads started
+        rows, says which (the job holds the run's token or not)."""
+        if own_lease is None:
+            own_lease = row["origin"] == "schedule" and row.get("leased_until") is not None
         return cls(
             run_id=row["run_id"],
             job_id=row["job_id"],
@@ -144,7 +152,7 @@ class DispatchRun:
             payload=payload,
             fire_at=fire_at,
             recurring=recurring,
-            own_lease=row["origin"] == "schedule" and row.get("leased_until") is not None,
+            own_lease=own_lease,
         )
 
 

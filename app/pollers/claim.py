@@ -9,20 +9,20 @@ weighted round-robin), a range scan of the same index per owner, FOR UPDATE SKIP
 LOCKED. With one owner due it is `due_jobs`, a range scan of ix_jobs_due (invariant 5).
 
 In the same transaction every row gets its plan (app.pollers.plan, misfires included)
-and the writes are batched, one statement each (app.registry.statements): the claimed
-jobs (state running, a new lease_token each, leased_until = fire instant +
-queued_lease_s), the jobs whose misfire ran nothing, and the run rows (the outbox,
-published = false). Then COMMIT; the relay publishes.
+and the writes are batched (app.registry.statements): the claimed jobs (running, a new
+lease_token, leased_until = fire instant + queued_lease_s), the jobs whose misfire ran
+nothing, and the rows that must exist before a start (skipped occurrences, an `allow`
+job's runs); a run leased on its job gets its row at its start (app.lifecycle.lease).
+The messages are published before the COMMIT (`send`): no outbox row, no published mark
+(docs/design.md "Writes per run").
 
 Claiming ahead: a job is claimed up to PUNCTUAL_CLAIM_AHEAD_S before its fire instant,
-and its run travels with that instant (DispatchRun.fire_at), so the worker starts it
-then, not before (app.lifecycle.message): the costly part of firing is done before the
-instant. Such a run is on time, so its plan is made as at its fire instant.
+its run travels with that instant (DispatchRun.fire_at) and starts then, not before;
+such a run is on time, so its plan is made as at its fire instant.
 
 Two pollers (or two beats) on one shard never double-fire: SKIP LOCKED hands each row
-to one transaction, and a row it took is no longer 'scheduled' when the other looks
-again (invariant 4). SQLite (embedded mode) has no FOR UPDATE; it has one poller and
-takes the write lock at BEGIN.
+to one transaction, which leaves it no longer 'scheduled' (invariant 4). SQLite
+(embedded mode) has no FOR UPDATE; it has one poller and locks at BEGIN.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from app import metrics, tracing
 from app.core.misfire import skip_reason
 from app.lifecycle.message import DispatchRun
 from app.pollers.plan import ClaimPlan, plan_claim
+from app.pollers.relay import Send, send_all
 from app.pollers.shares import fair_shares
 from app.registry.dialect import is_postgres, locks_rows
 from app.registry.records import Row, retry_of, run_row
@@ -253,10 +254,14 @@ def claim_batch(
     limit: int | None = None,
     weights: Mapping[str, int] | None = None,
     paused: Collection[str] = (),
+    send: Send | None = None,
 ) -> ClaimResult:
     """Claim at most `limit` (settings.claim_batch) jobs of `shard` due by now +
     settings.claim_ahead_s, fairly between owners (`weights`: the owners whose weight is
-    not 1; `paused`: owners none of whose rows is claimed), and commit. After the
+    not 1; `paused`: owners none of whose rows is claimed), publish the runs with `send`
+    (once: a failure rolls the claim back) and commit. Without `send` the caller
+    publishes the returned runs (tests): those with a row wait in the outbox for the
+    relay sweep meanwhile, the others have only their messages. After the
     SELECTs (`due_owners`, `fair_due_jobs`), the batch is written with
     app.registry.statements' CLAIM_JOBS, PASS_JOBS, MOVE_JOBS and INSERT_RUNS.
     """
@@ -288,11 +293,12 @@ def claim_batch(
             leased_until = max(now, plan.run.fire_at) + lease
             if plan.own_lease:
                 params, run_row = _passed_params(job, plan, token, leased_until, now, due_at)
+                run_row["published"] = send is not None
                 passed.append(params)
-            else:
-                params, run_row = _claim_params(job, plan, token, leased_until, now, due_at)
+                new_runs.append(run_row)
+            else:  # its row is its start's to write
+                params, run_row = _claim_params(job, plan, token, leased_until, now)
                 claimed.append(params)
-            new_runs.append(run_row)
             to_publish.append(
                 DispatchRun.from_row(
                     run_row,
@@ -315,6 +321,9 @@ def claim_batch(
             },
         )
         INSERT_RUNS.insert(conn, new_runs)
+        if send is not None and to_publish:
+            # Before the COMMIT (the module's docstring); retried whole by the poll.
+            send_all(shard, to_publish, send, retry=False)
     if spans is not None:
         spans.claimed(to_publish, began_ns, time.time_ns(), "claim")
     metrics.CLAIM_BATCH_SIZE.observe(len(rows))
@@ -328,7 +337,7 @@ def claim_batch(
 
 
 def _claim_params(
-    job: Row, plan: ClaimPlan, token: uuid.UUID, leased_until: datetime, now: datetime, due_at: datetime
+    job: Row, plan: ClaimPlan, token: uuid.UUID, leased_until: datetime, now: datetime
 ) -> tuple[dict, dict]:
     assert plan.run is not None  # only a plan that runs something is claimed
     skipped_after: datetime | None
@@ -350,7 +359,7 @@ def _claim_params(
         "skipped_through": skipped_through,
     }
     run_row = _run_row(job, plan.run.nominal, plan.attempt, "claimed", now)
-    run_row.update(lease_token=token, due_at=due_at, published=False)
+    run_row.update(lease_token=token)  # (not written: the message's)
     return params, run_row
 
 

@@ -8,9 +8,12 @@ exhausted the run is `dead` and the job moves on as after a dead run. A worker t
 comes back later finds its token gone: its completion changes nothing (invariant 1).
 
 Two scans per shard, each an index range scan in batches with FOR UPDATE SKIP
-LOCKED so that two janitors share the work: jobs by ix_jobs_leased (schedule runs
-hold their lease on the job), runs by ix_runs_leased (triggered, replayed and
-backfilled runs, and the occurrences of `allow` jobs, hold their own).
+LOCKED so that two janitors share the work: jobs by ix_jobs_leased (a schedule run
+holds its job's lease from its claim to its start), runs by ix_runs_leased (every
+started run holds the lease of its call on its row; triggered, replayed and
+backfilled runs, and an `allow` job's occurrences, hold one there from their claim).
+A job whose lease passed with no run started under it was never called: its lease is
+released, no attempt spent, and the occurrence is due again at once.
 """
 
 from __future__ import annotations
@@ -38,24 +41,33 @@ EXPIRED = CallOutcome(error=LEASE_EXPIRED, retryable_error=True)
 
 
 def expired_jobs(shard: int, now: datetime, limit: int, lock: bool = True) -> sa.Select:
+    """Job leases that passed, but those a run started under (its row holds the lease
+    of its call, which the run scan takes back when it passes)."""
+    started = sa.exists().where(
+        runs.c.job_id == jobs.c.job_id,
+        runs.c.lease_token == jobs.c.lease_token,
+        runs.c.state == "running",
+    )
     stmt = (
         sa.select(jobs.c.job_id, jobs.c.lease_token)
-        .where(jobs.c.shard == shard, jobs.c.lease_token.isnot(None), jobs.c.leased_until < now)
+        .where(jobs.c.shard == shard, jobs.c.lease_token.isnot(None), jobs.c.leased_until < now, ~started)
         .order_by(jobs.c.leased_until)
         .limit(limit)
     )
-    return stmt.with_for_update(skip_locked=True) if lock else stmt
+    return stmt.with_for_update(of=jobs, skip_locked=True) if lock else stmt
 
 
 def expired_runs(
     shard: int, now: datetime, limit: int, lock: bool = True, held: Collection[str] = ()
 ) -> sa.Select:
-    """Runs holding their own lease (off-schedule runs, an `allow` job's occurrences:
-    the only runs whose row has a leased_until) whose lease passed, but the runs of the
-    `held` owners (paused) that wait to start: they wait for the resume, which renews
-    their leases."""
+    """Runs whose lease on their row passed (every started run; off-schedule runs and
+    an `allow` job's occurrences waiting to start), but the runs of the `held` owners
+    (paused) that wait to start: they wait for the resume, which renews their leases.
+    With their job's token (`job_lease_token`): a run whose job holds its token is
+    leased on its job too, and settling it settles the job."""
     stmt = (
-        sa.select(runs)
+        sa.select(runs, jobs.c.lease_token.label("job_lease_token"))
+        .select_from(runs.outerjoin(jobs, jobs.c.job_id == runs.c.job_id))
         .where(
             runs.c.shard == shard,
             runs.c.state.in_(("claimed", "running")),
@@ -66,7 +78,7 @@ def expired_runs(
     )
     if held:
         stmt = stmt.where(sa.not_(sa.and_(runs.c.state == "claimed", runs.c.owner.in_(sorted(held)))))
-    return stmt.with_for_update(skip_locked=True) if lock else stmt
+    return stmt.with_for_update(of=runs, skip_locked=True) if lock else stmt
 
 
 def expire(
@@ -78,7 +90,7 @@ def expire(
     held: Collection[str] = (),
 ) -> int:
     """Take back every expired lease of `shard` (but the waiting runs of the `held`
-    owners: paused); returns how many runs were settled."""
+    owners: paused); returns how many runs were settled or released."""
     lock = locks_rows(engine)
     total = 0
     scans = (_expire_job_leases, functools.partial(_expire_run_leases, held=held))
@@ -111,9 +123,13 @@ def _expire_job_leases(conn, shard, now, settings, rand, lock) -> tuple[int, boo
         .all()
     )
     owned = [row for row in rows if tokens.get(row["job_id"]) == row["lease_token"]]
+    # A run that started after this scan's snapshot holds the lease of its call: the
+    # run scan's, when it passes.
+    live = {row["job_id"] for row in owned if row["state"] == "running" and row["leased_until"] is not None}
+    owned = [row for row in owned if row["job_id"] not in live]
     settled = _settle(conn, owned, now, settings, rand)
-    # A lease with no run left behind (nothing to settle) is simply released.
-    orphaned = set(tokens) - {row["job_id"] for row in owned}
+    # A lease with no run left behind (never started: nothing to settle) is released.
+    orphaned = set(tokens) - {row["job_id"] for row in owned} - live
     for job_id in sorted(orphaned):
         conn.execute(
             sa.update(jobs)
@@ -126,7 +142,7 @@ def _expire_job_leases(conn, shard, now, settings, rand, lock) -> tuple[int, boo
                 updated_at=now,
             )
         )
-    return settled, len(leases) >= BATCH
+    return settled + len(orphaned), len(leases) >= BATCH
 
 
 def _expire_run_leases(conn, shard, now, settings, rand, lock, held=()) -> tuple[int, bool]:
@@ -134,9 +150,19 @@ def _expire_run_leases(conn, shard, now, settings, rand, lock, held=()) -> tuple
     return _settle(conn, rows, now, settings, rand), len(rows) >= BATCH
 
 
+def _own_lease(row) -> bool | None:
+    """Whether a run row of the run scan holds a lease of its own (None: as the row
+    says, for the job scan's, which their job leases)."""
+    if "job_lease_token" not in row:
+        return None
+    return not (row["origin"] == "schedule" and row["job_lease_token"] == row["lease_token"])
+
+
 def _settle(conn, rows, now, settings, rand) -> int:
     if not rows:
         return 0
-    batch = [Finished(DispatchRun.from_row(row, None), EXPIRED, now) for row in rows]
+    batch = [
+        Finished(DispatchRun.from_row(row, None, own_lease=_own_lease(row)), EXPIRED, now) for row in rows
+    ]
     report = apply(conn, batch, now, rand, settings.lease_s, runs_write=EXPIRE_RUNS, retry_now=True)
     return report.applied

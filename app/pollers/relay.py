@@ -1,11 +1,12 @@
 """The relay: runs in the outbox (runs.published = false) become dispatch messages.
 
-Right after a claim commits, `publish_claimed` sends its runs as a few dispatch
-messages (batches of runs, app.lifecycle.message) and then marks them published in one
-UPDATE. A crash between the claim's COMMIT and that UPDATE leaves runs unpublished;
-`sweep` finds every unpublished `claimed` run whose due_at has passed (the claim's
-runs after the relay grace, triggered and replayed runs at once, off-schedule
-retries when their retry time comes) and publishes it (invariant 8). Publishing
+A claim publishes its runs itself, as a few dispatch messages (batches of runs,
+app.lifecycle.message), before its COMMIT (app.pollers.claim `send_all`): its runs
+never wait in the outbox. `publish_claimed` publishes the runs of a claim made
+without `send` and marks those with a row published. `sweep` finds every
+unpublished `claimed` run whose due_at has passed (triggered and replayed runs at
+once, off-schedule retries when their retry time comes, runs a paused owner's
+resume gives back) and publishes it (invariant 8). Publishing
 twice is harmless: starting a run is fenced (invariant 4), which is also why a
 publish or a mark that meets a transient broker or database failure is simply sent
 again (app.registry.transient).
@@ -45,7 +46,7 @@ def publish_claimed(engine: sa.Engine, shard: int, claimed: Sequence[DispatchRun
     """Publish a claim's runs, then mark them published. Returns messages sent."""
     if not claimed:
         return 0
-    sent = _send_all(shard, claimed, send)
+    sent = send_all(shard, claimed, send)
 
     def mark() -> None:
         # One statement, in autocommit on PostgreSQL: no BEGIN and COMMIT round trips.
@@ -141,7 +142,7 @@ def sweep(
             if not rows:
                 return total
             found = [DispatchRun.from_row(row, row["payload"], _fire_at(row)) for row in rows]
-            _send_all(shard, found, send)
+            send_all(shard, found, send)
             conn.execute(_mark_published(conn, [run.run_id for run in found]))
         if spans is not None:  # a schedule run's claim has its span already (its claim's)
             spans.claimed(
@@ -160,14 +161,20 @@ def _fire_at(row) -> datetime | None:
     return jitter.fire_at(row["job_id"], row["scheduled_for"], row["jitter_s"])
 
 
-def _send_all(shard: int, found: Sequence[DispatchRun], send: Send) -> int:
+def send_all(shard: int, found: Sequence[DispatchRun], send: Send, retry: bool = True) -> int:
+    """Publish `found` as dispatch messages with `send`, retried whole (once only
+    without `retry`: a claim publishing inside its transaction is retried whole by its
+    poll instead of holding its rows); returns how many messages."""
     messages = to_messages(found, utcnow())
     # A broker that drops the connection is reconnected to by the next try; the batch
     # is sent again whole, and a message sent twice is a duplicate whose start is fenced.
-    retrying(
-        functools.partial(send, shard, messages),
-        f"publishing {len(found)} runs of shard {shard} in {len(messages)} messages",
-    )
+    if retry:
+        retrying(
+            functools.partial(send, shard, messages),
+            f"publishing {len(found)} runs of shard {shard} in {len(messages)} messages",
+        )
+    else:
+        send(shard, messages)
     metrics.PUBLISHED.labels(str(shard)).inc(len(messages))
     return len(messages)
 

@@ -241,6 +241,125 @@ class Update:
     lock_in_key_order: bool = False
 
 
+@dataclass(frozen=True)
+class LeasedInsert:
+    """One bulk INSERT of rows that may exist only under a lease another table holds,
+    for `update_together`: a row goes in only while its `lease_table` row (by `key`)
+    holds the row's lease_token and is in one of `lease_states`, and those rows are
+    locked FOR KEY SHARE (a writer holding one, a claim not yet committed, is waited
+    for and the lease read again). A row whose `conflict` key exists already takes
+    the new row's `upsert` columns if it is in one of `upsert_states` under the same
+    token, and is left as it is otherwise (a duplicate). Returns `conflict`."""
+
+    table: sa.Table
+    rows: Sequence[Mapping[str, Any]]
+    columns: Sequence[str]  # per row: `key`, `conflict` and lease_token among them
+    constants: Mapping[str, Any]
+    lease_table: sa.Table
+    key: str
+    lease_states: Sequence[str]
+    conflict: str
+    upsert: Sequence[str]
+    upsert_states: Sequence[str]
+
+    @property
+    def returning(self) -> str:
+        return self.conflict
+
+    @property
+    def match(self) -> Sequence[str]:
+        return (self.conflict,)
+
+
+def leased_insert_sql(
+    table: sa.Table,
+    columns: Sequence[str],
+    constants: Sequence[str],
+    lease_table: sa.Table,
+    key: str,
+    lease_states: Sequence[str],
+    conflict: str,
+    upsert: Sequence[str],
+    upsert_states: Sequence[str],
+    source: str | None = None,
+    values: Sequence[str] | None = None,
+    keys: str = ":keys",
+) -> str:
+    """The statement a LeasedInsert issues (its shape, as app.registry.statements names it)."""
+    if values is None:
+        values = [f"v.{c}" for c in columns] + [f":{c}" for c in constants]
+    lease, t = lease_table.name, table.name
+    return (
+        f"INSERT INTO {t} ({', '.join([*columns, *constants])}) SELECT {', '.join(values)} "
+        f"FROM {source or _source_sql(table, columns)} "
+        f"JOIN {lease} ON {lease}.{key} = v.{key} AND {lease}.{key} = ANY({keys}) "
+        f"WHERE {lease}.lease_token IS NOT DISTINCT FROM v.lease_token AND v.lease_token IS NOT NULL "
+        f"AND coalesce({lease}.state, '') IN ({', '.join(repr(state) for state in lease_states)}) "
+        f"FOR KEY SHARE OF {lease} "
+        f"ON CONFLICT ({conflict}) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in upsert)} "
+        f"WHERE coalesce({t}.state, '') IN ({', '.join(repr(state) for state in upsert_states)}) "
+        f"AND {t}.lease_token IS NOT DISTINCT FROM excluded.lease_token "
+        f"RETURNING {t}.{conflict}"
+    )
+
+
+def _leased_insert_statement(part: LeasedInsert, prefix: str = "") -> tuple[str, dict]:
+    source, params = _recordset(part.table, part.columns, part.rows, prefix)
+    values = [f"v.{c}" for c in part.columns] + [
+        _constant(part.table, name, i, value, params, prefix)
+        for i, (name, value) in enumerate(part.constants.items())
+    ]
+    params[f"{prefix}keys"] = [row[part.key] for row in part.rows]
+    keys = f"CAST(%({prefix}keys)b AS {_pg_type(part.lease_table.c[part.key])}[])"
+    sql = leased_insert_sql(
+        part.table,
+        part.columns,
+        list(part.constants),
+        part.lease_table,
+        part.key,
+        part.lease_states,
+        part.conflict,
+        part.upsert,
+        part.upsert_states,
+        source,
+        values,
+        keys,
+    )
+    return sql, params
+
+
+def _insert_each_leased(conn: sa.Connection, part: LeasedInsert) -> list:
+    """SQLite: a LeasedInsert row by row (one writer: no lock to take)."""
+    lease, table = part.lease_table, part.table
+    done: list = []
+    for row in part.rows:
+        holder = conn.execute(
+            sa.select(lease.c.lease_token, lease.c.state).where(lease.c[part.key] == row[part.key])
+        ).first()
+        if (
+            holder is None
+            or holder.lease_token != row["lease_token"]
+            or holder.state not in part.lease_states
+        ):
+            continue
+        values = {**{c: row[c] for c in part.columns}, **part.constants}
+        found = conn.execute(
+            sa.select(table.c.state, table.c.lease_token).where(table.c[part.conflict] == row[part.conflict])
+        ).first()
+        if found is None:
+            conn.execute(table.insert().values(values))
+        elif found.state in part.upsert_states and found.lease_token == row["lease_token"]:
+            conn.execute(
+                table.update()
+                .where(table.c[part.conflict] == row[part.conflict])
+                .values({c: values[c] for c in part.upsert})
+            )
+        else:
+            continue
+        done.append(row[part.conflict])
+    return done
+
+
 def update_many(
     conn: sa.Connection,
     table: sa.Table,
@@ -271,7 +390,7 @@ def write(conn: sa.Connection, update: Update) -> list:
 
 
 def update_together(
-    conn: sa.Connection, updates: Sequence[Update], refuse_moved: Iterable[int] = ()
+    conn: sa.Connection, updates: Sequence[Update | LeasedInsert], refuse_moved: Iterable[int] = ()
 ) -> list[list]:
     """Several bulk UPDATEs as ONE statement on PostgreSQL, behind the move fence of
     the shards in `refuse_moved` (app.registry.engines.refuse_moved_shards); returns
@@ -293,7 +412,16 @@ def update_together(
     updates run one after another in the caller's transaction (no fences there).
     """
     if not is_postgres(conn):  # (the fences are PostgreSQL's only)
-        return [_update_each(conn, update) if update.rows else [] for update in updates]
+        return [
+            (
+                _insert_each_leased(conn, update)
+                if isinstance(update, LeasedInsert)
+                else _update_each(conn, update)
+            )
+            if update.rows
+            else []
+            for update in updates
+        ]
     ctes, reads, params = [], [], {}
     shards = sorted(set(refuse_moved))
     if shards:
@@ -304,7 +432,10 @@ def update_together(
         update = updates[index]
         # Every part returns something, so that the SELECT reads (and runs) it in order.
         returning = update.returning or update.match[0]
-        sql, part_params = _update_statement(replace(update, returning=returning), prefix=f"w{index}_")
+        if isinstance(update, LeasedInsert):
+            sql, part_params = _leased_insert_statement(update, prefix=f"w{index}_")
+        else:
+            sql, part_params = _update_statement(replace(update, returning=returning), prefix=f"w{index}_")
         ctes.append(f"w{index} AS ({sql})")
         reads.append(f"ARRAY(SELECT {returning} FROM w{index})")
         params.update(part_params)

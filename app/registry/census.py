@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from app.core.timefmt import format_instant
 from app.registry.engines import Registry
-from app.registry.schema import jobs, runs
+from app.registry.schema import claimed_without_row, jobs, runs
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,7 @@ def shard_census(registry: Registry, now: datetime) -> list[ShardRow]:
         .where(runs.c.state.in_(("claimed", "running")))
         .group_by(runs.c.shard)
     )
+    unstarted = sa.select(jobs.c.shard, sa.func.count()).where(claimed_without_row()).group_by(jobs.c.shard)
     found: dict[int, tuple] = {}
     flying: dict[int, int] = {}
     for index in range(len(registry.engines)):
@@ -70,8 +71,13 @@ def shard_census(registry: Registry, now: datetime) -> list[ShardRow]:
         if not served:
             continue
         # A replica read (docs/api.md "Replica reads").
-        counted, flown = registry.read(
-            index, lambda conn: (conn.execute(job_counts).all(), conn.execute(in_flight).all())
+        counted, flown, unflown = registry.read(
+            index,
+            lambda conn: (
+                conn.execute(job_counts).all(),
+                conn.execute(in_flight).all(),
+                conn.execute(unstarted).all(),
+            ),
         )
         for shard, total, due_now, oldest in counted:
             if shard in served:
@@ -79,6 +85,9 @@ def shard_census(registry: Registry, now: datetime) -> list[ShardRow]:
         for shard, count in flown:
             if shard in served:
                 flying[shard] = count
+        for shard, count in unflown:
+            if shard in served:
+                flying[shard] = flying.get(shard, 0) + count
     rows = []
     for shard, placement in enumerate(routing.map.placements):
         total, due_now, oldest = found.get(shard, (0, 0, None))

@@ -345,3 +345,12 @@ shard_changes = sa.Table(
     sa.Column("shard", sa.SmallInteger(), nullable=False),
 )
 sa.Index("ix_shard_changes_shard", shard_changes.c.shard, shard_changes.c.table_name)
+
+
+def claimed_without_row() -> sa.ColumnElement[bool]:
+    """A job whose lease is held by a run claimed and not started yet: such a run has
+    no row until its start (app.pollers.claim), so counts of runs waiting read it here."""
+    return sa.and_(
+        jobs.c.lease_token.isnot(None),
+        ~sa.exists().where(runs.c.job_id == jobs.c.job_id, runs.c.lease_token == jobs.c.lease_token),
+    )

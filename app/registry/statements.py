@@ -20,7 +20,15 @@ from typing import Any
 import sqlalchemy as sa
 
 from app.registry import bulk
-from app.registry.bulk import Update, insert_new_sql, insert_sql, state_in, update_sql
+from app.registry.bulk import (
+    LeasedInsert,
+    Update,
+    insert_new_sql,
+    insert_sql,
+    leased_insert_sql,
+    state_in,
+    update_sql,
+)
 from app.registry.schema import jobs, runs
 
 
@@ -109,6 +117,58 @@ class BulkInsert:
         return bulk.insert_new(conn, self.table, rows, self.conflict_key)
 
 
+@dataclass(frozen=True)
+class BulkLeasedInsert:
+    """A bulk INSERT of rows that may exist only under a lease `lease_table` holds
+    (app.registry.bulk.LeasedInsert, for update_together): `columns` travel per row,
+    `constants` are bound once; a row whose `conflict` key exists takes `upsert` when
+    it is in one of `upsert_states` under the same token."""
+
+    name: str
+    table: sa.Table
+    columns: tuple[str, ...]
+    constants: tuple[str, ...]
+    lease_table: sa.Table
+    key: str
+    lease_states: tuple[str, ...]
+    conflict: str
+    upsert: tuple[str, ...]
+    upsert_states: tuple[str, ...]
+
+    def sql(self) -> str:
+        return (
+            leased_insert_sql(
+                self.table,
+                self.columns,
+                self.constants,
+                self.lease_table,
+                self.key,
+                self.lease_states,
+                self.conflict,
+                self.upsert,
+                self.upsert_states,
+            )
+            + ";"
+        )
+
+    def of(self, rows: Sequence[Mapping[str, Any]], constants: Mapping[str, Any]) -> LeasedInsert:
+        """This statement for a batch: `rows` and the `constants`' values (all of them)."""
+        if set(constants) != set(self.constants):
+            raise ValueError(f"{self.name} binds {sorted(self.constants)}, not {sorted(constants)}")
+        return LeasedInsert(
+            self.table,
+            rows,
+            self.columns,
+            {name: constants[name] for name in self.constants},
+            self.lease_table,
+            self.key,
+            self.lease_states,
+            self.conflict,
+            self.upsert,
+            self.upsert_states,
+        )
+
+
 _RUN_ROW = (
     "run_id",
     "job_id",
@@ -174,8 +234,8 @@ _JOB_ROW = (
 _FENCED_JOB = ("job_id", "lease_token")
 _FENCED_RUN = ("run_id", "lease_token")
 
-# New run rows (app.registry.records.run_row): claimed runs and skipped occurrences,
-# next attempts, backfills.
+# New run rows (app.registry.records.run_row): an `allow` job's claimed runs and
+# skipped occurrences, next attempts, backfills.
 INSERT_RUNS = BulkInsert("insert_runs", runs, _RUN_ROW)
 # New jobs of a batch create (app.registry.records.new_job_row), in job id order.
 INSERT_NEW_JOBS = BulkInsert("insert_new_jobs", jobs, _JOB_ROW, conflict_key="job_id")
@@ -213,8 +273,33 @@ MOVE_JOBS = BulkUpdate(
     ("attempt", "misfire_exempt", "skipped_after", "skipped_through", "updated_at"),
 )
 
-# A start (app.lifecycle.lease), jobs before runs, one statement (bulk.update_together).
-START_JOBS = BulkUpdate("start_jobs", jobs, _FENCED_JOB, constants=("leased_until",))
+# A start (app.lifecycle.lease), one statement (bulk.update_together): the rows of runs
+# leased on their jobs, written under the job's lease (a row a claim made before runs
+# got theirs at their start, still claimed, is started in place), then the runs
+# leased on their rows.
+START_NEW_RUNS = BulkLeasedInsert(
+    "start_new_runs",
+    runs,
+    (
+        "run_id",
+        "job_id",
+        "lease_token",
+        "shard",
+        "owner",
+        "scheduled_for",
+        "attempt",
+        "target",
+        "retry",
+        "lateness_ms",
+    ),
+    ("origin", "state", "leased_until", "published", "started_at", "created_at", "updated_at"),
+    jobs,
+    "job_id",
+    ("running",),
+    "run_id",
+    ("state", "leased_until", "started_at", "lateness_ms", "updated_at"),
+    ("claimed",),
+)
 START_RUNS = BulkUpdate(
     "start_runs",
     runs,
@@ -224,15 +309,8 @@ START_RUNS = BulkUpdate(
     where=state_in(runs, ("claimed",)),
     returning="run_id",
 )
-# A heartbeat, its rows locked in key order first (bulk.locked_in_key_order).
-HEARTBEAT_JOBS = BulkUpdate(
-    "heartbeat_jobs",
-    jobs,
-    _FENCED_JOB,
-    constants=("leased_until",),
-    returning="job_id",
-    lock_in_key_order=True,
-)
+# A heartbeat (every started run holds the lease of its call on its row), its rows
+# locked in key order first (bulk.locked_in_key_order), as a completion locks them.
 HEARTBEAT_RUNS = BulkUpdate(
     "heartbeat_runs",
     runs,
@@ -244,7 +322,7 @@ HEARTBEAT_RUNS = BulkUpdate(
 )
 
 # A completion (app.lifecycle.completion): a worker's runs (started_at and lateness_ms
-# only for those whose call went out),
+# only for those whose call went out), locked in key order first, as a heartbeat locks them,
 FINISH_RUNS = BulkUpdate(
     "finish_runs",
     runs,
@@ -253,6 +331,7 @@ FINISH_RUNS = BulkUpdate(
     ("leased_until", "updated_at"),
     where=state_in(runs, ("running",)),
     returning="run_id",
+    lock_in_key_order=True,
 )
 # the janitor's, of runs whose lease expired claimed or running (no call known),
 EXPIRE_RUNS = BulkUpdate(
@@ -263,6 +342,7 @@ EXPIRE_RUNS = BulkUpdate(
     ("leased_until", "updated_at"),
     where=state_in(runs, ("claimed", "running")),
     returning="run_id",
+    lock_in_key_order=True,
 )
 # and the jobs of schedule runs, each settlement setting only what it changes.
 SETTLE_JOBS = BulkUpdate(
@@ -282,15 +362,14 @@ SETTLE_JOBS = BulkUpdate(
     ("updated_at", "lease_token"),
 )
 
-STATEMENTS: tuple[BulkUpdate | BulkInsert, ...] = (
+STATEMENTS: tuple[BulkUpdate | BulkInsert | BulkLeasedInsert, ...] = (
     INSERT_RUNS,
     INSERT_NEW_JOBS,
     CLAIM_JOBS,
     PASS_JOBS,
     MOVE_JOBS,
-    START_JOBS,
+    START_NEW_RUNS,
     START_RUNS,
-    HEARTBEAT_JOBS,
     HEARTBEAT_RUNS,
     FINISH_RUNS,
     EXPIRE_RUNS,

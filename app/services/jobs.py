@@ -560,6 +560,8 @@ def cancel_job(registry: Registry, owner: str, job_id: str, now: datetime) -> Ro
             extra={"next_run_at": None},
         )
         conn.execute(_fail_claimed_runs(conn, [key], now))
+        if row["lease_token"] is not None:
+            _fail_unstarted(conn, [(row["job_id"], row["lease_token"])], now)
     return row
 
 
@@ -577,8 +579,9 @@ def _unclaim(conn: sa.Connection, job: Row, now: datetime) -> Row | None:
     """Take back the job's claimed schedule run if it has not started; returns the
     job row then (lease cleared, `running` back to `scheduled`), else None.
 
-    The run row goes (nothing happened: no attempt spent, as for a run held by a
-    limit); the job keeps next_run_at, so the next claim (or a resume) takes the
+    Such a run has no row yet (a claimed row, made before runs got theirs at their
+    start, goes: nothing happened, no attempt spent, as for a run held by a limit);
+    the job keeps next_run_at, so the next claim (or a resume) takes the
     same occurrence again. Its dispatch message, when it arrives, finds neither the
     run nor the lease and starts nothing. The caller holds the job row's lock,
     which a worker's start also takes first: either the start committed (the run is
@@ -640,21 +643,27 @@ def _take_back(conn: sa.Connection, leases: Sequence[tuple[uuid.UUID, uuid.UUID]
     if not leases:
         return set()
     tokens = dict(leases)
-    claimed = conn.execute(
-        sa.select(runs.c.run_id, runs.c.job_id, runs.c.lease_token).where(
+    found = conn.execute(
+        sa.select(runs.c.run_id, runs.c.job_id, runs.c.lease_token, runs.c.state).where(
             key_in(conn, runs.c.job_id, sorted(tokens)),
             runs.c.origin == "schedule",
-            state_among(runs.c.state, ("claimed",)),
+            state_among(runs.c.state, ("claimed", "running")),
         )
     ).all()
-    taken = [row for row in claimed if tokens.get(row.job_id) == row.lease_token]
+    under_lease = [row for row in found if tokens.get(row.job_id) == row.lease_token]
+    # A run leased on its job has no row until it starts (app.lifecycle.lease); a row
+    # still `claimed` is one a claim made before that was so.
+    started = {row.job_id for row in under_lease if row.state == "running"}
+    claimed_rows = [row.run_id for row in under_lease if row.state == "claimed"]
+    taken = sorted(job_id for job_id in tokens if job_id not in started)
     if not taken:
         return set()
-    conn.execute(sa.delete(runs).where(key_in(conn, runs.c.run_id, [row.run_id for row in taken])))
-    for row in sorted(taken, key=lambda row: row.job_id):
+    if claimed_rows:
+        conn.execute(sa.delete(runs).where(key_in(conn, runs.c.run_id, claimed_rows)))
+    for job_id in taken:
         conn.execute(
             jobs.update()
-            .where(jobs.c.job_id == row.job_id, same_token(jobs.c.lease_token, row.lease_token))
+            .where(jobs.c.job_id == job_id, same_token(jobs.c.lease_token, tokens[job_id]))
             .values(
                 state=sa.case((jobs.c.state == "running", "scheduled"), else_=jobs.c.state),
                 lease_token=None,
@@ -662,7 +671,7 @@ def _take_back(conn: sa.Connection, leases: Sequence[tuple[uuid.UUID, uuid.UUID]
                 updated_at=now,
             )
         )
-    return {row.job_id for row in taken}
+    return set(taken)
 
 
 def resume_job(registry: Registry, owner: str, job_id: str, now: datetime) -> Row:
@@ -735,18 +744,17 @@ def cancel_selected(registry: Registry, owner: str, selector: Mapping[str, str],
     """`cancel_job` for every live job of `owner` carrying `selector`'s labels."""
 
     def cancel(conn: sa.Connection, ids: list) -> int:
-        cancelled = (
-            conn.execute(
-                jobs.update()
-                .where(key_in(conn, jobs.c.job_id, ids), jobs.c.state.in_(LIVE_STATES))
-                .values(state="cancelled", next_run_at=None, updated_at=now)
-                .returning(jobs.c.job_id)
-            )
-            .scalars()
-            .all()
-        )
+        cancelled = conn.execute(
+            jobs.update()
+            .where(key_in(conn, jobs.c.job_id, ids), jobs.c.state.in_(LIVE_STATES))
+            .values(state="cancelled", next_run_at=None, updated_at=now)
+            .returning(jobs.c.job_id, jobs.c.lease_token)
+        ).all()
         if cancelled:
-            conn.execute(_fail_claimed_runs(conn, cancelled, now))
+            conn.execute(_fail_claimed_runs(conn, [row.job_id for row in cancelled], now))
+            _fail_unstarted(
+                conn, [(row.job_id, row.lease_token) for row in cancelled if row.lease_token], now
+            )
         return len(cancelled)
 
     return _for_selected(registry, owner, selector, cancel)
@@ -820,6 +828,47 @@ def _fail_claimed_runs(conn: sa.Connection, job_ids: Sequence[uuid.UUID], now: d
         .where(key_in(conn, runs.c.job_id, list(job_ids)), runs.c.state == "claimed")
         .values(state="failed", error="job cancelled", finished_at=now, updated_at=now, published=True)
     )
+
+
+def _fail_unstarted(
+    conn: sa.Connection, leases: Sequence[tuple[uuid.UUID, uuid.UUID]], now: datetime
+) -> None:
+    """For cancelled jobs whose lease (job_id, lease_token) is held by a run claimed and
+    not started, which has no row yet (app.pollers.claim): its row, `failed` ("job
+    cancelled"), as `_fail_claimed_runs` leaves a claimed row's, and the lease released
+    (its message, when it comes, starts nothing)."""
+    tokens = dict(leases)
+    if not tokens:
+        return
+    with_row = set(
+        conn.execute(
+            sa.select(runs.c.job_id).where(
+                key_in(conn, runs.c.job_id, sorted(tokens)), runs.c.lease_token.in_(list(tokens.values()))
+            )
+        ).scalars()
+    )
+    unstarted = sorted(job_id for job_id in tokens if job_id not in with_row)
+    if not unstarted:
+        return
+    found = conn.execute(sa.select(jobs).where(key_in(conn, jobs.c.job_id, unstarted))).mappings().all()
+    for job in found:
+        failed = run_row(
+            job_id=job["job_id"],
+            shard=job["shard"],
+            owner=job["owner"],
+            origin="schedule",
+            scheduled_for=job["nominal_at"],
+            attempt=job["attempt"] + 1,
+            state="failed",
+            target=job["target"],
+            retry=retry_of(job).to_json(),
+            now=now,
+            lease_token=tokens[job["job_id"]],
+            finished_at=now,
+            error="job cancelled",
+        )
+        conn.execute(runs.insert().values(failed))
+    _take_back(conn, [(job_id, tokens[job_id]) for job_id in unstarted], now)
 
 
 def _for_selected(registry: Registry, owner: str, selector: Mapping[str, str], change) -> Selected:

@@ -43,7 +43,7 @@ from app.core.timefmt import format_instant, utcnow
 from app.core.weights import DEFAULT_WEIGHT, MAX_WEIGHT, MIN_WEIGHT
 from app.registry.bulk import key_in
 from app.registry.engines import Registry
-from app.registry.schema import api_keys, jobs, owners, runs
+from app.registry.schema import api_keys, claimed_without_row, jobs, owners, runs
 from app.services.errors import NotFound
 from app.services.jobs import renew_held_runs, take_back_owner
 
@@ -282,12 +282,15 @@ def activity(registry: Registry) -> list[OwnerActivity]:
         .where(runs.c.state.in_(("claimed", "running")))
         .group_by(runs.c.owner, runs.c.state)
     )
+    unstarted = sa.select(jobs.c.owner, sa.func.count()).where(claimed_without_row()).group_by(jobs.c.owner)
     for engine in registry.engines:
         with engine.connect() as conn:
             for owner, count in conn.execute(due):
                 counts.setdefault(owner, [0, 0, 0])[0] += count
             for owner, state, count in conn.execute(active):
                 counts.setdefault(owner, [0, 0, 0])[1 if state == "claimed" else 2] += count
+            for owner, count in conn.execute(unstarted):
+                counts.setdefault(owner, [0, 0, 0])[1] += count
     found = []
     for owner in sorted(counts):
         due_now, waiting, running = counts[owner]

@@ -2,7 +2,7 @@
 
 poll (every PUNCTUAL_POLL_INTERVAL_S): claim due jobs batch after batch while the
 batches come back full, within PUNCTUAL_POLL_BUDGET_S, publishing each batch right
-after its COMMIT, so one tick drains a burst; then the relay sweep publishes
+before its COMMIT (app.pollers.claim), so one tick drains a burst; then the relay sweep publishes
 outbox rows that are due (triggered and replayed runs, off-schedule retries, runs a
 crashed poller left unpublished), so those wait at most about one poll interval.
 
@@ -52,11 +52,10 @@ def poll_shard(settings: Settings, engine, shard: int, send, owners: OwnerView |
         # A claim that met a dropped connection is sent again (a new `now` each time);
         # past the poll budget the tick gives up and the next one claims.
         result = retrying(
-            functools.partial(_claim_now, engine, shard, settings, _view(owners)),
+            functools.partial(_claim_now, engine, shard, settings, _view(owners), send),
             f"claim on shard {shard}",
             budget_s=max(1.0, settings.poll_budget_s),
         )
-        relay.publish_claimed(engine, shard, result.runs, send)
         claimed += len(result.runs)
         batches += 1
         if not result.full or time.monotonic() >= deadline:
@@ -65,8 +64,8 @@ def poll_shard(settings: Settings, engine, shard: int, send, owners: OwnerView |
     return {"shard": shard, "claimed": claimed, "batches": batches, "swept": swept}
 
 
-def _claim_now(engine, shard: int, settings: Settings, view: ClaimView):
-    return claim_batch(engine, shard, utcnow(), settings, weights=view.weights, paused=view.paused)
+def _claim_now(engine, shard: int, settings: Settings, view: ClaimView, send):
+    return claim_batch(engine, shard, utcnow(), settings, weights=view.weights, paused=view.paused, send=send)
 
 
 def sweep_shard(settings: Settings, engine, shard: int, send, owners: OwnerView | None = None) -> dict:

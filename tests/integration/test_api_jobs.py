@@ -10,7 +10,7 @@ import pytest
 
 from app.api import create_app
 from app.core.timefmt import format_instant, parse_instant, utcnow
-from tests.integration.api_fixtures import job_body, job_row, run_rows, set_job
+from tests.integration.api_fixtures import insert_run, job_body, job_row, run_rows, set_job
 
 pytestmark = pytest.mark.integration
 
@@ -244,15 +244,31 @@ def test_patch_of_other_fields_keeps_the_cursor(alice, api_settings):
     assert patched["retry"] == {"max_attempts": 9, "backoff_s": 10, "max_backoff_s": 3600}
 
 
-def test_patch_while_running_leaves_the_cursor_to_the_completion(alice, api_settings):
-    job = alice.create(schedule={"interval_s": 3600})
+def _in_flight(api_settings, job: dict, token: uuid.UUID) -> None:
+    """The job's run started under `token`: the job holds the lease, the run row is `running`."""
     set_job(
         api_settings,
         job["id"],
         state="running",
-        lease_token=uuid.uuid4(),
+        lease_token=token,
         leased_until=utcnow() + timedelta(seconds=60),
     )
+    insert_run(
+        api_settings,
+        job,
+        attempt=1,
+        state="running",
+        lease_token=token,
+        leased_until=utcnow() + timedelta(seconds=20),
+        finished_at=None,
+        status_code=None,
+        error=None,
+    )
+
+
+def test_patch_while_running_leaves_the_cursor_to_the_completion(alice, api_settings):
+    job = alice.create(schedule={"interval_s": 3600})
+    _in_flight(api_settings, job, uuid.uuid4())
     patched = alice.patch(f"/jobs/{job['id']}", json={"schedule": {"interval_s": 60}}).get_json()
     assert patched["state"] == "running" and patched["next_run_at"] == job["next_run_at"]
     assert patched["schedule"] == {"interval_s": 60}
@@ -348,13 +364,7 @@ def test_pause_and_resume(alice):
 def test_pause_while_running_keeps_the_lease_and_resume_returns_to_running(alice, api_settings):
     job = alice.create()
     token = uuid.uuid4()
-    set_job(
-        api_settings,
-        job["id"],
-        state="running",
-        lease_token=token,
-        leased_until=utcnow() + timedelta(seconds=60),
-    )
+    _in_flight(api_settings, job, token)
     assert alice.post(f"/jobs/{job['id']}/pause").get_json()["state"] == "paused"
     assert job_row(api_settings, job["id"])["lease_token"] == token
     assert alice.post(f"/jobs/{job['id']}/resume").get_json()["state"] == "running"

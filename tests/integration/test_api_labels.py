@@ -138,7 +138,7 @@ def test_a_label_change_leaves_a_claimed_run_alone(alice, api_settings):
     alice.patch(f"/jobs/{job['id']}", json={"labels": {"team": "billing"}})
 
     assert job_row(api_settings, job["id"])["lease_token"] == token
-    assert [run["state"] for run in run_rows(api_settings, job["id"])] == ["claimed"]
+    assert run_rows(api_settings, job["id"]) == []  # its row is its start's to write
 
 
 @pytest.mark.parametrize(

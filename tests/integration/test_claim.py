@@ -13,7 +13,7 @@ from app.core.timefmt import utcnow
 from app.pollers.claim import claim_batch, due_jobs, queued_lease_s
 from app.registry.engines import registry_for
 from app.registry.migrate import migrate_all
-from app.registry.schema import runs
+from app.registry.schema import jobs
 from app.settings import Settings
 from tests.integration.plans import PLAIN_DUE_INDEX
 from tests.rows import insert_jobs, job, job_row, runs_of
@@ -27,7 +27,7 @@ def registry(pg_settings, truncate):
     return registry_for(pg_settings)
 
 
-def test_claim_takes_due_rows_and_writes_the_outbox(registry, pg_settings):
+def test_claim_takes_due_rows_and_leases_them_on_their_jobs(registry, pg_settings):
     now = utcnow()
     due = job_row(16, run_at=now - timedelta(seconds=1), shard=3)
     later = job_row(16, run_at=now + timedelta(hours=1), shard=3)
@@ -41,11 +41,12 @@ def test_claim_takes_due_rows_and_writes_the_outbox(registry, pg_settings):
     assert claimed["state"] == "running" and claimed["lease_token"] == result.runs[0].lease_token
     # A claimed run may wait in the broker for a few leases (it has not been called).
     assert claimed["leased_until"] == now + timedelta(seconds=queued_lease_s(pg_settings))
-    [run] = runs_of(registry, due["job_id"])
-    assert run["state"] == "claimed" and run["published"] is False and run["attempt"] == 1
-    assert run["scheduled_for"] == due["nominal_at"] and run["lease_token"] == claimed["lease_token"]
-    assert run["target"] == due["target"] and run["retry"]["max_attempts"] == 5
-    assert run["due_at"] > now
+    # The run has no row until its start: it travels in its message alone.
+    assert runs_of(registry, due["job_id"]) == []
+    [run] = result.runs
+    assert run.attempt == 1 and not run.leased_on_run
+    assert run.scheduled_for == due["nominal_at"] and run.lease_token == claimed["lease_token"]
+    assert run.target == due["target"] and run.retry["max_attempts"] == 5
     assert job(registry, later["job_id"])["state"] == "scheduled"
     assert job(registry, elsewhere["job_id"])["state"] == "scheduled"
     # Claimed rows are no longer due: a second claim finds nothing.
@@ -113,8 +114,10 @@ def test_two_pollers_on_one_shard_claim_each_job_once(registry, pg_settings):
     assert len(claimed) == 2000 and set(claimed) == {r["job_id"] for r in rows}
     assert got[0] and got[1]  # both did work
     with engine.connect() as conn:
-        count = conn.execute(sa.select(sa.func.count()).select_from(runs).where(runs.c.shard == 7)).scalar()
-    assert count == 2000
+        leased = conn.execute(
+            sa.select(sa.func.count(sa.distinct(jobs.c.lease_token))).where(jobs.c.shard == 7)
+        ).scalar()
+    assert leased == 2000
 
 
 def test_claim_query_is_an_index_range_scan(registry):
@@ -139,7 +142,7 @@ def test_exempt_row_runs_its_own_occurrence_with_the_next_attempt(registry, pg_s
     result = claim_batch(registry.engine_for_shard(2), 2, now, pg_settings)
     [run] = result.runs
     assert run.scheduled_for == row["nominal_at"] and run.attempt == 3
-    assert [r["state"] for r in runs_of(registry, row["job_id"])] == ["claimed"]
+    assert runs_of(registry, row["job_id"]) == []
 
 
 def _late_job(registry, policy: str, missed: int, shard: int) -> tuple[dict, object]:
@@ -164,7 +167,7 @@ def test_misfire_run_once_runs_the_latest_and_records_the_rest_skipped(registry,
     [run] = claim_batch(registry.engine_for_shard(9), 9, now, grace_1s).runs
     assert run.scheduled_for == now and run.attempt == 1
     states = [(r["scheduled_for"], r["state"]) for r in runs_of(registry, row["job_id"])]
-    assert [s for _, s in states] == ["skipped"] * 4 + ["claimed"]
+    assert [s for _, s in states] == ["skipped"] * 4
     assert job(registry, row["job_id"])["nominal_at"] == now
 
 
@@ -172,7 +175,7 @@ def test_misfire_run_all_runs_the_oldest_first_and_skips_nothing(registry, grace
     row, now = _late_job(registry, "run_all", 3, shard=10)
     [run] = claim_batch(registry.engine_for_shard(10), 10, now, grace_1s).runs
     assert run.scheduled_for == row["nominal_at"]
-    assert [r["state"] for r in runs_of(registry, row["job_id"])] == ["claimed"]
+    assert runs_of(registry, row["job_id"]) == []
     assert job(registry, row["job_id"])["skipped_after"] is None
 
 
@@ -180,7 +183,7 @@ def test_misfire_skip_runs_the_latest_within_the_grace_and_skips_the_rest(regist
     row, now = _late_job(registry, "skip", 3, shard=11)
     [run] = claim_batch(registry.engine_for_shard(11), 11, now, grace_1s).runs
     assert run.scheduled_for == now
-    assert [r["state"] for r in runs_of(registry, row["job_id"])] == ["skipped"] * 4 + ["claimed"]
+    assert [r["state"] for r in runs_of(registry, row["job_id"])] == ["skipped"] * 4
 
 
 def test_misfire_skip_with_every_occurrence_late_records_them_and_moves_on(registry, grace_1s):

@@ -208,10 +208,12 @@ def test_heartbeats_extend_the_lease_while_a_call_is_in_flight(env, sink):
     runs = claim_all(registry, rows)
     context.dispatcher.dispatch(runs)
     sink.wait_for(1, "/held")
-    # The start set the lease to now + lease_s (the claim's queued lease is longer);
-    # only heartbeats move it on from there while the call is held.
-    started_lease = job(registry, row["job_id"])["leased_until"]
-    wait_until(lambda: job(registry, row["job_id"])["leased_until"] > started_lease + timedelta(seconds=1))
+    # The start gave the run row a lease of now + lease_s (the claim's queued lease, on
+    # the job, is longer); only heartbeats move it on from there while the call is held.
+    started_lease = runs_of(registry, row["job_id"])[0]["leased_until"]
+    wait_until(
+        lambda: runs_of(registry, row["job_id"])[0]["leased_until"] > started_lease + timedelta(seconds=1)
+    )
     sink.release.set()
     wait_until(lambda: job(registry, row["job_id"])["state"] == "completed")
 

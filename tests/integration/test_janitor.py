@@ -71,8 +71,13 @@ def test_a_claimed_run_never_started_is_taken_back_too(registry):
     # Not started, it may wait a few leases in the broker (queued_lease_s), and no longer.
     assert expire_all(registry, 3, registry.settings.lease_s + 1)[0] == 0
     assert expire_all(registry, 3, queued_lease_s(registry.settings) + 1)[0] == 1
-    assert runs_of(registry, run.job_id)[0]["state"] == "failed"
-    assert job(registry, run.job_id)["state"] == "scheduled"
+    # Never called (no row): no attempt spent, the occurrence is due again at once.
+    assert runs_of(registry, run.job_id) == []
+    after = job(registry, run.job_id)
+    assert after["state"] == "scheduled" and after["lease_token"] is None
+    assert after["attempt"] == 0 and after["misfire_exempt"] is True
+    # Its message, should it come now, starts nothing.
+    assert lease.start(registry, [run], utcnow()) == set()
 
 
 def test_exhausted_attempts_make_the_run_dead(registry):
@@ -125,5 +130,6 @@ def test_heartbeats_keep_a_lease_alive(registry):
     run = claimed(registry, job_row(16, run_at=utcnow() - timedelta(seconds=1), shard=8))
     later = utcnow() + timedelta(seconds=registry.settings.lease_s - 1)
     lease.heartbeat(registry, [run], later)
-    assert job(registry, run.job_id)["leased_until"] == later + timedelta(seconds=registry.settings.lease_s)
+    [row] = runs_of(registry, run.job_id)  # a started run's lease is on its row
+    assert row["leased_until"] == later + timedelta(seconds=registry.settings.lease_s)
     assert expire_all(registry, 8, registry.settings.lease_s + 1)[0] == 0

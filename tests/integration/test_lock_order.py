@@ -1,8 +1,8 @@
 """The heartbeat locks its rows in key order, as the completion does: the two cannot deadlock.
 
 A heartbeat covers every run in flight, the runs whose calls ended and whose completion
-is being written among them; the completion locks its jobs in key order (SELECT ...
-ORDER BY job_id FOR UPDATE). An UPDATE locks rows in the order its plan meets them,
+is being written among them; the completion locks its runs in key order
+(bulk.locked_in_key_order), after its jobs. An UPDATE locks rows in the order its plan meets them,
 and for a batch larger than its recordset's estimate that is a bitmap heap scan:
 the order the rows lie in the table. A heartbeat and a completion each holding a row
 the other wanted waited for PostgreSQL's deadlock_timeout (a second), and one of them
@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from app.lifecycle import lease
 from app.registry.bulk import Update, update_together
 from app.registry.engines import create_engine_for, statement_connection
-from app.registry.schema import jobs
+from app.registry.schema import runs
 
 pytestmark = pytest.mark.integration
 
@@ -40,38 +40,35 @@ BATCH = 150  # more than a recordset's estimate of 100 rows: the plan hashes the
 
 @pytest.fixture
 def leased(pg_dsns):
-    """JOBS leased one-offs written in descending key order (so the table holds them in
-    that order): (engine, the BATCH lowest keys' rows {job_id, lease_token}, their shards)."""
+    """JOBS started runs written in descending key order (so the table holds them in
+    that order): (engine, the BATCH lowest keys' rows {run_id, lease_token})."""
     engine = create_engine_for(pg_dsns[0], pool_size=3)
     with engine.begin() as conn:
         # A fresh heap each time (no dead rows of the test before): the rows lie as written.
-        conn.exec_driver_sql("TRUNCATE jobs CASCADE")
+        conn.exec_driver_sql("TRUNCATE runs")
         conn.exec_driver_sql(
             f"""
-            INSERT INTO jobs (job_id, shard, owner, name, target, schedule_kind, run_at, timezone,
-                retry_max_attempts, retry_backoff_s, retry_max_backoff_s, misfire, dst_gap, dst_overlap,
-                jitter_s, state, next_run_at, nominal_at, attempt, created_at, updated_at, lease_token,
-                leased_until)
-            SELECT md5(i::text)::uuid, 0, 'owner', 'job-' || i,
-                   '{{"type": "webhook", "url": "https://example.com/"}}'::jsonb, 'once', now(), 'UTC',
-                   5, 10, 3600, 'run_once', 'shift', 'once', 0, 'running', now(), now(), 0, now(), now(),
-                   md5('lease' || i)::uuid, now() + interval '1 minute'
+            INSERT INTO runs (run_id, job_id, shard, owner, origin, scheduled_for, attempt, state,
+                lease_token, leased_until, published, started_at, created_at, updated_at)
+            SELECT md5(i::text)::uuid, md5('job' || i)::uuid, 0, 'owner', 'schedule', now(), 1,
+                   'running', md5('lease' || i)::uuid, now() + interval '1 minute', true, now(), now(),
+                   now()
             FROM generate_series(1, {JOBS}) AS i
             ORDER BY 1 DESC
             """
         )
-        conn.exec_driver_sql("ANALYZE jobs")
+        conn.exec_driver_sql("ANALYZE runs")
         rows = conn.execute(
-            sa.select(jobs.c.job_id, jobs.c.lease_token).order_by(jobs.c.job_id).limit(BATCH)
+            sa.select(runs.c.run_id, runs.c.lease_token).order_by(runs.c.run_id).limit(BATCH)
         ).all()
-    yield engine, [{"job_id": job_id, "lease_token": token} for job_id, token in rows]
+    yield engine, [{"run_id": run_id, "lease_token": token} for run_id, token in rows]
     with engine.begin() as conn:
-        conn.exec_driver_sql("TRUNCATE jobs CASCADE")
+        conn.exec_driver_sql("TRUNCATE runs")
     engine.dispose()
 
 
-def _job_ids(rows: list[dict]) -> list:
-    return [row["job_id"] for row in rows]
+def _run_ids(rows: list[dict]) -> list:
+    return [row["run_id"] for row in rows]
 
 
 def _until() -> dict:
@@ -79,26 +76,26 @@ def _until() -> dict:
 
 
 def _plain_update(engine, rows: list[dict]) -> list:
-    """The heartbeat's write of the jobs as it was, without the lock in key order:
+    """The heartbeat's write of the runs without the lock in key order:
 
-    UPDATE jobs SET leased_until = :leased_until FROM jsonb_to_recordset(:rows) AS v(job_id uuid,
-    lease_token uuid) WHERE jobs.job_id = v.job_id AND jobs.job_id = ANY(:keys) AND jobs.lease_token
-    IS NOT DISTINCT FROM v.lease_token AND v.lease_token IS NOT NULL RETURNING jobs.job_id;
+    UPDATE runs SET leased_until = :leased_until FROM jsonb_to_recordset(:rows) AS v(run_id uuid,
+    lease_token uuid) WHERE runs.run_id = v.run_id AND runs.run_id = ANY(:keys) AND runs.lease_token
+    IS NOT DISTINCT FROM v.lease_token AND v.lease_token IS NOT NULL RETURNING runs.run_id;
     """
-    update = Update(jobs, rows, match=("job_id", "lease_token"), constants=_until(), returning="job_id")
+    update = Update(runs, rows, match=("run_id", "lease_token"), constants=_until(), returning="run_id")
     with statement_connection(engine) as conn:
         return update_together(conn, [update])[0]
 
 
 def _heartbeat(engine, rows) -> list:
-    return lease._heartbeat_on(engine, {0}, rows, [], _until())[0]
+    return lease._heartbeat_on(engine, {0}, rows, _until())
 
 
 def _rows_held_while_waiting(engine, keys: list, write) -> tuple[int, Any]:
-    """With the lowest of the batch's job `keys` (in key order) locked elsewhere, run
+    """With the lowest of the batch's run `keys` (in key order) locked elsewhere, run
     `write()` until it waits for that row; then (how many of the other rows it holds,
     what it returned once that row was let go)."""
-    key = jobs.c.job_id
+    key = runs.c.run_id
     lowest, others = keys[0], keys[1:]
     result: list = []
     holder = engine.connect()
@@ -108,10 +105,10 @@ def _rows_held_while_waiting(engine, keys: list, write) -> tuple[int, Any]:
         writer.start()
         _wait_for_a_lock_wait(engine)
         held = 0
-        for job_id in others:  # a row the waiting writer holds cannot be had without waiting
+        for run_id in others:  # a row the waiting writer holds cannot be had without waiting
             try:
                 with holder.begin_nested():
-                    holder.execute(sa.select(key).where(key == job_id).with_for_update(nowait=True))
+                    holder.execute(sa.select(key).where(key == run_id).with_for_update(nowait=True))
             except sa.exc.OperationalError as exc:
                 assert isinstance(exc.orig, psycopg.errors.LockNotAvailable)
                 held += 1
@@ -140,12 +137,12 @@ def _wait_for_a_lock_wait(engine, timeout_s: float = 10.0) -> None:
 
 def test_premise_a_plain_bulk_update_holds_rows_while_it_waits_for_another(leased):
     engine, rows = leased
-    held, _ = _rows_held_while_waiting(engine, _job_ids(rows), lambda: _plain_update(engine, rows))
+    held, _ = _rows_held_while_waiting(engine, _run_ids(rows), lambda: _plain_update(engine, rows))
     assert held > 0
 
 
 def test_a_heartbeat_waiting_for_a_row_holds_none_of_the_rows_after_it(leased):
     engine, rows = leased
-    held, extended = _rows_held_while_waiting(engine, _job_ids(rows), lambda: _heartbeat(engine, rows))
+    held, extended = _rows_held_while_waiting(engine, _run_ids(rows), lambda: _heartbeat(engine, rows))
     assert held == 0
-    assert sorted(extended) == _job_ids(rows)
+    assert sorted(extended) == _run_ids(rows)

@@ -133,18 +133,32 @@ def test_a_start_or_heartbeat_on_a_database_the_shard_left_is_refused_though_no_
     here = registry.reload_map().shard_index[shard]
     mover.move_shard(registry, shard, next(i for i in range(len(registry.engines)) if i != here))
     now = utcnow()
-    on_jobs = [{"job_id": uuid.uuid4(), "lease_token": uuid.uuid4()}]
-    rows = [{"run_id": uuid.uuid4(), "lease_token": uuid.uuid4(), "lateness_ms": 0, "leased_until": None}]
+    on_jobs = [
+        {
+            "run_id": uuid.uuid4(),
+            "job_id": uuid.uuid4(),
+            "lease_token": uuid.uuid4(),
+            "shard": shard,
+            "owner": "o",
+            "scheduled_for": now,
+            "attempt": 1,
+            "target": {},
+            "retry": {},
+            "lateness_ms": 0,
+        }
+    ]
+    rows = [{"run_id": uuid.uuid4(), "lease_token": uuid.uuid4(), "lateness_ms": 0, "leased_until": now}]
     until = now + timedelta(seconds=20)
     with pytest.raises(sa.exc.DBAPIError) as refused:
         lease._start_on(source, {shard}, on_jobs, rows, until, now, retried=False)
     assert is_fence_error(refused.value)
+    beat = [{"run_id": rows[0]["run_id"], "lease_token": rows[0]["lease_token"]}]
     with pytest.raises(sa.exc.DBAPIError) as refused:
-        lease._heartbeat_on(source, {shard}, on_jobs, [], {"leased_until": until})
+        lease._heartbeat_on(source, {shard}, beat, {"leased_until": until})
     assert is_fence_error(refused.value)
     # And a completion, whose fence is read with the job rows it locks (none are there).
     gone = DispatchRun(
-        run_id=rows[0]["run_id"],
+        run_id=on_jobs[0]["run_id"],
         job_id=on_jobs[0]["job_id"],
         shard=shard,
         owner="o",
@@ -169,7 +183,7 @@ def test_a_start_or_heartbeat_on_a_database_the_shard_left_is_refused_though_no_
     # A shard the source still serves: the same writes go through (and match nothing).
     kept = registry.routing().shards_of(here)[0]
     assert lease._start_on(source, {kept}, on_jobs, rows, until, now, retried=False) == []
-    assert lease._heartbeat_on(source, {kept}, on_jobs, [], {"leased_until": until}) == ([], [])
+    assert lease._heartbeat_on(source, {kept}, beat, {"leased_until": until}) == []
 
 
 def test_a_shard_moves_back_onto_a_database_it_left(registry):

@@ -12,9 +12,9 @@ import uuid
 from datetime import timedelta
 
 import pytest
-import sqlalchemy as sa
 
 from app.core.timefmt import utcnow
+from app.lifecycle import lease
 from app.pollers import janitor, relay
 from app.pollers.claim import claim_batch
 from app.registry.engines import registry_for
@@ -69,12 +69,7 @@ def test_pause_takes_back_what_was_claimed_and_holds_what_waits_then_resume_rele
     [started] = due(registry, "acme")
     [triggered] = due(registry, "acme", shard=1)
     runs_claimed = {run.job_id: run for run in claim(registry).runs}
-    with registry.engine_for_shard(0).begin() as conn:
-        conn.execute(
-            sa.update(runs)
-            .where(runs.c.run_id == runs_claimed[started["job_id"]].run_id)
-            .values(state="running")
-        )
+    assert lease.start(registry, [runs_claimed[started["job_id"]]], utcnow())
     extra = trigger_job(registry, "acme", str(triggered["job_id"]), utcnow())
     relay.sweep(registry.engine_for_shard(1), 1, utcnow(), lambda shard, messages: None)  # published
 

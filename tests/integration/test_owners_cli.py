@@ -12,9 +12,9 @@ import pytest
 import sqlalchemy as sa
 
 from app.core.timefmt import utcnow
+from app.lifecycle import lease
 from app.pollers.claim import claim_batch
 from app.registry.engines import registry_for
-from app.registry.schema import runs
 from app.services.owners import OwnerDirectory, create_key, weights
 from tests.rows import insert_jobs, job_row
 
@@ -59,8 +59,7 @@ def test_set_stores_the_weight_and_list_shows_weight_quota_due_waiting_and_runni
     )
     claimed = claim_batch(registry.engine_for_shard(0), 0, now, pg_settings, limit=3)
     started = next(run for run in claimed.runs if run.owner == "acme")
-    with registry.engine_for_shard(0).begin() as conn:
-        conn.execute(sa.update(runs).where(runs.c.run_id == started.run_id).values(state="running"))
+    assert lease.start(registry, [started], utcnow())
 
     done = _punctual(pg_settings, "set", "acme", "--weight", "3")
     assert done.returncode == 0, done.stderr

@@ -14,7 +14,7 @@ from kombu import Connection
 from app.core.timefmt import parse_instant, utcnow
 from app.lifecycle.message import DispatchRun, decode_runs, encode_runs
 from app.pollers import relay
-from app.pollers.claim import claim_batch, relay_grace_s
+from app.pollers.claim import claim_batch
 from app.registry.engines import registry_for
 from app.tasks.batch_publisher import BatchPublisher
 from app.tasks.routing import DISPATCH_TASK, route_task, shard_queues
@@ -95,34 +95,44 @@ def test_a_claim_batch_becomes_a_few_messages_on_its_shard_queue(registry, broke
     rows = [job_row(16, run_at=utcnow() - timedelta(seconds=1), shard=6) for _ in range(250)]
     insert_jobs(registry, rows)
     engine = registry.engine_for_shard(6)
-    claimed = claim_batch(engine, 6, utcnow(), registry.settings).runs
-    assert relay.publish_claimed(engine, 6, claimed, send) == 3
+    claimed = claim_batch(engine, 6, utcnow(), registry.settings, send=send).runs
     messages = drain("shard-06")
     assert sorted(len(m["runs"]) for m in messages) == [83, 83, 84] and {m["shard"] for m in messages} == {6}
     assert {m["eta"] for m in messages} == {None}  # due already: to be run at once
     entries = [DispatchRun.from_message(e) for m in messages for e in m["runs"]]
     assert {e.run_id for e in entries} == {r.run_id for r in claimed}
     assert entries[0].payload == {"job": str(entries[0].job_id)} and entries[0].target["type"] == "webhook"
-    assert all(runs_of(registry, r["job_id"])[0]["published"] for r in rows[:10])
+    # Published before the claim committed: no outbox row, no mark.
+    assert all(runs_of(registry, r["job_id"]) == [] for r in rows[:10])
     assert drain("shard-07") == []
 
 
-def test_a_crash_between_claim_commit_and_publish_loses_nothing(registry, broker):
-    """Invariant 8: the sweep publishes what a crashed poller committed but never sent."""
+def test_a_claim_whose_publish_fails_claims_nothing(registry, broker):
+    """Invariant 8 without an outbox: the claim commits only once its messages are on
+    the broker; messages a failed claim published start nothing (no job holds their
+    tokens), and the next claim takes the job again."""
+    from app.lifecycle.lease import start
+
     send, drain = broker
     row = job_row(16, run_at=utcnow() - timedelta(seconds=1), shard=9)
     insert_jobs(registry, [row])
     engine = registry.engine_for_shard(9)
-    now = utcnow()
-    [run] = claim_batch(engine, 9, now, registry.settings).runs  # ... and the poller dies here
-    assert relay.sweep(engine, 9, now, send) == 0  # within the grace, the claim's own publish may still come
-    later = now + timedelta(seconds=relay_grace_s(registry.settings) + 0.1)
-    assert relay.sweep(engine, 9, later, send) == 1
+
+    def send_then_die(shard, messages):
+        send(shard, messages)
+        raise ConnectionError("the poller dies before its COMMIT")
+
+    with pytest.raises(ConnectionError):
+        claim_batch(engine, 9, utcnow(), registry.settings, send=send_then_die)
+    assert job(registry, row["job_id"])["state"] == "scheduled"
+    [stale] = [DispatchRun.from_message(e) for m in drain("shard-09") for e in m["runs"]]
+    assert start(registry, [stale], utcnow()) == set()
+    [run] = claim_batch(engine, 9, utcnow(), registry.settings, send=send).runs
     [message] = drain("shard-09")
     assert [e["run_id"] for e in message["runs"]] == [str(run.run_id)]
-    assert runs_of(registry, row["job_id"])[0]["published"] is True
-    assert relay.sweep(engine, 9, later, send) == 0
     assert job(registry, row["job_id"])["lease_token"] == run.lease_token
+    assert start(registry, [run], utcnow()) == {run.run_id}
+    assert runs_of(registry, row["job_id"])[0]["state"] == "running"
 
 
 def test_triggered_runs_are_swept_at_once(registry, broker):
@@ -167,15 +177,12 @@ def test_a_run_claimed_ahead_travels_with_its_instant_as_the_eta(registry, broke
     assert parse_instant(message["runs"][0]["fire_at"]) == fire
 
 
-def test_the_sweep_sends_a_run_claimed_ahead_with_its_instant_too(registry, broker):
-    """A poller that died after claiming ahead: the sweep reads the instant back from the job."""
+def test_a_claim_ahead_publishes_its_run_with_its_instant(registry, broker):
     send, drain = broker
     fire = (utcnow() + timedelta(seconds=30)).replace(microsecond=0)
     settings = dataclasses.replace(registry.settings, claim_ahead_s=60)
-    now = utcnow()
-    engine, run = _claim_one(registry, 4, fire, now, settings)  # ... and the poller dies here
-    later = now + timedelta(seconds=relay_grace_s(settings) + 0.1)
-    assert relay.sweep(engine, 4, later, send) == 1
+    insert_jobs(registry, [job_row(16, run_at=fire, shard=4)])
+    [run] = claim_batch(registry.engine_for_shard(4), 4, utcnow(), settings, send=send).runs
     [message] = drain("shard-04")
     assert parse_instant(message["eta"]) == fire
     assert DispatchRun.from_message(message["runs"][0]) == run

@@ -17,7 +17,7 @@ from app.core.timefmt import utcnow
 from app.lifecycle import lease
 from app.pollers.claim import claim_batch
 from app.registry.engines import Registry, registry_for
-from app.registry.schema import jobs
+from app.registry.schema import jobs, runs
 from app.registry.sharding import shard_for
 from app.services.owners import create_key
 from app.worker.context import WorkerContext
@@ -107,12 +107,14 @@ def test_a_heartbeat_reports_the_leases_it_no_longer_holds(registry):
 
 
 def _take_back(registry, job_id: uuid.UUID) -> None:
-    """What the janitor does to an expired lease, as far as the worker can tell: the token is gone."""
+    """What the janitor does to an expired lease, as far as the worker can tell: the token
+    is gone from the job, and the started run is settled."""
     engine = registry.engine_for_shard(shard_for(job_id, registry.settings.shards))
     with engine.begin() as conn:
         conn.execute(
             sa.update(jobs).where(jobs.c.job_id == job_id).values(lease_token=None, leased_until=None)
         )
+        conn.execute(sa.update(runs).where(runs.c.job_id == job_id).values(state="failed", leased_until=None))
 
 
 def test_a_run_whose_lease_may_have_run_out_is_called_only_if_a_renewal_finds_it_held(registry):

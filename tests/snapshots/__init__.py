@@ -11,7 +11,7 @@ from __future__ import annotations
 import pathlib
 import textwrap
 
-from app.registry.statements import STATEMENTS, BulkInsert, BulkUpdate
+from app.registry.statements import STATEMENTS, BulkInsert, BulkLeasedInsert, BulkUpdate
 
 SQL_DIR = pathlib.Path(__file__).resolve().parent / "sql"
 UPDATE_COMMAND = ".venv/bin/python -m tests.snapshots --update"
@@ -19,7 +19,7 @@ UPDATE_COMMAND = ".venv/bin/python -m tests.snapshots --update"
 _CLAUSES = (" SELECT ", " FROM jsonb_to_recordset(", " WHERE ", " AND ", " RETURNING ", " ON CONFLICT ")
 
 
-def render(statement: BulkUpdate | BulkInsert) -> str:
+def render(statement: BulkUpdate | BulkInsert | BulkLeasedInsert) -> str:
     """The statement's SQL, one top-level clause a line, long lines wrapped."""
     sql, depth, start, lines = statement.sql(), 0, 0, []
     for index, char in enumerate(sql):
@@ -31,7 +31,7 @@ def render(statement: BulkUpdate | BulkInsert) -> str:
     return "".join(textwrap.fill(line, 100, subsequent_indent="    ") + "\n" for line in lines)
 
 
-def path_of(statement: BulkUpdate | BulkInsert) -> pathlib.Path:
+def path_of(statement: BulkUpdate | BulkInsert | BulkLeasedInsert) -> pathlib.Path:
     return SQL_DIR / f"{statement.name}.sql"
 
 

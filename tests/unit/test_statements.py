@@ -20,7 +20,7 @@ from tests.rows import job_row
 
 APP = pathlib.Path(__file__).resolve().parents[2] / "app"
 # The bulk writes by shape; app/ reaches them through app.registry.statements only.
-_BY_SHAPE = {"update_many", "insert_many", "insert_new", "write", "Update"}
+_BY_SHAPE = {"update_many", "insert_many", "insert_new", "write", "Update", "LeasedInsert"}
 
 
 @pytest.mark.parametrize("statement", STATEMENTS, ids=lambda statement: statement.name)
@@ -46,7 +46,7 @@ def test_every_snapshot_is_of_a_statement():
 def test_every_statement_has_its_own_name_and_is_listed():
     names = [statement.name for statement in STATEMENTS]
     assert len(names) == len(set(names))
-    kinds = (statements.BulkUpdate, statements.BulkInsert)
+    kinds = (statements.BulkUpdate, statements.BulkInsert, statements.BulkLeasedInsert)
     declared = [value for value in vars(statements).values() if isinstance(value, kinds)]
     assert {id(value) for value in declared} == {id(statement) for statement in STATEMENTS}
 

@@ -8,4 +8,5 @@ AND runs.run_id = ANY(:keys)
 AND runs.lease_token IS NOT DISTINCT FROM v.lease_token
 AND v.lease_token IS NOT NULL
 AND coalesce(runs.state, '') IN ('running')
+AND runs.run_id IN (SELECT run_id FROM runs WHERE run_id = ANY(:keys) ORDER BY run_id FOR UPDATE)
 RETURNING runs.run_id;
