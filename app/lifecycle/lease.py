@@ -105,7 +105,7 @@ def _start_on(
     """One try of a start on one DSN, one statement (app.registry.bulk.update_together:
     in autocommit, behind the move fence, refused if a move took these shards away,
     refuse_moved_shards): START_NEW_RUNS, the rows of runs leased on their jobs,
-    written under the job's lease (its row locked FOR KEY SHARE: a claim not yet
+    written under the job's lease (its row locked FOR SHARE first: a claim not yet
     committed, a take-back or the janitor holding it is waited for), then START_RUNS
     (app.registry.statements). Job rows are locked before run rows, the janitor's lock
     order, so the two never deadlock.

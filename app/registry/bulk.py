@@ -246,8 +246,8 @@ class LeasedInsert:
     """One bulk INSERT of rows that may exist only under a lease another table holds,
     for `update_together`: a row goes in only while its `lease_table` row (by `key`)
     holds the row's lease_token and is in one of `lease_states`, and those rows are
-    locked FOR KEY SHARE (a writer holding one, a claim not yet committed, is waited
-    for and the lease read again). A row whose `conflict` key exists already takes
+    locked FOR SHARE first (a writer holding one, a claim not yet committed, is waited
+    for and the lease read as it left it). A row whose `conflict` key exists already takes
     the new row's `upsert` columns if it is in one of `upsert_states` under the same
     token, and is left as it is otherwise (a duplicate). Returns `conflict`."""
 
@@ -289,13 +289,20 @@ def leased_insert_sql(
     if values is None:
         values = [f"v.{c}" for c in columns] + [f":{c}" for c in constants]
     lease, t = lease_table.name, table.name
+    # The lease rows are locked in a subquery, in key order, before their token and state
+    # are compared: compared first (in the join, or pushed into the subquery, which OFFSET
+    # 0 forbids), a row a writer holds would be compared as it was before that writer
+    # and skipped, not waited for (a claim publishing before its COMMIT).
+    locked = (
+        f"(SELECT {key}, lease_token, state FROM {lease} WHERE {key} = ANY({keys}) "
+        f"ORDER BY {key} OFFSET 0 FOR SHARE) AS lease"
+    )
     return (
         f"INSERT INTO {t} ({', '.join([*columns, *constants])}) SELECT {', '.join(values)} "
         f"FROM {source or _source_sql(table, columns)} "
-        f"JOIN {lease} ON {lease}.{key} = v.{key} AND {lease}.{key} = ANY({keys}) "
-        f"WHERE {lease}.lease_token IS NOT DISTINCT FROM v.lease_token AND v.lease_token IS NOT NULL "
-        f"AND coalesce({lease}.state, '') IN ({', '.join(repr(state) for state in lease_states)}) "
-        f"FOR KEY SHARE OF {lease} "
+        f"JOIN {locked} ON lease.{key} = v.{key} "
+        f"WHERE lease.lease_token IS NOT DISTINCT FROM v.lease_token AND v.lease_token IS NOT NULL "
+        f"AND coalesce(lease.state, '') IN ({', '.join(repr(state) for state in lease_states)}) "
         f"ON CONFLICT ({conflict}) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in upsert)} "
         f"WHERE coalesce({t}.state, '') IN ({', '.join(repr(state) for state in upsert_states)}) "
         f"AND {t}.lease_token IS NOT DISTINCT FROM excluded.lease_token "

@@ -177,6 +177,35 @@ def test_a_run_claimed_ahead_travels_with_its_instant_as_the_eta(registry, broke
     assert parse_instant(message["runs"][0]["fire_at"]) == fire
 
 
+def test_a_start_that_comes_before_the_claims_commit_waits_for_it(registry):
+    """The claim publishes before its COMMIT, so a worker may start a run whose job's
+    lease is not committed yet: the start waits on the job row's lock and then starts
+    it (compared before the lock, the token would read as before the claim: stale)."""
+    import threading
+    import time
+
+    from app.lifecycle.lease import start
+
+    row = job_row(16, run_at=utcnow() - timedelta(seconds=1), shard=8)
+    insert_jobs(registry, [row])
+    started: list = []
+    workers: list[threading.Thread] = []
+
+    def send_and_start(shard, messages):
+        runs = [DispatchRun.from_message(e) for _, entries in messages for e in entries]
+        worker = threading.Thread(target=lambda: started.append(start(registry, runs, utcnow())))
+        worker.start()
+        workers.append(worker)
+        time.sleep(0.5)  # the start reaches the job row the claim holds, and waits
+        assert not started, "the start did not wait for the claim's COMMIT"
+
+    engine = registry.engine_for_shard(8)
+    [run] = claim_batch(engine, 8, utcnow(), registry.settings, send=send_and_start).runs
+    workers[0].join(10)
+    assert started == [{run.run_id}]
+    assert [r["state"] for r in runs_of(registry, row["job_id"])] == ["running"]
+
+
 def test_a_claim_ahead_publishes_its_run_with_its_instant(registry, broker):
     send, drain = broker
     fire = (utcnow() + timedelta(seconds=30)).replace(microsecond=0)
