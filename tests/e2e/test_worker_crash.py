@@ -19,6 +19,7 @@ from app.lifecycle.message import DispatchRun
 from app.registry.engines import registry_for
 from app.registry.sharding import shard_for
 from tests.e2e.processes import start_beat, start_worker, wait_ready
+from tests.rows import job as job_of
 from tests.rows import runs_of
 from tests.sink import Answer
 
@@ -84,11 +85,11 @@ def test_a_worker_killed_while_it_holds_a_run_claimed_ahead_loses_nothing(
         )
         registry = registry_for(settings)
         queue = f"shard-{shard_for(job['id'], settings.shards):02d}"
-        # Claimed ahead (within a poll interval), published, and taken off the queue by
-        # the holder, which keeps it unacknowledged until the instant.
+        # Claimed ahead (within a poll interval; the claim commits once its message is
+        # published) and taken off the queue by the holder, which keeps it
+        # unacknowledged until the instant.
         while not (
-            runs_of(registry, uuid.UUID(job["id"]))
-            and runs_of(registry, uuid.UUID(job["id"]))[0]["published"]
+            job_of(registry, uuid.UUID(job["id"]))["lease_token"] is not None
             and _ready_messages(stack_env["PUNCTUAL_BROKER_URL"], queue) == 0
         ):
             assert utcnow() < due - timedelta(seconds=4), "not claimed ahead and held"
