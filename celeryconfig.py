@@ -115,7 +115,7 @@ task_send_sent_event = False
 # Beat: in-memory schedule (no celerybeat-schedule file), so several beats can run
 # side by side and a restarted beat starts fresh; a missed tick is harmless because
 # a poll claims everything due, however late.
-beat_scheduler = "app.beat.scheduler:TickScheduler"
+beat_scheduler = "app.beat.scheduler:GatedScheduler"
 beat_schedule = _beat_schedule(_settings)
 beat_max_loop_interval = max(0.05, min(1.0, _settings.poll_interval_s / 2))
 

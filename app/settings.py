@@ -59,7 +59,11 @@ VARIABLES: tuple[Variable, ...] = (
         "PUNCTUAL_BROKER_URL", "", "Celery broker", "embedded filesystem transport under PUNCTUAL_DATA_DIR"
     ),
     Variable("PUNCTUAL_REDIS_URL", "", "Redis for rate limits and concurrency caps", "in-process"),
-    Variable("PUNCTUAL_POLL_INTERVAL_S", "1", "how often beat asks each shard's poller to claim"),
+    Variable(
+        "PUNCTUAL_POLL_INTERVAL_S",
+        "1",
+        "how often beat reads what each shard has due and asks the pollers of shards with work to claim",
+    ),
     Variable(
         "PUNCTUAL_LEASE_S",
         "20",

@@ -41,7 +41,8 @@ def schedule_summary(settings: Settings) -> str:
     last = f"shard-{settings.shards - 1:02d}"
     return (
         f"beat alive: sending {POLL_TASK} every {settings.poll_interval_s:g} s and {SWEEP_TASK} every "
-        f"{sweep_interval_s(settings):g} s to each of {settings.shards} shard queues (shard-00..{last})"
+        f"{sweep_interval_s(settings):g} s to each of {settings.shards} shard queues (shard-00..{last}) "
+        f"that has work for it"
     )
 
 

@@ -15,7 +15,7 @@ def test_the_start_line_says_what_beat_sends_how_often_and_where():
     )
     assert schedule_summary(settings) == (
         "beat alive: sending punctual.poll every 0.5 s and punctual.sweep every 10 s "
-        "to each of 4 shard queues (shard-00..shard-03)"
+        "to each of 4 shard queues (shard-00..shard-03) that has work for it"
     )
 
 

@@ -1,0 +1,99 @@
+"""Which of beat's ticks are sent: a poll or a sweep only to a shard with work for it.
+
+Beat's schedule (app.beat.schedule) still ticks every shard every
+PUNCTUAL_POLL_INTERVAL_S (and sweeps every few seconds), but a tick is sent only
+when the registry says the shard has work for it (app.pollers.watch, read at most
+once per interval for all shards of a database, one statement each):
+
+- a poll: a scheduled job due within PUNCTUAL_CLAIM_AHEAD_S, or an unpublished
+  run whose due_at passed (the poll's relay sweep publishes it);
+- a sweep: a lease that passed (the janitor), a finished run older than
+  PUNCTUAL_HISTORY_DAYS (retention), or IDLE_SWEEP_S since the shard's last sweep
+  (the relay's full sweep and anything the read cannot see, such as a paused
+  owner's rows, are still looked at now and then).
+
+A write that makes a row due is seen by the next read, so a job created for "now"
+is claimed as soon as with a poll sent every interval. A shard whose work is
+unknown (the read failed, or a move fences the shard) gets every tick, as if there
+were no gate: a registry that does not answer costs polls, never a run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+
+from app.pollers.retention import history_cutoff
+from app.pollers.watch import ShardWork
+from app.settings import Settings
+
+log = logging.getLogger("punctual.beat")
+
+# A sweep also does what the read does not see (a paused owner's expired lease is
+# left to it, the relay's full sweep); once a minute per shard keeps that as it was
+# without a sweep task every few seconds.
+IDLE_SWEEP_S = 60.0
+
+
+def wants_poll(work: ShardWork | None, now: datetime, claim_ahead_s: float) -> bool:
+    """Whether a poll of a shard whose work is `work` (None: unknown) claims or publishes."""
+    if work is None:
+        return True
+    if work.job_due is not None and work.job_due <= now + timedelta(seconds=claim_ahead_s):
+        return True
+    return work.outbox_due is not None and work.outbox_due <= now
+
+
+def wants_sweep(work: ShardWork | None, now: datetime, since_last_s: float, history_days: float) -> bool:
+    """Whether a sweep of a shard is sent, `since_last_s` after its last one."""
+    if work is None or since_last_s >= IDLE_SWEEP_S:
+        return True
+    if work.lease_ends is not None and work.lease_ends <= now:
+        return True
+    return work.finished is not None and work.finished < history_cutoff(now, history_days)
+
+
+Reader = Callable[[], Mapping[int, ShardWork | None]]
+
+
+class Gate:
+    """What beat knows of each shard's work, read at most once per poll interval."""
+
+    def __init__(self, settings: Settings, read: Reader, clock: Callable[[], float] = time.monotonic):
+        self.settings = settings
+        self._read = read
+        self._clock = clock
+        self._work: Mapping[int, ShardWork | None] = {}
+        self._read_at: float | None = None
+        self._swept_at: dict[int, float] = {}
+        self._failing = False
+
+    def _current(self) -> Mapping[int, ShardWork | None]:
+        now = self._clock()
+        # Half an interval: the ticks of one round (every shard, due together) share a read.
+        if self._read_at is None or now - self._read_at >= self.settings.poll_interval_s / 2:
+            self._read_at = now
+            try:
+                self._work = self._read()
+                if self._failing:
+                    log.info("beat: the registry answers again; sending polls to shards with work only")
+                self._failing = False
+            except Exception:  # unknown work: every tick is sent, as without a gate
+                if not self._failing:
+                    log.warning("beat: cannot read what is due; sending every tick meanwhile", exc_info=True)
+                self._failing = True
+                self._work = {}
+        return self._work
+
+    def poll(self, shard: int, now: datetime) -> bool:
+        return wants_poll(self._current().get(shard), now, self.settings.claim_ahead_s)
+
+    def sweep(self, shard: int, now: datetime) -> bool:
+        work = self._current().get(shard)
+        since = self._clock() - self._swept_at.get(shard, float("-inf"))
+        if wants_sweep(work, now, since, self.settings.history_days):
+            self._swept_at[shard] = self._clock()
+            return True
+        return False

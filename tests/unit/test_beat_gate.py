@@ -1,0 +1,113 @@
+"""Beat's gate (app.beat.gate): which ticks are sent, decided from what the registry
+says of each shard's work; no I/O (the read is a function the test hands in)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from app.beat.gate import IDLE_SWEEP_S, Gate, wants_poll, wants_sweep
+from app.pollers.watch import ShardWork
+from app.settings import Settings
+
+NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+AHEAD_S = 10.0
+
+
+def at(seconds: float) -> datetime:
+    return NOW + timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize(
+    ("work", "wanted"),
+    [
+        (None, True),  # unknown: sent, as without the gate
+        (ShardWork(), False),
+        (ShardWork(job_due=at(-5)), True),
+        (ShardWork(job_due=at(0)), True),
+        (ShardWork(job_due=at(AHEAD_S)), True),  # claimed ahead, as the poll would
+        (ShardWork(job_due=at(AHEAD_S + 0.001)), False),
+        (ShardWork(outbox_due=at(0)), True),
+        (ShardWork(outbox_due=at(1)), False),
+        (ShardWork(lease_ends=at(-1), finished=at(-10**6)), False),  # a sweep's work, not a poll's
+    ],
+)
+def test_a_poll_is_sent_only_for_work_it_does(work, wanted):
+    assert wants_poll(work, NOW, AHEAD_S) is wanted
+
+
+@pytest.mark.parametrize(
+    ("work", "since_s", "wanted"),
+    [
+        (None, 0.0, True),
+        (ShardWork(), 0.0, False),
+        (ShardWork(), IDLE_SWEEP_S, True),
+        (ShardWork(job_due=at(-1), outbox_due=at(-1)), 0.0, False),  # a poll's work
+        (ShardWork(lease_ends=at(0)), 0.0, True),
+        (ShardWork(lease_ends=at(1)), 0.0, False),
+        (ShardWork(finished=NOW - timedelta(days=30, seconds=1)), 0.0, True),
+        (ShardWork(finished=NOW - timedelta(days=29)), 0.0, False),
+    ],
+)
+def test_a_sweep_is_sent_for_expired_leases_old_history_or_after_a_while(work, since_s, wanted):
+    assert wants_sweep(work, NOW, since_s, history_days=30) is wanted
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_one_read_serves_a_round_and_a_new_interval_reads_again():
+    reads: list[float] = []
+    works = {0: ShardWork(), 1: ShardWork(job_due=NOW)}
+    clock = Clock()
+
+    def read():
+        reads.append(clock.t)
+        return works
+
+    gate = Gate(Settings(database_urls=("sqlite://",), poll_interval_s=1.0), read, clock)
+    assert [gate.poll(s, NOW) for s in (0, 1)] == [False, True]
+    assert len(reads) == 1
+    clock.t += 1.0
+    works = {0: ShardWork(job_due=NOW), 1: ShardWork()}
+    assert [gate.poll(s, NOW) for s in (0, 1)] == [True, False]
+    assert len(reads) == 2
+
+
+def test_a_shard_the_read_does_not_cover_is_polled():
+    gate = Gate(Settings(database_urls=("sqlite://",)), lambda: {0: ShardWork()}, Clock())
+    assert gate.poll(1, NOW) and gate.sweep(1, NOW)
+    assert not gate.poll(0, NOW)
+
+
+def test_a_failed_read_sends_every_tick_until_one_succeeds():
+    clock = Clock()
+    answers: list = [RuntimeError("down"), {0: ShardWork()}]
+
+    def read():
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    gate = Gate(Settings(database_urls=("sqlite://",), poll_interval_s=1.0), read, clock)
+    assert gate.poll(0, NOW)
+    clock.t += 1.0
+    assert not gate.poll(0, NOW)
+
+
+def test_an_idle_shard_is_swept_once_per_idle_period():
+    clock = Clock()
+    gate = Gate(Settings(database_urls=("sqlite://",), poll_interval_s=1.0), lambda: {0: ShardWork()}, clock)
+    sent = []
+    for _ in range(int(3 * IDLE_SWEEP_S)):
+        sent.append(gate.sweep(0, NOW))
+        clock.t += 1.0
+    assert sent.count(True) == 3
+    assert sent[0]  # the first sweep after start
