@@ -70,10 +70,13 @@ class Gate:
         self._swept_at: dict[int, float] = {}
         self._failing = False
 
-    def _current(self) -> Mapping[int, ShardWork | None]:
+    def _current(self, fresh: bool = True) -> Mapping[int, ShardWork | None]:
+        """The last read, read again first when it is older than half an interval (the
+        polls of one round, due together, share a read) and `fresh` asks for it; a
+        sweep (`fresh` false) takes the last read: its work is not urgent."""
         now = self._clock()
-        # Half an interval: the ticks of one round (every shard, due together) share a read.
-        if self._read_at is None or now - self._read_at >= self.settings.poll_interval_s / 2:
+        stale = self._read_at is None or now - self._read_at >= self.settings.poll_interval_s / 2
+        if stale and (fresh or self._read_at is None):
             self._read_at = now
             try:
                 self._work = self._read()
@@ -91,7 +94,7 @@ class Gate:
         return wants_poll(self._current().get(shard), now, self.settings.claim_ahead_s)
 
     def sweep(self, shard: int, now: datetime) -> bool:
-        work = self._current().get(shard)
+        work = self._current(fresh=False).get(shard)
         since = self._clock() - self._swept_at.get(shard, float("-inf"))
         if wants_sweep(work, now, since, self.settings.history_days):
             self._swept_at[shard] = self._clock()

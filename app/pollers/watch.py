@@ -51,29 +51,31 @@ _PROBES = (
 
 @functools.cache
 def next_work_statement(shards: tuple[int, ...]) -> sa.TextualSelect:
-    """One row: five instants per shard. The shards are constants too: the statement,
-    built once, is the same text at every execution (prepared once by the server)."""
-    columns = [
-        f"(SELECT min({column}) FROM {table} WHERE shard = {int(shard)} AND {where}) AS {name}_{int(shard)}"
-        for shard in shards
+    """A row per shard: its five instants. One correlated probe per kind, run for each
+    shard of a VALUES list: a plan of five subplans, whatever the shard count, and
+    the same text at every execution (the shards are constants)."""
+    values = ", ".join(f"({int(shard)})" for shard in shards)
+    columns = ", ".join(
+        f"(SELECT min({column}) FROM {table} WHERE {table}.shard = s.shard AND {where}) AS {name}"
         for name, column, table, where in _PROBES
-    ]
-    types = {f"{name}_{int(shard)}": UTCDateTime() for shard in shards for name, *_ in _PROBES}
-    return sa.text("SELECT " + ", ".join(columns)).columns(**types)
+    )
+    types = {name: UTCDateTime() for name, *_ in _PROBES}
+    return sa.text(f"WITH s(shard) AS (VALUES {values}) SELECT s.shard, {columns} FROM s").columns(
+        sa.column("shard", sa.Integer), *(sa.column(name, t) for name, t in types.items())
+    )
 
 
 def next_work(conn: sa.Connection, shards: Sequence[int]) -> dict[int, ShardWork]:
     """The earliest work of each of `shards` (all on the database of `conn`)."""
     if not shards:
         return {}
-    row = conn.execute(next_work_statement(tuple(shards))).one()._mapping
     found = {}
-    for shard in shards:
-        leases = [at for at in (row[f"jlease_{shard}"], row[f"rlease_{shard}"]) if at is not None]
-        found[shard] = ShardWork(
-            job_due=row[f"due_{shard}"],
-            outbox_due=row[f"outbox_{shard}"],
+    for row in conn.execute(next_work_statement(tuple(shards))).mappings():
+        leases = [at for at in (row["jlease"], row["rlease"]) if at is not None]
+        found[int(row["shard"])] = ShardWork(
+            job_due=row["due"],
+            outbox_due=row["outbox"],
             lease_ends=min(leases) if leases else None,
-            finished=row[f"finished_{shard}"],
+            finished=row["finished"],
         )
     return found

@@ -30,7 +30,7 @@ def at(seconds: float) -> datetime:
         (ShardWork(job_due=at(AHEAD_S + 0.001)), False),
         (ShardWork(outbox_due=at(0)), True),
         (ShardWork(outbox_due=at(1)), False),
-        (ShardWork(lease_ends=at(-1), finished=at(-10**6)), False),  # a sweep's work, not a poll's
+        (ShardWork(lease_ends=at(-1), finished=at(-(10**6))), False),  # a sweep's work, not a poll's
     ],
 )
 def test_a_poll_is_sent_only_for_work_it_does(work, wanted):
@@ -111,3 +111,20 @@ def test_an_idle_shard_is_swept_once_per_idle_period():
         clock.t += 1.0
     assert sent.count(True) == 3
     assert sent[0]  # the first sweep after start
+
+
+def test_a_sweep_takes_the_last_read_and_a_poll_reads_again():
+    clock = Clock()
+    reads: list[float] = []
+
+    def read():
+        reads.append(clock.t)
+        return {0: ShardWork()}
+
+    gate = Gate(Settings(database_urls=("sqlite://",), poll_interval_s=1.0), read, clock)
+    gate.sweep(0, NOW)  # nothing read yet: reads
+    clock.t += 5.0
+    gate.sweep(0, NOW)
+    assert len(reads) == 1
+    gate.poll(0, NOW)
+    assert len(reads) == 2
