@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
 
 from celery.beat import Scheduler
 
@@ -40,6 +43,15 @@ class TickScheduler(Scheduler):
         """The delay until an entry is due, as it is (Celery subtracts 10 ms)."""
         return n
 
+    def schedules_equal(self, old_schedules, new_schedules):
+        """Whether the heap must be rebuilt: only when the entry names changed. The
+        schedule is made once from Settings and never edited while beat runs (no
+        schedule file), so Celery's comparison of every field of every entry, at every
+        tick, only ever found them equal."""
+        if old_schedules is None or new_schedules is None:
+            return old_schedules is new_schedules
+        return old_schedules.keys() == new_schedules.keys()
+
     def apply_entry(self, entry, producer=None):
         log.debug("sending due task %s (%s)", entry.name, entry.task)
         try:
@@ -49,26 +61,84 @@ class TickScheduler(Scheduler):
 
 
 class GatedScheduler(TickScheduler):
-    """TickScheduler whose poll and sweep ticks go only to shards with work for them
-    (app.beat.gate); any other entry is sent as it falls due."""
+    """Beat's scheduler: rounds of polls and sweeps, each sent only to a shard with
+    work for it (app.beat.gate).
+
+    Its schedule is app.beat.schedule's: a poll and a sweep entry per shard, each
+    with its interval. Instead of Celery's heap of entries (an entry popped, checked,
+    copied and pushed back for each shard every interval, most of an idle beat's
+    CPU), a tick is a round: every poll interval each shard's poll is sent or left
+    out, and each sweep whose interval passed likewise. An entry of any other task
+    is sent as it falls due, by the heap of the entries that are not rounds'.
+    """
 
     _gate: Gate | None = None
+    _rounds: Rounds | None = None
 
-    def apply_entry(self, entry, producer=None):
-        shard = (entry.kwargs or {}).get("shard")
-        if shard is not None and entry.task in (POLL_TASK, SWEEP_TASK):
-            gate = self._gate or self._make_gate()
-            now = utcnow()
-            wanted = gate.poll(shard, now) if entry.task == POLL_TASK else gate.sweep(shard, now)
-            if not wanted:
-                log.debug("not sending %s (%s): no work for it", entry.name, entry.task)
-                return
-        super().apply_entry(entry, producer)
+    def tick(self, *args, **kwargs):
+        rounds = self._rounds or self._make_rounds()
+        now = time.monotonic()
+        if now >= rounds.next_at:
+            self._round(rounds, now)
+        wait = max(0.0, rounds.next_at - time.monotonic())
+        if rounds.others:
+            wait = min(wait, super().tick(*args, **kwargs))
+        return min(wait, self.max_interval)
+
+    def _round(self, rounds: Rounds, now: float) -> None:
+        gate = self._gate or self._make_gate()
+        instant = utcnow()
+        for shard, entry in rounds.polls.items():
+            self._send_if(gate.poll(shard, instant), entry)
+        for shard, entry in rounds.sweeps.items():
+            if now >= rounds.sweep_at.get(shard, now):
+                rounds.sweep_at[shard] = now + rounds.sweep_every_s[shard]
+                self._send_if(gate.sweep(shard, instant), entry)
+        # On the interval's grid; from now when beat fell a whole interval behind.
+        rounds.next_at += rounds.every_s
+        if rounds.next_at <= now:
+            rounds.next_at = now + rounds.every_s
+
+    def _send_if(self, wanted: bool, entry) -> None:
+        if wanted:
+            self.apply_entry(entry, producer=self.producer)
+        else:
+            log.debug("not sending %s (%s): no work for it", entry.name, entry.task)
+
+    def _make_rounds(self) -> Rounds:
+        rounds = Rounds()
+        for name, entry in list(self.schedule.items()):
+            shard = (entry.kwargs or {}).get("shard")
+            every = getattr(entry.schedule, "seconds", None)
+            if shard is None or every is None or entry.task not in (POLL_TASK, SWEEP_TASK):
+                continue
+            if entry.task == POLL_TASK:
+                rounds.polls[shard] = entry
+                rounds.every_s = min(rounds.every_s, every)
+            else:
+                rounds.sweeps[shard] = entry
+                rounds.sweep_every_s[shard] = every
+            del self.schedule[name]  # the heap keeps the other entries only
+        rounds.others = bool(self.schedule)
+        rounds.next_at = time.monotonic()
+        self._rounds = rounds
+        return rounds
 
     def _make_gate(self) -> Gate:
         settings = get_settings()
         self._gate = Gate(settings, functools.partial(read_work, registry_for(settings)))
         return self._gate
+
+
+@dataclass
+class Rounds:
+    polls: dict[int, Any] = field(default_factory=dict)  # shard -> its poll entry
+    sweeps: dict[int, Any] = field(default_factory=dict)
+    sweep_every_s: dict[int, float] = field(default_factory=dict)
+    sweep_at: dict[int, float] = field(default_factory=dict)  # monotonic; absent: at the next round
+    every_s: float = float("inf")
+    next_at: float = 0.0
+    others: bool = False
 
 
 def read_work(registry) -> dict[int, ShardWork | None]:

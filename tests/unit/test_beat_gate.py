@@ -128,3 +128,64 @@ def test_a_sweep_takes_the_last_read_and_a_poll_reads_again():
     assert len(reads) == 1
     gate.poll(0, NOW)
     assert len(reads) == 2
+
+
+class Rounds:
+    """A GatedScheduler over 4 shards (polls every 1 s, sweeps every 5 s) whose sends
+    are recorded and whose gate reads `work`."""
+
+    def __init__(self, work: dict[int, ShardWork]):
+        from celery import Celery
+
+        from app.beat.scheduler import GatedScheduler
+
+        app = Celery("gate-test", set_as_current=False)
+        schedule = {}
+        for shard in range(4):
+            for task, every in (("punctual.poll", 1.0), ("punctual.sweep", 5.0)):
+                kind = task.split(".")[1]
+                schedule[f"{kind}-shard-{shard:02d}"] = {
+                    "task": task,
+                    "schedule": timedelta(seconds=every),
+                    "kwargs": {"shard": shard},
+                }
+        app.conf.beat_schedule = schedule
+        self.sent: list[str] = []
+        self.clock = Clock()
+        recording = self
+        settings = Settings(database_urls=("sqlite://",), poll_interval_s=1.0)
+
+        class Recorded(GatedScheduler):
+            def apply_async(self, entry, producer=None, advance=True, **kwargs):
+                recording.sent.append(entry.name)
+
+            def _make_gate(self):
+                self._gate = Gate(settings, lambda: work, recording.clock)
+                return self._gate
+
+        self.scheduler = Recorded(app, max_interval=0.5, lazy=False)
+        self.scheduler.producer = None
+        self.rounds = self.scheduler._make_rounds()
+
+    def round(self, at: float) -> list[str]:
+        self.clock.t = at
+        self.sent.clear()
+        self.scheduler._round(self.rounds, at)
+        return sorted(self.sent)
+
+
+def test_a_round_polls_only_shards_with_work_and_sweeps_on_the_sweep_interval():
+    rounds = Rounds({0: ShardWork(), 1: ShardWork(job_due=NOW), 2: ShardWork(lease_ends=NOW), 3: ShardWork()})
+    first = rounds.round(1000.0)
+    assert [name for name in first if name.startswith("poll")] == ["poll-shard-01"]
+    assert [name for name in first if name.startswith("sweep")] == [f"sweep-shard-{s:02d}" for s in range(4)]
+    assert rounds.round(1001.0) == ["poll-shard-01"]
+    assert rounds.round(1005.0) == ["poll-shard-01", "sweep-shard-02"]  # only the expired lease
+
+
+def test_a_tick_before_the_next_round_sends_nothing_and_says_how_long_to_wait():
+    rounds = Rounds({s: ShardWork(job_due=NOW) for s in range(4)})
+    rounds.scheduler._rounds = rounds.rounds
+    rounds.rounds.next_at = float("inf")
+    assert rounds.scheduler.tick() == 0.5  # max_interval
+    assert rounds.sent == []
