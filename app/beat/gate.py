@@ -8,9 +8,8 @@ once per interval for all shards of a database, one statement each):
 - a poll: a scheduled job due within PUNCTUAL_CLAIM_AHEAD_S, or an unpublished
   run whose due_at passed (the poll's relay sweep publishes it);
 - a sweep: a lease that passed (the janitor), a finished run older than
-  PUNCTUAL_HISTORY_DAYS (retention), or IDLE_SWEEP_S since the shard's last sweep
-  (the relay's full sweep and anything the read cannot see, such as a paused
-  owner's rows, are still looked at now and then).
+  PUNCTUAL_HISTORY_DAYS (retention), or an idle period since the shard's last
+  sweep (a minute; the shards take turns, so beat sends a task every few seconds).
 
 A write that makes a row due is seen by the next read, so a job created for "now"
 is claimed as soon as with a poll sent every interval. A shard whose work is
@@ -35,6 +34,15 @@ log = logging.getLogger("punctual.beat")
 # left to it, the relay's full sweep); once a minute per shard keeps that as it was
 # without a sweep task every few seconds.
 IDLE_SWEEP_S = 60.0
+# The idle sweeps take turns (a shard every idle period / shards), and with few shards
+# the period is shorter: beat hands the broker a task at least this often, so the
+# alive file (PUNCTUAL_BEAT_ALIVE_FILE) says a beat that cannot send is not alive.
+MAX_QUIET_S = 10.0
+
+
+def idle_sweep_s(shards: int) -> float:
+    """How long an idle shard goes without a sweep."""
+    return min(IDLE_SWEEP_S, MAX_QUIET_S * shards)
 
 
 def wants_poll(work: ShardWork | None, now: datetime, claim_ahead_s: float) -> bool:
@@ -46,9 +54,15 @@ def wants_poll(work: ShardWork | None, now: datetime, claim_ahead_s: float) -> b
     return work.outbox_due is not None and work.outbox_due <= now
 
 
-def wants_sweep(work: ShardWork | None, now: datetime, since_last_s: float, history_days: float) -> bool:
+def wants_sweep(
+    work: ShardWork | None,
+    now: datetime,
+    since_last_s: float,
+    history_days: float,
+    idle_s: float = IDLE_SWEEP_S,
+) -> bool:
     """Whether a sweep of a shard is sent, `since_last_s` after its last one."""
-    if work is None or since_last_s >= IDLE_SWEEP_S:
+    if work is None or since_last_s >= idle_s:
         return True
     if work.lease_ends is not None and work.lease_ends <= now:
         return True
@@ -95,8 +109,12 @@ class Gate:
 
     def sweep(self, shard: int, now: datetime) -> bool:
         work = self._current(fresh=False).get(shard)
-        since = self._clock() - self._swept_at.get(shard, float("-inf"))
-        if wants_sweep(work, now, since, self.settings.history_days):
+        idle_s = idle_sweep_s(self.settings.shards)
+        if shard not in self._swept_at:  # its turn (MAX_QUIET_S)
+            turn = (shard % self.settings.shards) * idle_s / self.settings.shards
+            self._swept_at[shard] = self._clock() - idle_s + turn
+        since = self._clock() - self._swept_at[shard]
+        if wants_sweep(work, now, since, self.settings.history_days, idle_s):
             self._swept_at[shard] = self._clock()
             return True
         return False

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from app.beat.gate import IDLE_SWEEP_S, Gate, wants_poll, wants_sweep
+from app.beat.gate import IDLE_SWEEP_S, MAX_QUIET_S, Gate, idle_sweep_s, wants_poll, wants_sweep
 from app.pollers.watch import ShardWork
 from app.settings import Settings
 
@@ -153,7 +153,7 @@ class Rounds:
         self.sent: list[str] = []
         self.clock = Clock()
         recording = self
-        settings = Settings(database_urls=("sqlite://",), poll_interval_s=1.0)
+        settings = Settings(database_urls=("sqlite://",), poll_interval_s=1.0, shards=4)
 
         class Recorded(GatedScheduler):
             def apply_async(self, entry, producer=None, advance=True, **kwargs):
@@ -178,7 +178,8 @@ def test_a_round_polls_only_shards_with_work_and_sweeps_on_the_sweep_interval():
     rounds = Rounds({0: ShardWork(), 1: ShardWork(job_due=NOW), 2: ShardWork(lease_ends=NOW), 3: ShardWork()})
     first = rounds.round(1000.0)
     assert [name for name in first if name.startswith("poll")] == ["poll-shard-01"]
-    assert [name for name in first if name.startswith("sweep")] == [f"sweep-shard-{s:02d}" for s in range(4)]
+    # Shard 0's idle turn comes first; shard 2's lease passed.
+    assert [name for name in first if name.startswith("sweep")] == ["sweep-shard-00", "sweep-shard-02"]
     assert rounds.round(1001.0) == ["poll-shard-01"]
     assert rounds.round(1005.0) == ["poll-shard-01", "sweep-shard-02"]  # only the expired lease
 
@@ -189,3 +190,30 @@ def test_a_tick_before_the_next_round_sends_nothing_and_says_how_long_to_wait():
     rounds.rounds.next_at = float("inf")
     assert rounds.scheduler.tick() == 0.5  # max_interval
     assert rounds.sent == []
+
+
+def test_idle_sweeps_take_turns_so_beat_sends_a_task_every_few_seconds():
+    clock = Clock()
+    settings = Settings(database_urls=("sqlite://",), poll_interval_s=1.0, shards=4)
+    gate = Gate(settings, lambda: {s: ShardWork() for s in range(4)}, clock)
+    swept: list[tuple[float, int]] = []
+    for _ in range(int(2 * idle_sweep_s(4))):
+        swept += [(clock.t - 1000.0, s) for s in range(4) if gate.sweep(s, NOW)]
+        clock.t += 1.0
+    assert [s for _, s in swept] == [0, 1, 2, 3] * 2
+    gaps = [b - a for (a, _), (b, _) in zip(swept, swept[1:], strict=False)]
+    assert max(gaps) <= idle_sweep_s(4) / 4
+
+
+@pytest.mark.parametrize("shards", [1, 2, 4, 16, 64])
+def test_beat_sends_a_sweep_at_least_every_max_quiet_s_whatever_the_shard_count(shards):
+    clock = Clock()
+    settings = Settings(database_urls=("sqlite://",), poll_interval_s=1.0, shards=shards)
+    gate = Gate(settings, lambda: {s: ShardWork() for s in range(shards)}, clock)
+    sent_at = []
+    for _ in range(int(3 * IDLE_SWEEP_S)):
+        if any([gate.sweep(s, NOW) for s in range(shards)]):
+            sent_at.append(clock.t)
+        clock.t += 1.0
+    assert sent_at[0] == 1000.0
+    assert max(b - a for a, b in zip(sent_at, sent_at[1:], strict=False)) <= MAX_QUIET_S
