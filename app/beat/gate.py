@@ -8,8 +8,8 @@ once per interval for all shards of a database, one statement each):
 - a poll: a scheduled job due within PUNCTUAL_CLAIM_AHEAD_S, or an unpublished
   run whose due_at passed (the poll's relay sweep publishes it);
 - a sweep: a lease that passed (the janitor), a finished run older than
-  PUNCTUAL_HISTORY_DAYS (retention), or an idle period since the shard's last
-  sweep (a minute; the shards take turns, so beat sends a task every few seconds).
+  PUNCTUAL_HISTORY_DAYS (retention), or its turn among idle shards' sweeps (one
+  every 10 s, so that beat still sends a task that often).
 
 A write that makes a row due is seen by the next read, so a job created for "now"
 is claimed as soon as with a poll sent every interval. A shard whose work is
@@ -30,18 +30,17 @@ from app.settings import Settings
 
 log = logging.getLogger("punctual.beat")
 
-# A sweep also does what the read does not see (a paused owner's expired lease is
-# left to it, the relay's full sweep); once a minute per shard keeps that as it was
-# without a sweep task every few seconds.
-IDLE_SWEEP_S = 60.0
-# The idle sweeps take turns (a shard every idle period / shards), and with few shards
-# the period is shorter: beat hands the broker a task at least this often, so the
-# alive file (PUNCTUAL_BEAT_ALIVE_FILE) says a beat that cannot send is not alive.
+# The read sees every kind of work a sweep does, so an idle shard's sweep is only a
+# safety net, and beat's sign of life: the idle sweeps take turns, one every
+# MAX_QUIET_S, so the broker takes a task from beat that often and the alive file
+# (PUNCTUAL_BEAT_ALIVE_FILE) tells a beat that cannot send from one with nothing to
+# send. A shard's turn comes at least every IDLE_SWEEP_S, however many shards.
 MAX_QUIET_S = 10.0
+IDLE_SWEEP_S = 600.0
 
 
 def idle_sweep_s(shards: int) -> float:
-    """How long an idle shard goes without a sweep."""
+    """How long an idle shard goes without a sweep: a turn each, MAX_QUIET_S apart."""
     return min(IDLE_SWEEP_S, MAX_QUIET_S * shards)
 
 

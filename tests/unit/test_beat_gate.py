@@ -106,7 +106,7 @@ def test_an_idle_shard_is_swept_once_per_idle_period():
     clock = Clock()
     gate = Gate(Settings(database_urls=("sqlite://",), poll_interval_s=1.0), lambda: {0: ShardWork()}, clock)
     sent = []
-    for _ in range(int(3 * IDLE_SWEEP_S)):
+    for _ in range(int(3 * idle_sweep_s(16))):
         sent.append(gate.sweep(0, NOW))
         clock.t += 1.0
     assert sent.count(True) == 3
