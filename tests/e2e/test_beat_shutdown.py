@@ -18,7 +18,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
+from app.core.timefmt import utcnow
+from app.registry.engines import registry_for
+from app.settings import Settings
 from tests.e2e.processes import start_beat
+from tests.rows import insert_jobs, job_row
 from tests.tcp_proxy import FreezingProxy
 
 pytestmark = pytest.mark.e2e
@@ -48,6 +52,9 @@ def test_beat_stops_within_seconds_of_sigterm_at_random_moments(stack_env, tmp_p
 
 
 def test_beat_stops_on_sigterm_while_the_broker_has_stopped_answering(stack_env, tmp_path):
+    # A job due and no worker to claim it: beat polls its shard every tick, publishing.
+    settings = Settings.from_env(stack_env)
+    insert_jobs(registry_for(settings), [job_row(settings.shards, run_at=utcnow())])
     broker = urlsplit(stack_env["PUNCTUAL_BROKER_URL"])
     proxy = FreezingProxy((broker.hostname, broker.port or 5672))
     try:
