@@ -7,9 +7,10 @@ selenium through /usr/bin/chromedriver. The browser sends the basic-auth header 
 every request (Chrome DevTools' extra headers), so the pages' own XHRs work as a
 user's browser does after logging in.
 
-Order matters: beat runs before the worker starts, so its polls wait in the shard
-queues and the Broker page has message counts to show; then the worker starts and
-a job due now makes one dispatch task. The Tasks page must list that dispatch by
+Order matters: a job due now on every shard before the worker starts, so beat's
+polls (sent only to shards with work) wait in the shard queues and the Broker page
+has message counts to show; then the worker starts and a job due now makes one
+dispatch task. The Tasks page must list that dispatch by
 its descriptive name (`punctual.dispatch shard-NN xN`) and no poll or sweep, though
 hundreds ran. Screenshots of the three pages are kept in the test's tmp dir.
 """
@@ -29,6 +30,7 @@ import requests
 from app.api import create_app
 from app.core.timefmt import format_instant, utcnow
 from app.registry.engines import registry_for
+from app.registry.sharding import shard_for
 from app.services.owners import create_key
 from app.settings import Settings
 from tests.e2e.processes import CELERY, Proc, start_beat, wait_ready
@@ -206,23 +208,50 @@ def _unwrapped(text: str) -> str:
     return "".join(text.split())
 
 
-def _create_due_job(env, sink) -> str:
+def _job_creator(env):
+    """Creates a job due now calling a path of a sink; returns its id."""
     settings = Settings.from_env(env)
     key = create_key(registry_for(settings), "flower")
     client = create_app(settings).test_client()
-    body = {
-        "name": "flower",
-        "target": {"type": "webhook", "url": sink.url("/f")},
-        "schedule": {"run_at": format_instant(utcnow())},
-    }
-    response = client.post("/jobs", json=body, headers={"Authorization": f"Bearer {key.api_key}"})
-    assert response.status_code == 201, response.get_json()
-    return response.get_json()["id"]
+
+    def create(sink: Sink, path: str) -> str:
+        body = {
+            "name": "flower",
+            "target": {"type": "webhook", "url": sink.url(path)},
+            "schedule": {"run_at": format_instant(utcnow())},
+        }
+        response = client.post("/jobs", json=body, headers={"Authorization": f"Bearer {key.api_key}"})
+        assert response.status_code == 201, response.get_json()
+        return response.get_json()["id"]
+
+    return create
 
 
-def test_flower_shows_queues_the_worker_and_dispatches_by_name_without_polls(stack, env, browser, tmp_path):
+def _due_on_every_shard(create, sink: Sink) -> int:
+    """Jobs due now until every shard holds one (beat polls only shards with work)."""
+    shards: set[int] = set()
+    created = 0
+    while len(shards) < SHARDS:
+        assert created < 200, f"200 jobs landed on shards {sorted(shards)} only"
+        shards.add(shard_for(create(sink, "/early"), SHARDS))
+        created += 1
+    return created
+
+
+@pytest.fixture
+def sink():
+    sink = Sink()
+    yield sink
+    sink.close()
+
+
+def test_flower_shows_queues_the_worker_and_dispatches_by_name_without_polls(
+    stack, env, browser, sink, tmp_path
+):
     url, processes, logs = stack
     shots = tmp_path
+    create = _job_creator(env)
+    early = _due_on_every_shard(create, sink)
 
     # Broker: beat's polls wait in every shard queue while no worker consumes them.
     def _queues_with_messages(text: str) -> dict[str, int]:
@@ -248,12 +277,9 @@ def test_flower_shows_queues_the_worker_and_dispatches_by_name_without_polls(sta
         60,
         "Flower switching the worker's task events on",
     )
-    sink = Sink()
-    try:
-        job_id = _create_due_job(env, sink)
-        sink.wait_for(1, "/f", timeout_s=60)
-    finally:
-        sink.close()
+    sink.wait_for(early, "/early", timeout_s=60)
+    job_id = create(sink, "/f")
+    sink.wait_for(1, "/f", timeout_s=60)
 
     workers_text = _page(
         browser,
