@@ -55,8 +55,10 @@ _OUTCOMES = st.builds(
 @example(outcomes=[CallOutcome(status_code=503, retry_after="9" * 400)], recurring=False)
 def test_every_attempt_of_a_batch_is_written_by_the_rules(registry, outcomes, recurring):
     shards = registry.settings.shards
-    now = utcnow()
-    due = now - timedelta(seconds=1)
+    # `due` on the cron grid and the next occurrence after `now`: the claim writes no
+    # misfire rows, whatever second of the minute the example runs in.
+    due = utcnow().replace(second=0, microsecond=0)
+    now = due + timedelta(seconds=1)
     schedule = {"cron": "* * * * *", "first": due} if recurring else {"run_at": due}
     rows = [job_row(shards, owner="hostile", max_attempts=3, **schedule) for _ in outcomes]
     rows.append(job_row(shards, owner="other", run_at=due))
