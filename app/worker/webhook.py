@@ -298,7 +298,13 @@ def _request_headers(call: WebhookCall, method: str, body: bytes) -> dict[str, s
 
 
 async def _drain(response: aiohttp.ClientResponse) -> None:
-    """Read a small body so the connection can be reused; drop the connection otherwise."""
+    """Read a small body so the connection can be reused; drop the connection otherwise.
+
+    A body already whole in the buffer (the usual short answer, come with its status
+    line) is not read: its end released the connection to the pool already (aiohttp
+    does on the payload's EOF), and nothing uses the bytes."""
+    if response.content.is_eof():
+        return
     try:
         read = 0
         while chunk := await response.content.read(8192):

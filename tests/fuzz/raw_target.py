@@ -26,7 +26,7 @@ class RawTarget:
                 conn: socket.socket = self.request
                 conn.settimeout(10)
                 try:
-                    path = _read_request(conn)
+                    path = read_request(conn)
                     with target._lock:
                         answer = target._answers.get(path, OK)
                     conn.sendall(answer)
@@ -56,8 +56,9 @@ class RawTarget:
         self._server.server_close()
 
 
-def _read_request(conn: socket.socket) -> str:
-    """Read one request (head and Content-Length body); its path."""
+def read_request(conn: socket.socket) -> str:
+    """Read one request (head and Content-Length body); its path (`/` once the peer
+    has closed)."""
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = conn.recv(65536)

@@ -14,6 +14,7 @@ import pytest
 from app.services.addresses import resolve_target
 from app.worker.webhook import WebhookCall, WebhookCaller
 from punctual_client.signature import verify_signature
+from tests.fuzz.raw_target import read_request
 
 pytestmark = pytest.mark.integration
 
@@ -309,3 +310,57 @@ def test_a_payload_that_is_not_json_is_an_outcome_not_an_exception(caller):
     call = WebhookCall(JOB_ID, SCHEDULED_FOR, 1, {"url": "http://127.0.0.1:9/"}, {"x": object()}, SECRET)
     outcome = caller.call(call)
     assert outcome.error.startswith("cannot build the request") and not outcome.retryable_error
+
+
+def _raw_sink(body_later: bool):
+    """A keep-alive sink on a raw socket answering each request with `ok`: in one write
+    with its header block, or (`body_later`) the body a moment after the headers.
+    Returns (url, the peers of its connections, a stop function)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    peers: list = []
+    stop = threading.Event()
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            while not stop.is_set():
+                try:
+                    read_request(conn)
+                    head = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n"
+                    if body_later:
+                        conn.sendall(head)
+                        time.sleep(0.05)
+                        conn.sendall(b"ok")
+                    else:
+                        conn.sendall(head + b"ok")
+                except OSError:  # the caller closed the connection
+                    return
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, peer = listener.accept()
+            except OSError:
+                return
+            peers.append(peer)
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+
+    def close() -> None:
+        stop.set()
+        listener.close()
+
+    return f"http://127.0.0.1:{listener.getsockname()[1]}/hook", peers, close
+
+
+@pytest.mark.parametrize("body_later", [False, True], ids=["body-with-headers", "body-later"])
+def test_a_connection_is_reused_whether_or_not_the_body_came_with_the_status(caller, body_later):
+    # A body already whole when the status is read is not read again; one still on its
+    # way is read: either way the connection goes back to the pool.
+    target, peers, close = _raw_sink(body_later)
+    try:
+        for _ in range(3):
+            assert caller.call(make_call(target)).status_code == 200
+        assert len(peers) == 1
+    finally:
+        close()
