@@ -193,7 +193,9 @@ def next_fire(schedule: Schedule, dst: DstPolicy, after: datetime, anchor: datet
     if schedule.kind != "cron":
         return next(iter_fires(schedule, dst, after, anchor), None)
     _refuse_naive(after, anchor)
-    return _next_cron_fire(schedule.cron, schedule.timezone, schedule.start_at, schedule.end_at, dst, after)
+    return next_cron_fire(
+        schedule.cron, schedule.timezone, schedule.start_at, schedule.end_at, dst.gap, dst.overlap, after
+    )
 
 
 # A cron occurrence depends on the expression, the zone, the bounds, the DST policy and
@@ -201,17 +203,24 @@ def next_fire(schedule: Schedule, dst: DstPolicy, after: datetime, anchor: datet
 # process. The jobs that fire at one instant mostly share their expression and zone
 # ("0 0 * * *" in a few zones at midnight): the claim, which plans each run from its
 # occurrence, and the completion, which moves each job to its next one, then compute
-# each distinct next occurrence once, not two or three times per run.
+# each distinct next occurrence once, not two or three times per run. The key is the
+# plain values (strings and instants, hashed in C), so that a row's columns look it
+# up without building a Schedule or a DstPolicy (app.lifecycle.cursor); the zone and
+# both DST policies are in it, so two zones or two policies never share an answer.
 @lru_cache(maxsize=4096)
-def _next_cron_fire(
+def next_cron_fire(
     text: str | None,
-    timezone: str,
+    timezone: str | None,
     start_at: datetime | None,
     end_at: datetime | None,
-    dst: DstPolicy,
+    gap: str,
+    overlap: str,
     after: datetime,
 ) -> datetime | None:
-    schedule = Schedule(kind="cron", cron=text, timezone=timezone, start_at=start_at, end_at=end_at)
+    """next_fire of a cron schedule given as its columns; `after` must be aware."""
+    _refuse_naive(after)
+    schedule = Schedule(kind="cron", cron=text, timezone=timezone or "UTC", start_at=start_at, end_at=end_at)
+    dst = DstPolicy(gap=gap, overlap=overlap)
     return next((at for at, _flag in _flagged(schedule, dst, after, after)), None)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from app.core import jitter
 from app.core.misfire import Occurrence, find_backlog
-from app.core.schedules import next_fire
+from app.core.schedules import next_cron_fire, next_fire
 from app.registry.records import dst_of, schedule_of
 
 # The most occurrences one move records `skipped` (a run in flight for a week of a
@@ -57,7 +57,29 @@ class Advance:
 
 def occurrence(job: Mapping[str, Any], nominal: datetime) -> Occurrence:
     """An occurrence of this job: its nominal instant and its jittered fire instant."""
-    return Occurrence(nominal, jitter.fire_at(job["job_id"], nominal, job["jitter_s"]))
+    jitter_s = job["jitter_s"]
+    if jitter_s == 0:  # no jitter: no digest to compute
+        return Occurrence(nominal, nominal)
+    return Occurrence(nominal, jitter.fire_at(job["job_id"], nominal, jitter_s))
+
+
+def following(job: Mapping[str, Any], after: datetime) -> datetime | None:
+    """The job's first nominal occurrence strictly after `after` (None: none remains),
+    by its schedule alone: next_fire of the row's schedule. A cron row looks its answer
+    up by its columns (app.core.schedules.next_cron_fire), building no Schedule: the
+    claim and the completion of a burst ask this once per run, and nearly always of
+    an answer computed already."""
+    if job["schedule_kind"] == "cron":
+        return next_cron_fire(
+            job["cron"],
+            job["timezone"],
+            job["start_at"],
+            job["end_at"],
+            job["dst_gap"],
+            job["dst_overlap"],
+            after,
+        )
+    return next_fire(schedule_of(job), dst_of(job), after, job["created_at"])
 
 
 def advance(job: Mapping[str, Any], after: datetime) -> Advance:
@@ -68,18 +90,15 @@ def advance(job: Mapping[str, Any], after: datetime) -> Advance:
     run_all's cap recorded occurrences in (skipped_after, skipped_through] as
     skipped; when the next occurrence falls in that range the cursor jumps past it.
     """
-    schedule = schedule_of(job)
-    dst = dst_of(job)
-    anchor = job["created_at"]
     rescheduled_at = job.get("rescheduled_at")
     if rescheduled_at is not None and rescheduled_at > after:
         after = rescheduled_at
-    nominal = next_fire(schedule, dst, after, anchor)
+    nominal = following(job, after)
     skipped_after, skipped_through = job.get("skipped_after"), job.get("skipped_through")
     clear = False
     if skipped_through is not None:
         if nominal is not None and skipped_after is not None and skipped_after < nominal <= skipped_through:
-            nominal = next_fire(schedule, dst, skipped_through, anchor)
+            nominal = following(job, skipped_through)
             clear = True
         elif nominal is None or nominal > skipped_through:
             clear = True

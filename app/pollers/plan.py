@@ -29,8 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from app.core.misfire import Occurrence, decide_misfire, find_backlog
-from app.lifecycle.cursor import advance
+from app.core.misfire import MISFIRE_POLICIES, Occurrence, decide_misfire, find_backlog, is_missed
+from app.lifecycle.cursor import advance, following
 from app.registry.records import Row, dst_of, schedule_of
 
 RUN_ALL_CAP = 1000
@@ -86,6 +86,14 @@ def _plan_misfire(job: Row, now: datetime, grace_s: float) -> ClaimPlan:
     skipped_after = job.get("skipped_after")
     if job["misfire"] == "run_all" and skipped_after is not None and current.nominal <= skipped_after:
         return ClaimPlan(run=current, attempt=job["attempt"] + 1)
+    if _on_time(job, current, now, grace_s):
+        # What find_backlog and decide_misfire decide for a backlog of the current
+        # occurrence alone, which every policy runs (skip: within the grace).
+        return ClaimPlan(
+            run=current,
+            attempt=job["attempt"] + 1,
+            clear_skipped_range=job.get("skipped_through") is not None,
+        )
 
     backlog = find_backlog(
         schedule_of(job), dst_of(job), job["created_at"], job["job_id"], job["jitter_s"], current, now
@@ -123,3 +131,15 @@ def _plan_misfire(job: Row, now: datetime, grace_s: float) -> ClaimPlan:
         skipped_range=skipped_range,
         clear_skipped_range=clear and skipped_range is None,
     )
+
+
+def _on_time(job: Row, current: Occurrence, now: datetime, grace_s: float) -> bool:
+    """True when the current occurrence is the only one due (the job's next one lies
+    after `now`) and its policy runs it: the plan of nearly every claim of a recurring
+    job, found with one look-up of the next occurrence (app.lifecycle.cursor.following,
+    remembered per process) instead of a backlog search."""
+    policy = job["misfire"]
+    if policy not in MISFIRE_POLICIES or (policy == "skip" and is_missed(current, now, grace_s)):
+        return False
+    after = following(job, current.nominal)
+    return after is None or after > now  # jitter only delays: a later nominal is due later

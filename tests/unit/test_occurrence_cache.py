@@ -84,7 +84,7 @@ def cases(draw):
 @given(cases())
 def test_property_fast_next_fire_iter_fires_and_chains_match_the_slow_walk(case):
     schedule, dst, after = case
-    schedules._next_cron_fire.cache_clear()  # the first next_fire computes, the second remembers
+    schedules.next_cron_fire.cache_clear()  # the first next_fire computes, the second remembers
     expected = slow_fires(schedule, dst, after, 12)
     first = expected[0] if expected else None
     assert next_fire(schedule, dst, after, ANCHOR) == first
@@ -153,7 +153,7 @@ def test_threads_sharing_the_cache_get_the_answers_of_one_thread():
 
 
 def test_the_cache_is_bounded_and_never_holds_an_error():
-    assert schedules._next_cron_fire.cache_info().maxsize is not None
+    assert schedules.next_cron_fire.cache_info().maxsize is not None
     assert cron_module._expanded.cache_info().maxsize is not None
     schedule = Schedule(kind="cron", cron="0 0 * * *", timezone="Europe/Berlin")
     for _ in range(2):  # a naive instant is refused every time, not once and then answered
@@ -169,3 +169,42 @@ def test_a_past_year_9999_answer_is_none_from_the_cache_too():
     assert next_fire(schedule, DstPolicy(), late, ANCHOR) is None
     assert next_fire(schedule, DstPolicy(), late, ANCHOR) is None
     assert list(iter_fires(schedule, DstPolicy(), late, ANCHOR)) == []
+
+
+def test_zones_and_dst_policies_never_share_a_remembered_answer():
+    # 02:30 on Berlin's spring-forward day: each zone and each gap policy has its own
+    # answer, asked one after the other of one cache, each as it is without the cache.
+    schedules.next_cron_fire.cache_clear()
+    after = datetime(2026, 3, 28, 12, 0, tzinfo=UTC)
+    asked = [
+        (zone, dst)
+        for zone in ("Europe/Berlin", "Europe/London", "America/New_York", "UTC")
+        for dst in POLICIES
+    ]
+    answers = {}
+    for zone, dst in asked * 2:
+        schedule = Schedule(kind="cron", cron="30 2 * * *", timezone=zone)
+        expected = slow_fires(schedule, dst, after, 1)
+        answers[zone, dst] = next_fire(schedule, dst, after, ANCHOR)
+        assert [answers[zone, dst]] == (expected or [None]), (zone, dst)
+    assert schedules.next_cron_fire.cache_info().currsize == len(asked)
+    assert answers["Europe/Berlin", DstPolicy("shift", "once")] == datetime(2026, 3, 29, 1, 0, tzinfo=UTC)
+    assert answers["Europe/Berlin", DstPolicy("skip", "once")] == datetime(2026, 3, 30, 0, 30, tzinfo=UTC)
+
+
+def test_a_rows_next_occurrence_is_its_schedules():
+    from app.lifecycle.cursor import following
+    from app.registry.records import dst_columns, schedule_columns
+
+    after = datetime(2026, 10, 25, 0, 30, tzinfo=UTC)
+    for zone in ("Europe/Berlin", "America/New_York", "UTC"):
+        for dst in POLICIES:
+            for schedule in (
+                Schedule(kind="cron", cron="30 2 * * *", timezone=zone),
+                Schedule(kind="cron", cron="*/20 * * * * *", timezone=zone, end_at=after),
+                Schedule(kind="interval", interval_s=90),
+            ):
+                job = {**schedule_columns(schedule), **dst_columns(dst), "created_at": ANCHOR}
+                assert following(job, after) == next_fire(schedule, dst, after, ANCHOR)
+    with pytest.raises(ValueError):  # naive: refused, never answered from the cache
+        following({**job, "schedule_kind": "cron", "cron": "0 0 * * *"}, datetime(2026, 5, 1))

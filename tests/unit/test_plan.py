@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta
+from unittest.mock import patch
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from app.pollers import plan
 from app.pollers.plan import plan_claim
 
 NOW = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
@@ -139,3 +143,38 @@ def test_the_other_policies_claim_with_the_jobs_lease(overlap):
 def test_a_one_off_is_claimed_with_the_jobs_lease_whatever_its_overlap():
     once = row(behind_s=0, overlap="allow", schedule_kind="once", run_at=NOW, interval_s=None)
     assert not plan_claim(once, NOW, grace_s=1).own_lease
+
+
+# The on-time shortcut (`_on_time`) gives the plan the backlog search gives, for any
+# row: cron and interval, every policy, jitter, behind or on time, a run_all range.
+@st.composite
+def rows(draw):
+    behind_s = draw(st.sampled_from([0, 0.5, 1, 3, 59, 61, 3600, 86_400 + 1]))
+    cron = draw(st.sampled_from([None, "* * * * *", "0 0 * * *", "*/20 * * * * *", "30 2 * * *"]))
+    job = row(
+        draw(st.sampled_from(["run_once", "run_all", "skip"])),
+        behind_s=behind_s,
+        interval_s=draw(st.sampled_from([1, 60, 3600])),
+        jitter_s=draw(st.sampled_from([0, 0, 5, 90])),
+        attempt=draw(st.sampled_from([0, 2])),
+        overlap=draw(st.sampled_from(["buffer_one", "allow"])),
+    )
+    if cron is not None:
+        job.update(
+            schedule_kind="cron",
+            cron=cron,
+            interval_s=None,
+            timezone=draw(st.sampled_from(["UTC", "Europe/Berlin", "America/New_York"])),
+            start_at=None,
+        )
+    if draw(st.booleans()):
+        job.update(skipped_after=job["nominal_at"] - timedelta(hours=1), skipped_through=job["nominal_at"])
+    return job
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows(), st.sampled_from([1, 60]))
+def test_the_on_time_shortcut_plans_as_the_backlog_search(job, grace_s):
+    shortcut = plan_claim(job, NOW, grace_s)
+    with patch.object(plan, "_on_time", lambda *args: False):
+        assert plan_claim(job, NOW, grace_s) == shortcut
