@@ -220,6 +220,7 @@ def print_figures(figures: dict, rate: float, duration_s: float) -> None:
     )
     for kind, kind_figures in figures["by_kind"].items():
         print(f"  {kind:9} {kind_figures}")
+    print("CPU-ms per run: " + ", ".join(f"{name} {ms:g}" for name, ms in figures["cpu_ms_per_run"].items()))
 
 
 def main() -> None:

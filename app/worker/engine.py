@@ -346,14 +346,36 @@ class Dispatcher:
 
     def _start_calls(self, calls: list[_Call]) -> None:
         """On the loop: one task a call, made once the call has its concurrency slot (a
-        run that waits for one is started by the gate: _begin)."""
-        gate = self._gate
+        run that waits for one is started by the gate: _begin). A run claimed ahead whose
+        instant has not come waits for it on a timer of the loop first (_at_instant)."""
+        now = None
         for call in calls:
-            if call.caps:
-                call.slot = gate.take(call, call.caps, call.keys, call.turn)
-                if call.slot is None:
+            fire_at = call.run.fire_at
+            if fire_at is not None:
+                now = now or utcnow()
+                if fire_at > now:
+                    wait_s = (fire_at - now).total_seconds()
+                    asyncio.get_running_loop().call_later(wait_s, self._at_instant, call)
                     continue
-            self._spawn(call)
+            self._take_slot(call)
+
+    def _at_instant(self, call: _Call) -> None:
+        """On the loop, by a run's timer: its call goes ahead once its instant has come.
+        (The loop's clock is not the wall clock: a timer that fired a little early waits
+        again for the rest.)"""
+        assert call.run.fire_at is not None
+        early = (call.run.fire_at - utcnow()).total_seconds()
+        if early > 0:
+            asyncio.get_running_loop().call_later(early, self._at_instant, call)
+            return
+        self._take_slot(call)
+
+    def _take_slot(self, call: _Call) -> None:
+        if call.caps:
+            call.slot = self._gate.take(call, call.caps, call.keys, call.turn)
+            if call.slot is None:
+                return
+        self._spawn(call)
 
     def _begin(self, call: _Call, slot: Slot) -> None:
         """On the loop: the gate gave a waiting run its slot. Handed the slot of a call
