@@ -6,13 +6,13 @@
    is put off until then (app.lifecycle.lease.hold: one registry write, no attempt);
 2. start: one fenced write for the admitted runs; a run it does not return was started
    already (a duplicated message) or lost its lease: nothing is called;
-3. call: each started run goes to the process's event loop (app.worker.event_loop).
-   A run under a concurrency cap first takes its slot there (app.worker.slot_wait),
-   waiting in the cap's line, `running`, its lease kept by the heartbeat, and is put
-   off to the registry once after a second or two. A call's slots go back the moment
-   it ends; its completion is written in batches by the completion buffer. What
-   blocks (a lease renewal, an owner's secrets, a queue publish) runs on the loop's
-   threads;
+3. call: each started run goes to the process's event loop (app.worker.event_loop),
+   a run claimed ahead on a timer until its instant. Under a cap it takes its slot
+   there (app.worker.slot_wait), waiting in the cap's line, `running`, its lease kept
+   by the heartbeat, and is put off to the registry once after a second or two. A
+   call's slots go back the moment it ends; its completion is written in batches by
+   the completion buffer. What blocks (a lease renewal, an owner's secrets, a queue
+   publish) runs on the loop's threads;
 4. lease check: right before its call the task makes sure the run's lease still holds
    (renewing it with one fenced write if it may have run out); the webhook caller asks
    again after signing and right before the request is written, so a process stopped

@@ -142,9 +142,7 @@ def test_a_steady_load_shares_one_message_per_poll():
     st.lists(st.integers(min_value=1, max_value=10_000_000), min_size=1, max_size=60),
     st.integers(min_value=0, max_value=40),
 )
-def test_a_message_never_runs_after_its_first_instant_nor_holds_a_run_longer_than_the_span(
-    offsets_us, dense
-):
+def test_a_message_never_runs_after_its_first_instant_nor_holds_a_run_longer_than_the_span(offsets_us, dense):
     """Whatever the spread: a message runs START_LEAD before its first run's instant (or
     at once), and none of its runs fires HOLD_SPAN or more after that instant."""
     start = NOW + timedelta(seconds=1)
