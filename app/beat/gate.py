@@ -5,8 +5,7 @@ PUNCTUAL_POLL_INTERVAL_S (and sweeps every few seconds), but a tick is sent only
 when the registry says the shard has work for it (app.pollers.watch, read at most
 once per interval for all shards of a database, one statement each):
 
-- a poll: a scheduled job due within POLL_AHEAD_SHARE of PUNCTUAL_CLAIM_AHEAD_S (the
-  poll claims the whole window), or an unpublished
+- a poll: a scheduled job due within PUNCTUAL_CLAIM_AHEAD_S, or an unpublished
   run whose due_at passed (the poll's relay sweep publishes it);
 - a sweep: a lease that passed (the janitor), a finished run older than
   PUNCTUAL_HISTORY_DAYS (retention), or its turn among idle shards' sweeps (one
@@ -45,19 +44,11 @@ def idle_sweep_s(shards: int) -> float:
     return min(IDLE_SWEEP_S, MAX_QUIET_S * shards)
 
 
-# A poll is sent once a shard's earliest job is due within this share of the claim-ahead
-# window, and claims the whole window: under a steady load each poll claims the next
-# few seconds of runs, which wait on the worker's timers (app.lifecycle.message), so a
-# shard is polled every few seconds instead of every interval. A job due now is polled
-# for as before, and a burst is still claimed well ahead of its instant.
-POLL_AHEAD_SHARE = 0.7
-
-
 def wants_poll(work: ShardWork | None, now: datetime, claim_ahead_s: float) -> bool:
     """Whether a poll of a shard whose work is `work` (None: unknown) claims or publishes."""
     if work is None:
         return True
-    if work.job_due is not None and work.job_due <= now + timedelta(seconds=claim_ahead_s * POLL_AHEAD_SHARE):
+    if work.job_due is not None and work.job_due <= now + timedelta(seconds=claim_ahead_s):
         return True
     return work.outbox_due is not None and work.outbox_due <= now
 

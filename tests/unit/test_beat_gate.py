@@ -7,15 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from app.beat.gate import (
-    IDLE_SWEEP_S,
-    MAX_QUIET_S,
-    POLL_AHEAD_SHARE,
-    Gate,
-    idle_sweep_s,
-    wants_poll,
-    wants_sweep,
-)
+from app.beat.gate import IDLE_SWEEP_S, MAX_QUIET_S, Gate, idle_sweep_s, wants_poll, wants_sweep
 from app.pollers.watch import ShardWork
 from app.settings import Settings
 
@@ -34,8 +26,8 @@ def at(seconds: float) -> datetime:
         (ShardWork(), False),
         (ShardWork(job_due=at(-5)), True),
         (ShardWork(job_due=at(0)), True),
-        (ShardWork(job_due=at(AHEAD_S * POLL_AHEAD_SHARE)), True),  # the poll claims ahead
-        (ShardWork(job_due=at(AHEAD_S * POLL_AHEAD_SHARE + 0.001)), False),  # the last poll did
+        (ShardWork(job_due=at(AHEAD_S)), True),  # claimed ahead, as the poll would
+        (ShardWork(job_due=at(AHEAD_S + 0.001)), False),
         (ShardWork(outbox_due=at(0)), True),
         (ShardWork(outbox_due=at(1)), False),
         (ShardWork(lease_ends=at(-1), finished=at(-(10**6))), False),  # a sweep's work, not a poll's
