@@ -93,6 +93,17 @@ def per_run_ms(cpu_s: dict[str, float], runs: int, not_in_total: tuple[str, ...]
 # The shared services on this box, by process name, and how they are reported.
 SERVICES = {"postgres": "postgres (server)", "beam.smp": "rabbitmq (beam.smp)", "redis-server": "redis"}
 
+OWN_TOTAL = "total, postgres as this database's backends"
+
+
+def with_own_total(cpu_ms: dict[str, float]) -> dict[str, float]:
+    """per_run_ms' figures plus OWN_TOTAL: the total with only this run's share of the
+    shared Postgres server (its database's backends), when both were read."""
+    server = SERVICES["postgres"]
+    if OWN_BACKENDS in cpu_ms and server in cpu_ms:
+        cpu_ms[OWN_TOTAL] = round(cpu_ms["total"] - cpu_ms[server] + cpu_ms[OWN_BACKENDS], 3)
+    return cpu_ms
+
 
 class CpuMeter:
     """CPU of named components between start() and stop(). `components` maps a name

@@ -19,14 +19,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bench.common import postgres_setting
-from bench.cpu import OWN_BACKENDS, SERVICES, CpuMeter, per_run_ms
+from bench.cpu import OWN_BACKENDS, CpuMeter, per_run_ms, with_own_total
 from bench.figures import burst_figures
 from bench.nginx import NginxSink
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = Path(__file__).resolve().parents[1]
 WINDOW_LEAD_S = 15.0
-SERVER_POSTGRES = SERVICES["postgres"]
 
 
 def stop_cleanly_on_sigterm() -> None:
@@ -135,11 +134,7 @@ def measure_burst(
             break
         time.sleep(0.1)
     cpu_s = meter.stop()
-    cpu_ms = per_run_ms(cpu_s, max(1, len(arrived)), not_in_total=(OWN_BACKENDS,))
-    if OWN_BACKENDS in cpu_s:  # the same total with only this run's share of the shared Postgres
-        cpu_ms["total, postgres as this database's backends"] = round(
-            cpu_ms["total"] - cpu_ms[SERVER_POSTGRES] + cpu_ms[OWN_BACKENDS], 3
-        )
+    cpu_ms = with_own_total(per_run_ms(cpu_s, max(1, len(arrived)), not_in_total=(OWN_BACKENDS,)))
     window_ended = time.time()
     load_at_end = loadavg()
     time.sleep(settle_s)  # late duplicates, and the log's last flush

@@ -15,7 +15,9 @@ Start lateness of an occurrence = its first call's arrival at the sink - its
 Punctual-Scheduled-For header, for every occurrence due inside the window. After
 the window the bench waits until every such occurrence has called, or none has for
 --stall-s (30 s); missing = those that never called by then (a late interval or
-cron occurrence may also be skipped by its misfire policy). JSON to bench/results/.
+cron occurrence may also be skipped by its misfire policy). CPU-ms per run of each
+component (bench/cpu.py, as bench.idle reads it) over that time, printed with the
+total. JSON to bench/results/.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import time
 from collections import defaultdict
 from datetime import UTC, datetime
 
-from bench.cpu import per_run_ms
+from bench.cpu import per_run_ms, with_own_total
 from bench.figures import Arrival, lateness_figures
 from bench.harness import (
     OWN_BACKENDS,
@@ -196,7 +198,7 @@ def run_window(stack: PunctualStack, sink: NginxSink, args, on_open=None, on_clo
         **figures,
         achieved_starts_per_s=round(figures["started"] / args.duration_s, 1),
         cpu_s=cpu_s,
-        cpu_ms_per_run=per_run_ms(cpu_s, figures["started"], not_in_total=(OWN_BACKENDS,)),
+        cpu_ms_per_run=with_own_total(per_run_ms(cpu_s, figures["started"], not_in_total=(OWN_BACKENDS,))),
         cpu_window={
             "from": iso(start),
             "to": iso(cpu_ended),
@@ -220,6 +222,7 @@ def print_figures(figures: dict, rate: float, duration_s: float) -> None:
     )
     for kind, kind_figures in figures["by_kind"].items():
         print(f"  {kind:9} {kind_figures}")
+    print("CPU-ms per run: " + ", ".join(f"{name} {ms:g}" for name, ms in figures["cpu_ms_per_run"].items()))
 
 
 def main() -> None:

@@ -7,10 +7,12 @@ when the run was claimed ahead of its fire instant, and own_lease for an `allow`
 job's occurrence (leased on its row). The signing secret is never on the broker;
 the worker looks it up.
 
-A run claimed ahead (PUNCTUAL_CLAIM_AHEAD_S) travels in a message whose Celery eta
-is its fire instant, rounded up to ETA_STEP (100 ms): the worker holds the message,
-unacknowledged, and runs the task then, so a run never starts before its instant
-and at most one step after it, while runs due within one step share a message.
+A run claimed ahead (PUNCTUAL_CLAIM_AHEAD_S) travels in a message that holds the runs
+firing within HOLD_SPAN of its first run's instant; its Celery eta is that instant
+less START_LEAD. The worker starts the message's runs then (fenced, and acknowledges
+it) and holds each call on a timer of its event loop until the run's own instant
+(app.worker.engine), so a run is never called before its instant, and a steady load's
+runs share a message per shard and poll instead of one per 100 ms step.
 
 The entries travel as one JSON text in the message (`encode_runs`), not as a list
 inside Celery's own JSON: kombu decodes its JSON with a Python hook called for every
@@ -26,7 +28,7 @@ import json
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from app.core.timefmt import format_instant, parse_instant
@@ -36,24 +38,20 @@ from app.registry.records import Row
 # processes of one or several workers start a burst in parallel, while the broker
 # still sees ~100x fewer messages than runs.
 CHUNK_RUNS = 100
-# Runs claimed ahead whose fire instants fall in one step of this many seconds share
-# a message (and are up to this late); a finer step means more messages per second
-# at steady load.
-ETA_STEP = timedelta(milliseconds=100)
-# A step holding fewer runs than this (a claim's, both lanes) runs at the next boundary
-# of COARSE_ETA_STEP instead, with its neighbour: at a steady load of 200 runs a second
-# over 16 shards a step holds a run or two, and a message costs a worker the same
-# whatever it carries (its handover to a pool process, the limiter's round trip, the
-# fenced start), so the 100 ms steps made about 120 messages a second of 1.6 runs. A
-# run in a sparse step starts at most COARSE_ETA_STEP late; a burst's steps are dense,
-# and a lone run keeps its step (`_etas`).
-SPARSE_STEP_RUNS = 4
-COARSE_ETA_STEP = 2 * ETA_STEP
+# Runs claimed ahead whose fire instants fall within this span of the first one's share
+# a message: a poll claims each shard's next poll interval of runs, and a message costs
+# a worker about the same whatever it carries (its handover to a pool process, the
+# limiter's round trip, the fenced start). A run waits on a worker's timer for at most
+# this long after its start, and a worker killed meanwhile leaves it to its lease.
+HOLD_SPAN = timedelta(seconds=1.5)
+# How long before its first run's instant a message runs: its start is written and its
+# calls are on their timers by the instant, however long the start and the handover to
+# a pool process take.
+START_LEAD = timedelta(milliseconds=100)
 # An owner with at least this many runs of one eta and lane gets messages of its own
 # (to_messages); owners with fewer share them, so that a thousand owners with one run
 # each do not become a thousand messages.
 OWN_MESSAGE_RUNS = 20
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -193,35 +191,21 @@ def chunks(items: list, size: int = CHUNK_RUNS) -> Iterator[list]:
         start = end
 
 
-def eta_of(fire_at: datetime | None, now: datetime, step: timedelta = ETA_STEP) -> datetime | None:
-    """When a message holding a run that fires at `fire_at` should run: None (at
-    once) when the instant has come, else the instant rounded up to `step`."""
-    if fire_at is None or fire_at <= now:
-        return None
-    steps = -(-(fire_at - _EPOCH) // step)  # ceiling division of timedeltas
-    return _EPOCH + steps * step
-
-
-def _etas(runs: Sequence[DispatchRun], now: datetime) -> list[datetime | None]:
-    """Each run's eta: its ETA_STEP, or, when that step holds fewer than
-    SPARSE_STEP_RUNS of `runs`, the next COARSE_ETA_STEP boundary, if that gathers the
-    runs of another step too (a lone run keeps its step: moving it would save no
-    message). A coarse boundary is a step too, so sparse runs before it join the runs
-    of that step."""
-    fine = [eta_of(run.fire_at, now) for run in runs]
-    counts: dict[datetime | None, int] = {}
-    for eta in fine:
-        counts[eta] = counts.get(eta, 0) + 1
-    coarse: dict[datetime, datetime] = {}  # a sparse step -> its coarse boundary
-    gathered: dict[datetime, set] = {}  # a coarse boundary -> the steps it would take
-    for run, eta in zip(runs, fine, strict=True):
-        if eta is None or eta in coarse or counts[eta] >= SPARSE_STEP_RUNS:
-            continue
-        boundary = eta_of(run.fire_at, now, COARSE_ETA_STEP)
-        assert boundary is not None  # eta is not None: the instant is still ahead
-        coarse[eta] = boundary
-        gathered.setdefault(boundary, {boundary} if boundary in counts else set()).add(eta)
-    return [coarse[eta] if eta in coarse and len(gathered[coarse[eta]]) > 1 else eta for eta in fine]
+def holds(runs: Sequence[DispatchRun], now: datetime) -> list[datetime | None]:
+    """Each run's message eta. Taken by fire instant (a run due, or with no instant,
+    as at `now`), a run opens a hold at its instant, and the runs firing less than
+    HOLD_SPAN after it join that hold; a hold runs START_LEAD before its first instant,
+    or at once (None) if that has come."""
+    instants = [max(run.fire_at, now) if run.fire_at is not None else now for run in runs]
+    etas: list[datetime | None] = [None] * len(runs)
+    opened: datetime | None = None
+    eta: datetime | None = None
+    for index in sorted(range(len(runs)), key=instants.__getitem__):
+        if opened is None or instants[index] >= opened + HOLD_SPAN:
+            opened = instants[index]
+            eta = opened - START_LEAD if opened - START_LEAD > now else None
+        etas[index] = eta
+    return etas
 
 
 def to_messages(
@@ -229,7 +213,7 @@ def to_messages(
 ) -> list[tuple[datetime | None, list[dict]]]:
     """The messages that carry `runs`: (eta, entries) pairs, the ones due now first.
 
-    Runs are grouped by eta (`_etas`: a sparse step runs at a coarser one) and by lane
+    Runs are grouped by eta (`holds`: the runs firing within HOLD_SPAN together) and by lane
     (recurring runs apart from one-offs, and first; fewer than OWN_MESSAGE_RUNS one-offs
     of an eta join that eta's recurring runs); within a group an owner with
     OWN_MESSAGE_RUNS runs or more gets messages of its own, and the owners with fewer
@@ -239,7 +223,7 @@ def to_messages(
     messages with another owner's few runs."""
     runs = list(runs)
     groups: dict[tuple[datetime | None, bool], list[DispatchRun]] = {}
-    for run, eta in zip(runs, _etas(runs, now), strict=True):
+    for run, eta in zip(runs, holds(runs, now), strict=True):
         groups.setdefault((eta, not run.recurring), []).append(run)
     for eta, one_off in list(groups):
         # A few one-off runs sharing an eta with recurring runs ride in their messages

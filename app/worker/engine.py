@@ -6,13 +6,13 @@
    is put off until then (app.lifecycle.lease.hold: one registry write, no attempt);
 2. start: one fenced write for the admitted runs; a run it does not return was started
    already (a duplicated message) or lost its lease: nothing is called;
-3. call: each started run goes to the process's event loop (app.worker.event_loop).
-   A run under a concurrency cap first takes its slot there (app.worker.slot_wait),
-   waiting in the cap's line, `running`, its lease kept by the heartbeat, and is put
-   off to the registry once after a second or two. A call's slots go back the moment
-   it ends; its completion is written in batches by the completion buffer. What
-   blocks (a lease renewal, an owner's secrets, a queue publish) runs on the loop's
-   threads;
+3. call: each started run goes to the process's event loop (app.worker.event_loop),
+   a run claimed ahead on a timer until its instant. Under a cap it takes its slot
+   there (app.worker.slot_wait), waiting in the cap's line, `running`, its lease kept
+   by the heartbeat, and is put off to the registry once after a second or two. A
+   call's slots go back the moment it ends; its completion is written in batches by
+   the completion buffer. What blocks (a lease renewal, an owner's secrets, a queue
+   publish) runs on the loop's threads;
 4. lease check: right before its call the task makes sure the run's lease still holds
    (renewing it with one fenced write if it may have run out); the webhook caller asks
    again after signing and right before the request is written, so a process stopped
@@ -27,6 +27,7 @@ messages (prefetch 1) instead of starting runs it cannot call.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import itertools
 import logging
@@ -68,6 +69,13 @@ log = logging.getLogger("punctual.dispatch")
 # The fewest runs of a message started together as call slots free (each start is one
 # statement, whatever its size): START_AT_LEAST of its runs, or all it has left.
 START_AT_LEAST = 50
+# Runs started ahead of their instants a process holds on its loop's timers, at most,
+# per call slot (PUNCTUAL_DISPATCH_THREADS); past that its dispatch waits, as for call
+# slots. A burst claimed ahead is started this far ahead of its calls, not further.
+HELD_PER_SLOT = 4
+# How often runs whose instant came while every call slot was taken look for one freed
+# since (a call ended, on the loop or a thread).
+DUE_LOOK_S = 0.005
 # How often the start lateness of the calls made is written to its histogram: once for
 # the calls of that while, not once a call (metrics.observe_many).
 LATENESS_EVERY_S = 0.5
@@ -94,6 +102,9 @@ class _Call:
     lost: bool = False  # a heartbeat found the token gone: the janitor took the run back
     turn: Turn = ANYONE  # its owner's turn in a full cap's line (app.limits.line)
     trace: Any = None  # its dispatch span's context, the call span's parent (app.tracing)
+    # Started ahead of its instant: it holds a place among the process's held runs, not
+    # a call slot, until its instant (Dispatcher._at_instant).
+    held: bool = False
 
 
 def _recorded_as_failure(item: Finished, failure: Exception) -> Finished:
@@ -184,6 +195,11 @@ class Dispatcher:
         self._queues = queues
         self.capacity = settings.dispatch_threads
         self._slots = threading.BoundedSemaphore(self.capacity)
+        # Runs started ahead of their instants wait on the loop's timers without a call
+        # slot, at most HELD_PER_SLOT x capacity of them; at its instant a run takes a call
+        # slot on the loop, or waits there for one (_due: oldest first).
+        self._holds = threading.BoundedSemaphore(HELD_PER_SLOT * self.capacity)
+        self._due: collections.deque[_Call] = collections.deque()
         self._loop = webhooks.loop  # the calls' loop: the webhook session lives on it
         self._tasks: set[asyncio.Task] = set()  # the loop keeps only weak references
         self._lateness: list[float] = []  # of the calls made, observed every LATENESS_EVERY_S
@@ -211,22 +227,38 @@ class Dispatcher:
         )
 
     def dispatch(self, batch: Sequence[DispatchRun]) -> DispatchReport:
-        started = held = stale = 0
-        pending = list(batch)
+        """Start a message's runs: those due now as call slots free, those whose
+        instants are still ahead as places among the held runs free (a call slot is
+        theirs only at the instant, so runs waiting for their instants never keep a due
+        run from its call)."""
+        now = utcnow()
+        ahead = [run for run in batch if run.fire_at is not None and run.fire_at > now]
+        due = [run for run in batch if run.fire_at is None or run.fire_at <= now] if ahead else list(batch)
+        reports = [
+            self._dispatch_with(due, self._slots, False),
+            self._dispatch_with(ahead, self._holds, True),
+        ]
+        return DispatchReport(*(sum(column) for column in zip(*reports, strict=True)))
+
+    def _dispatch_with(
+        self, pending: list[DispatchRun], places: threading.Semaphore, held: bool
+    ) -> tuple[int, int, int]:
+        started = put_off = stale = 0
+        limit = self.capacity * (HELD_PER_SLOT if held else 1)
         while pending:
-            taken = take_call_slots(self._slots, min(len(pending), self.capacity), START_AT_LEAST)
+            taken = take_call_slots(places, min(len(pending), limit), START_AT_LEAST)
             part, pending = pending[:taken], pending[taken:]
-            unsettled = len(part)  # call slots still taken by runs not handed to the loop
+            unsettled = len(part)  # places still taken by runs not handed to the loop
             try:
-                report = self._dispatch_part(part)
-                unsettled -= report.started  # their calls give their call slots back
+                report = self._dispatch_part(part, ahead=held)
+                unsettled -= report.started  # their calls give their places back
             finally:
                 for _ in range(unsettled):
-                    self._slots.release()
-            started, held, stale = started + report.started, held + report.held, stale + report.stale
-        return DispatchReport(started, held, stale)
+                    places.release()
+            started, put_off, stale = started + report.started, put_off + report.held, stale + report.stale
+        return started, put_off, stale
 
-    def _dispatch_part(self, part: list[DispatchRun]) -> DispatchReport:
+    def _dispatch_part(self, part: list[DispatchRun], ahead: bool = False) -> DispatchReport:
         """Admit the runs' rates, start what they admit, hold back the rest; the calls
         take their concurrency slots on the loop (app.worker.slot_wait)."""
         settings = self.settings
@@ -264,7 +296,7 @@ class Dispatcher:
                 held.append((run, refused[run.run_id]))
             else:
                 caps = _caps(specs)
-                admitted.append(_Call(run, caps, cap_keys(caps), turn=self._turn(run, weights)))
+                admitted.append(_Call(run, caps, cap_keys(caps), turn=self._turn(run, weights), held=ahead))
         calls, stale = self._start(admitted, now, (spans, began_ns) if spans is not None else None)
         if held:  # the started runs are called regardless
             self._hold(held, now)
@@ -346,14 +378,47 @@ class Dispatcher:
 
     def _start_calls(self, calls: list[_Call]) -> None:
         """On the loop: one task a call, made once the call has its concurrency slot (a
-        run that waits for one is started by the gate: _begin)."""
-        gate = self._gate
+        run that waits for one is started by the gate: _begin). A run started ahead of
+        its instant waits for it on a timer of the loop first (_at_instant)."""
         for call in calls:
-            if call.caps:
-                call.slot = gate.take(call, call.caps, call.keys, call.turn)
-                if call.slot is None:
-                    continue
-            self._spawn(call)
+            if call.held:
+                self._at_instant(call)
+            else:
+                self._take_slot(call)
+
+    def _at_instant(self, call: _Call) -> None:
+        """On the loop: a held run's call goes ahead once its instant has come (the
+        loop's clock is not the wall clock: a timer that fired a little early waits again
+        for the rest), with a call slot in place of its place among the held runs."""
+        assert call.run.fire_at is not None
+        early = (call.run.fire_at - utcnow()).total_seconds()
+        if early > 0:
+            asyncio.get_running_loop().call_later(early, self._at_instant, call)
+            return
+        call.held = False
+        self._holds.release()
+        if self._due or not self._slots.acquire(blocking=False):
+            self._due.append(call)
+            if len(self._due) == 1:
+                asyncio.get_running_loop().call_later(DUE_LOOK_S, self._serve_due)
+            return
+        self._take_slot(call)
+
+    def _serve_due(self) -> None:
+        """On the loop: due runs that found every call slot taken get the slots freed
+        since (by a call of this process, or by a thread), oldest first."""
+        due = self._due
+        while due and self._slots.acquire(blocking=False):
+            self._take_slot(due.popleft())
+        if due:
+            asyncio.get_running_loop().call_later(DUE_LOOK_S, self._serve_due)
+
+    def _take_slot(self, call: _Call) -> None:
+        if call.caps:
+            call.slot = self._gate.take(call, call.caps, call.keys, call.turn)
+            if call.slot is None:
+                return
+        self._spawn(call)
 
     def _begin(self, call: _Call, slot: Slot) -> None:
         """On the loop: the gate gave a waiting run its slot. Handed the slot of a call

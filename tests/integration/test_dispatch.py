@@ -286,3 +286,41 @@ def test_the_worker_path_runs_on_sqlite(tmp_path, sink):
     finally:
         context.close(5)
         registry.dispose()
+
+
+def test_runs_started_ahead_wait_for_their_instants_without_taking_call_slots(pg_settings, truncate, sink):
+    """A message whose runs fire later than now is started at once, more runs than the
+    process has call slots, and each is called at its instant, never before."""
+    truncate()
+    settings = dataclasses.replace(pg_settings, lease_s=5.0, heartbeat_s=1.0, dispatch_threads=2)
+    registry = registry_for(settings)
+    create_key(registry, "tests")
+    context = WorkerContext(settings)
+    try:
+        fire = utcnow() + timedelta(seconds=2)
+        rows = [
+            job_row(
+                16, run_at=fire + timedelta(milliseconds=100 * i), target=webhook_target(sink.url(f"/a{i}"))
+            )
+            for i in range(6)
+        ]
+        insert_jobs(registry, rows)
+        runs = []
+        for shard in sorted({r["shard"] for r in rows}):
+            claimed = claim_batch(
+                registry.engine_for_shard(shard),
+                shard,
+                utcnow(),
+                dataclasses.replace(settings, claim_ahead_s=10),
+            )
+            runs += claimed.runs
+        assert len(runs) == 6 and all(run.fire_at is not None for run in runs)
+        report = context.dispatcher.dispatch(runs)  # 6 runs ahead, 2 call slots: not blocked
+        assert report.started == 6
+        assert utcnow() < fire and sink.calls() == [], "the dispatch waited for the calls' slots"
+        sink.wait_for(6)
+        for row in rows:
+            [call] = sink.calls(row["target"]["url"].removeprefix(sink.base_url))
+            assert call.at >= row["next_run_at"].timestamp()
+    finally:
+        context.close(5)

@@ -12,7 +12,7 @@ from celery import Celery
 from kombu import Connection
 
 from app.core.timefmt import parse_instant, utcnow
-from app.lifecycle.message import DispatchRun, decode_runs, encode_runs
+from app.lifecycle.message import START_LEAD, DispatchRun, decode_runs, encode_runs
 from app.pollers import relay
 from app.pollers.claim import claim_batch
 from app.registry.engines import registry_for
@@ -166,14 +166,16 @@ def test_one_poll_tick_drains_a_burst_and_sweeps(registry, broker):
     assert len(entries) == 1201 and len({e["run_id"] for e in entries}) == 1201
 
 
-def test_a_run_claimed_ahead_travels_with_its_instant_as_the_eta(registry, broker):
+def test_a_run_claimed_ahead_travels_in_a_message_that_runs_just_before_its_instant(registry, broker):
+    """The eta is the instant less START_LEAD: the worker starts the run then and holds
+    its call on a timer until the instant itself (app.worker.engine)."""
     send, drain = broker
     fire = (utcnow() + timedelta(seconds=4)).replace(microsecond=250_000)
     engine, run = _claim_one(registry, 5, fire, utcnow(), registry.settings)
     assert run.fire_at == fire
     relay.publish_claimed(engine, 5, [run], send)
     [message] = drain("shard-05")
-    assert parse_instant(message["eta"]) == fire.replace(microsecond=300_000)  # rounded up to the 100 ms step
+    assert parse_instant(message["eta"]) == fire - START_LEAD
     assert parse_instant(message["runs"][0]["fire_at"]) == fire
 
 
@@ -213,7 +215,7 @@ def test_a_claim_ahead_publishes_its_run_with_its_instant(registry, broker):
     insert_jobs(registry, [job_row(16, run_at=fire, shard=4)])
     [run] = claim_batch(registry.engine_for_shard(4), 4, utcnow(), settings, send=send).runs
     [message] = drain("shard-04")
-    assert parse_instant(message["eta"]) == fire
+    assert parse_instant(message["eta"]) == fire - START_LEAD
     assert DispatchRun.from_message(message["runs"][0]) == run
 
 

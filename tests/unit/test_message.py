@@ -10,14 +10,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.lifecycle.message import (
-    COARSE_ETA_STEP,
-    ETA_STEP,
-    SPARSE_STEP_RUNS,
+    HOLD_SPAN,
+    START_LEAD,
     DispatchRun,
     chunks,
     decode_runs,
     encode_runs,
-    eta_of,
+    holds,
     message_headers,
     to_messages,
 )
@@ -102,82 +101,59 @@ def test_the_fire_instant_of_a_run_claimed_ahead_survives_json():
     assert "fire_at" not in run().to_message()  # due now: no instant to wait for
 
 
-@given(st.integers(min_value=1, max_value=300_000_000))
-def test_an_eta_is_never_before_the_instant_and_at_most_one_step_after(offset_us):
-    fire_at = NOW + timedelta(microseconds=offset_us)
-    eta = eta_of(fire_at, NOW)
-    assert fire_at <= eta < fire_at + ETA_STEP
-    assert (eta - NOW) % ETA_STEP == timedelta(0)
-
-
 def test_a_run_whose_instant_has_come_goes_at_once():
-    assert eta_of(None, NOW) is None
-    assert eta_of(NOW, NOW) is None
-    assert eta_of(NOW - timedelta(seconds=3), NOW) is None
+    assert holds([run(), run(fire_at=NOW), run(fire_at=NOW - timedelta(seconds=3))], NOW) == [None] * 3
+    # Due within the lead: at once too, the worker's timer waits for the instant.
+    assert holds([run(fire_at=NOW + START_LEAD / 2)], NOW) == [None]
 
 
-def test_runs_are_grouped_by_eta_and_the_due_ones_go_first():
+def test_runs_are_grouped_by_hold_and_the_due_ones_go_first():
     later = NOW + timedelta(seconds=5)
     runs = (
         [run(fire_at=later) for _ in range(150)]
         + [run() for _ in range(3)]
-        + [run(fire_at=later - timedelta(milliseconds=30)) for _ in range(2)]  # rounded up to `later`
-        + [run(fire_at=later + timedelta(milliseconds=130))]
+        + [run(fire_at=later - timedelta(milliseconds=30)) for _ in range(2)]  # open the hold
+        + [run(fire_at=later + HOLD_SPAN)]  # the next hold
     )
     messages = to_messages(runs, NOW)
+    opened = later - timedelta(milliseconds=30)
     assert [(eta, len(entries)) for eta, entries in messages] == [
         (None, 3),
-        (later, 76),
-        (later, 76),
-        (later + ETA_STEP * 2, 1),
+        (opened - START_LEAD, 76),
+        (opened - START_LEAD, 76),
+        (later + HOLD_SPAN - START_LEAD, 1),
     ]
     assert sorted(e["run_id"] for _, entries in messages for e in entries) == sorted(
         str(r.run_id) for r in runs
     )
 
 
-def test_a_steady_load_shares_messages_across_sparse_steps():
-    """A shard's claim at 200 runs a second: a dozen runs spread over a second, a run
-    or two per 100 ms step. They go in messages of a 200 ms step, never early."""
+def test_a_steady_load_shares_one_message_per_poll():
+    """A shard's claim at 200 runs a second: a dozen runs spread over a poll interval.
+    One message, not one per 100 ms step."""
     start = NOW + timedelta(seconds=10)
     runs = [run(fire_at=start + timedelta(milliseconds=83 * i + 7)) for i in range(12)]
-    messages = to_messages(runs, NOW)
-    assert len(messages) <= 6  # not one a 100 ms step (11 of them)
-    for eta, entries in messages:
-        for entry in entries:
-            fire_at = datetime.fromisoformat(entry["fire_at"])
-            assert fire_at <= eta < fire_at + COARSE_ETA_STEP
-
-
-def test_a_lone_run_keeps_its_step():
-    """Nothing to share a message with: moving it to a coarser step would only make it later."""
-    fire = NOW + timedelta(seconds=4, milliseconds=250)
-    [(eta, _)] = to_messages([run(fire_at=fire)], NOW)
-    assert eta == NOW + timedelta(seconds=4, milliseconds=300)
-    # Two runs 100 ms apart, each alone in its step: one message, at the later boundary.
-    pair = [run(fire_at=fire), run(fire_at=fire + timedelta(milliseconds=100))]
-    assert [eta for eta, _ in to_messages(pair, NOW)] == [NOW + timedelta(seconds=4, milliseconds=400)]
+    [(eta, entries)] = to_messages(runs, NOW)
+    assert eta == start + timedelta(milliseconds=7) - START_LEAD
+    assert len(entries) == 12
 
 
 @given(
-    st.lists(st.integers(min_value=1, max_value=3_000_000), min_size=1, max_size=60),
+    st.lists(st.integers(min_value=1, max_value=10_000_000), min_size=1, max_size=60),
     st.integers(min_value=0, max_value=40),
 )
-def test_a_run_never_goes_before_its_instant_and_late_only_in_a_sparse_step(offsets_us, dense):
-    """Whatever the spread: no run's message runs before its instant; one runs at most
-    COARSE_ETA_STEP late, and at most ETA_STEP late in a step of SPARSE_STEP_RUNS or more."""
+def test_a_message_never_runs_after_its_first_instant_nor_holds_a_run_longer_than_the_span(offsets_us, dense):
+    """Whatever the spread: a message runs START_LEAD before its first run's instant (or
+    at once), and none of its runs fires HOLD_SPAN or more after that instant."""
     start = NOW + timedelta(seconds=1)
     fire = [start + timedelta(microseconds=us) for us in offsets_us] + [start] * dense
     messages = to_messages([run(fire_at=at) for at in fire], NOW)
-    per_step: dict = {}
-    for at in fire:
-        per_step[eta_of(at, NOW)] = per_step.get(eta_of(at, NOW), 0) + 1
+    assert sum(len(entries) for _, entries in messages) == len(fire)
     for eta, entries in messages:
-        for entry in entries:
-            fire_at = datetime.fromisoformat(entry["fire_at"])
-            assert fire_at <= eta < fire_at + COARSE_ETA_STEP
-            if per_step[eta_of(fire_at, NOW)] >= SPARSE_STEP_RUNS:
-                assert eta < fire_at + ETA_STEP
+        instants = [datetime.fromisoformat(entry["fire_at"]) for entry in entries]
+        first = min(instants)
+        assert eta == (first - START_LEAD if first - START_LEAD > NOW else None)
+        assert max(instants) < first + HOLD_SPAN
 
 
 def test_a_few_one_offs_ride_with_the_recurring_runs_of_their_eta_but_a_burst_does_not():
@@ -186,7 +162,7 @@ def test_a_few_one_offs_ride_with_the_recurring_runs_of_their_eta_but_a_burst_do
     later = NOW + timedelta(seconds=3)
     few = [run(owner="a", fire_at=later) for _ in range(2)] + [run(owner="b", fire_at=later, recurring=True)]
     messages = to_messages(few, NOW)
-    assert [(eta, len(entries)) for eta, entries in messages] == [(later, 3)]
+    assert [(eta, len(entries)) for eta, entries in messages] == [(later - START_LEAD, 3)]
     assert message_headers(messages[0][1])["punctual_lane"] == "recurring"
 
     burst = [run(owner="a", fire_at=later) for _ in range(20)] + [
