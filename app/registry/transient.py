@@ -25,6 +25,8 @@ from typing import TypeVar
 
 import sqlalchemy.exc as sa_exc
 
+from app.registry.shard_map import MapUnavailable
+
 T = TypeVar("T")
 log = logging.getLogger("punctual.transient")
 
@@ -69,9 +71,13 @@ def is_transient(exc: BaseException) -> bool:
     failures, AdminShutdown, "the database system is shutting down / starting up",
     deadlocks and serialization failures; InterfaceError a connection already
     closed; `connection_invalidated` any error that also killed the connection;
-    TimeoutError (the pool's) a pool exhausted for a moment. Integrity and
-    programming errors are not transient: sending them again fails again.
+    TimeoutError (the pool's) a pool exhausted for a moment. MapUnavailable is a
+    process's first read of the shard map meeting no database that answers: the
+    registry is away, as for a refused connection. Integrity and programming errors
+    are not transient: sending them again fails again.
     """
+    if isinstance(exc, MapUnavailable):
+        return True
     if isinstance(exc, sa_exc.DBAPIError):
         return bool(exc.connection_invalidated) or isinstance(
             exc, (sa_exc.OperationalError, sa_exc.InterfaceError)

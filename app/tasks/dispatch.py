@@ -7,12 +7,13 @@ acknowledged then (acks_late, see celeryconfig). No autoretry: the target call i
 never retried here (retries live in the registry).
 
 When the registry (or Redis) stays unreachable beyond the retry budget of the start
-(app.registry.transient), or a shard move's fence outlasts the start's wait for it
-(app.lifecycle.lease), the task rejects its message with requeue: the broker hands
-it out again at once, to this worker or another, and the fenced start skips what
-was started already. Its runs do not wait for a lease. Any other failure is
-a bug, and the message is acknowledged (a poison message must not loop); its runs
-come back through the lease and the janitor.
+or of a process's first read of the shard map (app.registry.transient), or a shard
+move's fence outlasts the start's wait for it (app.lifecycle.lease), the task
+rejects its message with requeue: the broker hands it out again at once, to this
+worker or another, and the fenced start skips what was started already. Its runs
+do not wait for a lease. Any other failure is a bug, and the message is
+acknowledged (a poison message must not loop); its runs come back through the
+lease and the janitor.
 """
 
 from __future__ import annotations

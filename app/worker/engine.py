@@ -231,6 +231,10 @@ class Dispatcher:
         instants are still ahead as places among the held runs free (a call slot is
         theirs only at the instant, so runs waiting for their instants never keep a due
         run from its call)."""
+        # A process's first write reads the shard map first: met with the registry away,
+        # that read is retried in place as the start's write is, not given up at once
+        # (after the budget the message goes back to the broker, see app.tasks.dispatch).
+        retrying(self.registry.routing, "reading the shard map")
         now = utcnow()
         ahead = [run for run in batch if run.fire_at is not None and run.fire_at > now]
         due = [run for run in batch if run.fire_at is None or run.fire_at <= now] if ahead else list(batch)

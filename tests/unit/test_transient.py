@@ -41,6 +41,15 @@ def test_connection_failures_of_the_database_broker_and_redis_are_transient():
     assert is_transient(ConnectionResetError())
 
 
+def test_a_shard_map_no_database_answers_for_is_transient():
+    # A process's first read of the map meets the registry away: its dispatch message
+    # goes back to the broker instead of being acknowledged with its runs unstarted.
+    from app.registry.shard_map import MapUnavailable, ShardMapError
+
+    assert is_transient(MapUnavailable("no database in PUNCTUAL_DATABASE_URLS answers"))
+    assert not is_transient(ShardMapError("PUNCTUAL_DATABASE_URLS[1] is not a migrated Punctual database"))
+
+
 def test_errors_that_would_fail_again_are_not_transient():
     assert not is_transient(sa_exc.IntegrityError("INSERT", {}, Exception("duplicate key")))
     assert not is_transient(sa_exc.ProgrammingError("SELECT", {}, Exception("syntax error")))
@@ -82,3 +91,24 @@ def test_a_failure_that_is_not_transient_is_raised_at_once():
     with pytest.raises(sa_exc.IntegrityError):
         retrying(broken, "a write", sleep=clock.sleep, clock=clock)
     assert clock.pauses == []
+
+
+def test_a_dispatch_that_finds_no_database_for_the_shard_map_gives_its_message_back(monkeypatch):
+    # A worker process that had not read the map before the registry went away: its
+    # message is rejected with requeue, not acknowledged with its runs unstarted.
+    from celery.exceptions import Reject
+
+    from app.registry.shard_map import MapUnavailable
+    from app.tasks import dispatch as task
+
+    class _Dispatcher:
+        def dispatch(self, batch):
+            raise MapUnavailable("no database in PUNCTUAL_DATABASE_URLS answers")
+
+    class _Context:
+        dispatcher = _Dispatcher()
+
+    monkeypatch.setattr(task, "get_context", lambda: _Context())
+    with pytest.raises(Reject) as rejected:
+        task.dispatch.run(shard=3, runs="[]")
+    assert rejected.value.requeue
