@@ -14,6 +14,14 @@ bench waits for every one-off to be called and completed, and prints one row:
     duplicates           calls of an occurrence after its first (each must follow an expired lease)
     unexplained          duplicates that do not (must be 0)
     lease expired        runs the janitor took back ("lease expired")
+    bound                what a worker killed at full speed can leave unrecorded: its
+                         processes x (PUNCTUAL_DISPATCH_THREADS calls in flight + two
+                         completion batches, the one written and the one gathering)
+    unrecorded           lease-expired runs the target saw called (outcome never written)
+    uncalled             lease-expired runs the sink never saw: started and never called
+                         (waiting for a cap's slot when the worker died), or requests
+                         the killed worker wrote that its reset connections lost before
+                         the busy sink read them (calls in flight: they wait for a lease)
     last call            the last one-off's first call, seconds after T
     recovery             how long after the fault's end the last never-called one-off was called
     settled              when the last one-off's outcome was written, seconds after T
@@ -69,6 +77,9 @@ COLUMNS = (
     ("duplicates", "dup", 5),
     ("unexplained_duplicates", "unexpl", 6),
     ("lease_expired", "expired", 7),
+    ("bound", "bound", 5),
+    ("unrecorded", "unrec", 5),
+    ("uncalled", "uncall", 6),
     ("last_one_off_call_s", "last call", 9),
     ("recovery_s", "recovery", 8),
     ("last_settled_s", "settled", 7),
@@ -97,11 +108,21 @@ def run_one(name: str, jobs: int, recurring: int, workers: int, env: dict[str, s
             settings = {f.name: getattr(fs.settings, f.name) for f in dataclasses.fields(fs.settings)}
             settings.pop("database_urls", None)
         row = outcome.row()
+        row["bound"] = unrecorded_bound(processes, fs.settings.dispatch_threads)
         row["scenario"] = name
         row["unexplained"] = outcome.verdict.unexplained[:20]
         row["settings"] = settings
         row["logs"] = str(log_dir)
         return row
+
+
+def unrecorded_bound(processes: int, dispatch_threads: int) -> int:
+    """How many calls a worker killed at full speed can leave unrecorded (docs/design.md,
+    "Writes per run"): each process's calls in flight, and its completion buffer's two
+    batches (app.worker.buffer: the one being written, the one gathering meanwhile)."""
+    from app.worker.buffer import MAX_ITEMS
+
+    return processes * (dispatch_threads + 2 * MAX_ITEMS)
 
 
 INBOX_TARGETS = ("postgres", "webhook")
@@ -332,14 +353,15 @@ def inbox_markdown(rows: list[dict]) -> str:
 def markdown(rows: list[dict]) -> str:
     head = (
         "| fault | lost | duplicate calls (after an expired lease) | unexplained "
-        '| runs failed "lease expired" | last one-off call | recovery | settled '
-        "| largest recurring gap |"
+        '| runs failed "lease expired" | unrecorded bound | unrecorded | uncalled '
+        "| last one-off call | recovery | settled | largest recurring gap |"
     )
-    lines = [head, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [head, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         lines.append(
             f"| {r['fault']} | {r['lost']} | {r['duplicates']} | {r['unexplained_duplicates']} "
-            f"| {r['lease_expired']} | T+{r['last_one_off_call_s']} s | {r['recovery_s']} s "
+            f"| {r['lease_expired']} | {r['bound']} | {r['unrecorded']} | {r['uncalled']} "
+            f"| T+{r['last_one_off_call_s']} s | {r['recovery_s']} s "
             f"| T+{r['last_settled_s']} s | {r['recurring_max_gap_s']} s |"
         )
     return "\n".join(lines)

@@ -36,13 +36,16 @@ from app.registry.transient import FIRST_PAUSE_S, MAX_PAUSE_S, first_line, is_tr
 
 T = TypeVar("T")
 log = logging.getLogger("punctual.completion")
+# The most completions one flush takes once its wait is over (docs/design.md states
+# what a killed worker can leave unrecorded from it).
+MAX_ITEMS = 200
 
 
 class CompletionBuffer(Generic[T]):
     def __init__(
         self,
         flush: Callable[[list[T]], None],
-        max_items: int = 200,
+        max_items: int = MAX_ITEMS,
         max_delay_s: float = 0.05,
         busy_delay_s: float = 0.2,
         busy_rate: float = 20.0,

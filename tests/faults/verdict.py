@@ -12,6 +12,11 @@ registry holds, and says what the guarantee is about:
   yet was first called (`max(first call - max(due, fault end))`, 0 when none waited);
   and when the last one-off's outcome was written (a call in flight when its worker
   died is only settled when its lease expires);
+- unrecorded and uncalled: the runs settled "lease expired" whose attempt the target
+  saw (calls in flight or finished whose outcome the dead worker never wrote), and
+  those whose attempt it never saw (started and never called, yet left to their
+  lease; or a request written whose connection the dead worker's reset lost before
+  the target read it);
 - recurring: the largest gap between first calls of consecutive occurrences of a
   recurring job, and how its skipped occurrences were explained.
 
@@ -58,6 +63,8 @@ class Verdict:
     unexplained: list[str] = field(default_factory=list)  # one line per unexplained duplicate
     inversions: int = 0  # a lower attempt after a higher one, for one key
     lease_expired: int = 0  # runs settled "lease expired"
+    unrecorded: int = 0  # of those, called: their outcome was never written
+    uncalled: int = 0  # of those, never called: they waited out a lease for nothing
     last_first_call_s: float | None = None  # the last one-off's first call, seconds after T
     recovery_s: float = 0.0  # see the module docstring
     last_settled_s: float | None = None  # the last one-off run's outcome written, seconds after T
@@ -77,6 +84,8 @@ class Verdict:
             "unexplained_duplicates": len(self.unexplained),
             "attempt_inversions": self.inversions,
             "lease_expired": self.lease_expired,
+            "unrecorded": self.unrecorded,
+            "uncalled": self.uncalled,
             "last_one_off_call_s": _rounded(self.last_first_call_s),
             "recovery_s": round(self.recovery_s, 1),
             "last_settled_s": _rounded(self.last_settled_s),
@@ -121,7 +130,13 @@ def judge(
     settled = {(r.job_id, r.scheduled_for, r.attempt): r for r in run_rows}
     verdict = Verdict(one_offs=len(one_offs))
     verdict.calls = sum(len(v) for v in by_key.values())
-    verdict.lease_expired = sum(1 for r in run_rows if (r.error or "").startswith(LEASE_EXPIRED))
+    expired_rows = [r for r in run_rows if (r.error or "").startswith(LEASE_EXPIRED)]
+    verdict.lease_expired = len(expired_rows)
+    seen_attempts = {(*split_key(key), c.attempt) for key, seen in by_key.items() for c in seen}
+    verdict.unrecorded = sum(
+        1 for r in expired_rows if (r.job_id, r.scheduled_for, r.attempt) in seen_attempts
+    )
+    verdict.uncalled = verdict.lease_expired - verdict.unrecorded
     verdict.skipped_missed = sum(1 for r in run_rows if r.state == "skipped" and "missed" in (r.error or ""))
     verdict.skipped_superseded = sum(
         1 for r in run_rows if r.state == "skipped" and "superseded" in (r.error or "")

@@ -52,3 +52,10 @@ def test_counts_add_up_for_every_small_multiset():
             assert counted["written"] == counted["distinct"] + counted["duplicates"] + counted["unexpected"]
             assert counted["distinct"] + counted["missing"] == len(expected)
             assert counted["distinct"] == len(set(written) & set(expected))
+
+
+def test_the_unrecorded_bound_is_calls_in_flight_and_two_completion_batches():
+    from app.worker.buffer import MAX_ITEMS
+    from bench.faults import unrecorded_bound
+
+    assert unrecorded_bound(3, 128) == 3 * (128 + 2 * MAX_ITEMS) == 1584

@@ -75,3 +75,16 @@ def test_recurring_gaps_and_skip_reasons():
     verdict = judge(calls, rows, {}, [B], [], T, None)
     assert verdict.recurring_max_gap_s == 5
     assert (verdict.skipped_superseded, verdict.skipped_missed) == (1, 1)
+
+
+def test_lease_expired_runs_split_into_called_unrecorded_and_never_called():
+    calls = [Call(key(A), 1, T + 1), Call(key(A), 2, T + 30), Call(key(B), 2, T + 30)]
+    rows = [
+        RunRow(A, AT, 1, "failed", "lease expired"),  # called, its outcome never written
+        RunRow(A, AT, 2, "succeeded", None),
+        RunRow(B, AT, 1, "failed", "lease expired"),  # never called, yet waited out a lease
+        RunRow(B, AT, 2, "succeeded", None),
+    ]
+    verdict = judge(calls, rows, {A: T, B: T}, [], [A, B], T, T + 5)
+    assert verdict.lease_expired == 2 and verdict.unrecorded == 1 and verdict.uncalled == 1
+    assert verdict.row()["unrecorded"] == 1 and verdict.row()["uncalled"] == 1
