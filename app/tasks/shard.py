@@ -32,7 +32,7 @@ from app.logs import log_context
 from app.pollers import janitor, relay, retention
 from app.pollers.claim import claim_batch
 from app.registry.engines import is_fence_error
-from app.registry.transient import retrying
+from app.registry.transient import first_line, is_transient, retrying
 from app.services.owners import ClaimView
 from app.settings import Settings
 from app.tasks.routing import POLL_TASK, SWEEP_TASK
@@ -79,15 +79,27 @@ def sweep_shard(settings: Settings, engine, shard: int, send, owners: OwnerView 
 
 
 def _unless_fenced(registry, shard: int, tick):
-    if registry.shard_fenced(shard):
-        return {"shard": shard, "fenced": True}
+    """Run `tick` on the shard's database unless a move fences the shard. A transient
+    failure that outlasted the tick's own retries (or met this process's first read
+    of the shard map with no database answering) ends the tick with one warning line
+    and `unreachable` in its report: the next tick tries again."""
     try:
+        if registry.shard_fenced(shard):
+            return {"shard": shard, "fenced": True}
         with log_context(shard=shard):
             return tick(registry.engine_for_shard(shard))
-    except sa.exc.DBAPIError as exc:
-        if is_fence_error(exc):
+    except Exception as exc:
+        if isinstance(exc, sa.exc.DBAPIError) and is_fence_error(exc):
             return {"shard": shard, "fenced": True}
-        raise
+        if not is_transient(exc):
+            raise
+        log.warning(
+            "shard %d: the tick gave up (%s: %s); the next tick tries again",
+            shard,
+            type(exc).__name__,
+            first_line(exc),
+        )
+        return {"shard": shard, "unreachable": True}
 
 
 # send_events=False: no task events (received, started, succeeded) for the ticks, so
@@ -105,9 +117,11 @@ def poll(shard: int) -> dict:
             shard,
             lambda engine: poll_shard(context.settings, engine, shard, send_dispatches, context.owners),
         )
-    # Counted once the tick ended (a fenced shard's too: it is served, by its move): a
-    # shard whose count stops rising has no worker on its queue, no beat, or a failing claim.
-    metrics.POLLS.labels(str(shard)).inc()
+    # Counted once the tick ended (a fenced shard's too: it is served, by its move), not
+    # when it gave up: a shard whose count stops rising has no worker on its queue, no
+    # beat, or a failing claim.
+    if not done.get("unreachable"):
+        metrics.POLLS.labels(str(shard)).inc()
     return done
 
 
