@@ -6,7 +6,12 @@ when the registry says the shard has work for it (app.pollers.watch, read at mos
 once per interval for all shards of a database, one statement each):
 
 - a poll: a scheduled job due within PUNCTUAL_CLAIM_AHEAD_S, or an unpublished
-  run whose due_at passed (the poll's relay sweep publishes it);
+  run whose due_at passed (the poll's relay sweep publishes it). A job due only in
+  the window's far half (`FAR_SHARE`) is claimed by a poll sent at most that often
+  (its half of the window, in seconds): under a steady load a poll then claims a
+  half-window's runs, not one interval's, and each poll's fixed costs (its task,
+  claim, publish and relay sweep) are spread over that many more runs. A shard not
+  polled that long (a burst's first rows) is polled at once;
 - a sweep: a lease that passed (the janitor), a finished run older than
   PUNCTUAL_HISTORY_DAYS (retention), or its turn among idle shards' sweeps (one
   every 10 s, so that beat still sends a task that often).
@@ -20,6 +25,7 @@ were no gate: a registry that does not answer costs polls, never a run.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
@@ -44,13 +50,28 @@ def idle_sweep_s(shards: int) -> float:
     return min(IDLE_SWEEP_S, MAX_QUIET_S * shards)
 
 
-def wants_poll(work: ShardWork | None, now: datetime, claim_ahead_s: float) -> bool:
-    """Whether a poll of a shard whose work is `work` (None: unknown) claims or publishes."""
+# The far part of the claim-ahead window, as a share of it: a job due that far ahead
+# and no nearer is claimed by a poll sent at most every FAR_SHARE x claim_ahead_s.
+FAR_SHARE = 0.5
+
+
+def wants_poll(
+    work: ShardWork | None, now: datetime, claim_ahead_s: float, since_poll_s: float = float("inf")
+) -> bool:
+    """Whether a poll of a shard whose work is `work` (None: unknown) claims or
+    publishes and is due: `since_poll_s` after the shard's last poll was sent, a job
+    in the window's far part waits for a poll until FAR_SHARE x claim_ahead_s passed
+    or it comes nearer (module doc)."""
     if work is None:
         return True
-    if work.job_due is not None and work.job_due <= now + timedelta(seconds=claim_ahead_s):
+    if work.outbox_due is not None and work.outbox_due <= now:
         return True
-    return work.outbox_due is not None and work.outbox_due <= now
+    if work.job_due is None:
+        return False
+    far_s = FAR_SHARE * claim_ahead_s
+    if work.job_due <= now + timedelta(seconds=claim_ahead_s - far_s):
+        return True
+    return work.job_due <= now + timedelta(seconds=claim_ahead_s) and since_poll_s >= far_s
 
 
 def wants_sweep(
@@ -81,6 +102,7 @@ class Gate:
         self._work: Mapping[int, ShardWork | None] = {}
         self._read_at: float | None = None
         self._swept_at: dict[int, float] = {}
+        self._polled_at: dict[int, float] = {}  # when each shard's last poll was sent
         self._failing = False
 
     def _current(self, fresh: bool = True) -> Mapping[int, ShardWork | None]:
@@ -104,7 +126,12 @@ class Gate:
         return self._work
 
     def poll(self, shard: int, now: datetime) -> bool:
-        return wants_poll(self._current().get(shard), now, self.settings.claim_ahead_s)
+        clock = self._clock()
+        since = clock - self._polled_at.get(shard, -math.inf)
+        if wants_poll(self._current().get(shard), now, self.settings.claim_ahead_s, since):
+            self._polled_at[shard] = clock
+            return True
+        return False
 
     def sweep(self, shard: int, now: datetime) -> bool:
         work = self._current(fresh=False).get(shard)

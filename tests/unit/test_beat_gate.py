@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from app.beat.gate import IDLE_SWEEP_S, MAX_QUIET_S, Gate, idle_sweep_s, wants_poll, wants_sweep
+from app.beat.gate import FAR_SHARE, IDLE_SWEEP_S, MAX_QUIET_S, Gate, idle_sweep_s, wants_poll, wants_sweep
 from app.pollers.watch import ShardWork
 from app.settings import Settings
 
@@ -35,6 +35,46 @@ def at(seconds: float) -> datetime:
 )
 def test_a_poll_is_sent_only_for_work_it_does(work, wanted):
     assert wants_poll(work, NOW, AHEAD_S) is wanted
+
+
+FAR_S = FAR_SHARE * AHEAD_S
+
+
+@pytest.mark.parametrize(
+    ("work", "since_s", "wanted"),
+    [
+        (ShardWork(job_due=at(0)), 0.0, True),  # due now: polled every interval
+        (ShardWork(job_due=at(AHEAD_S - FAR_S)), 0.0, True),  # the near part
+        (ShardWork(job_due=at(AHEAD_S - FAR_S + 0.001)), FAR_S - 0.001, False),  # far, polled lately
+        (ShardWork(job_due=at(AHEAD_S)), FAR_S, True),  # far, not polled for a while
+        (ShardWork(job_due=at(AHEAD_S + 0.001)), FAR_S, False),  # beyond the window
+        (ShardWork(job_due=at(AHEAD_S), outbox_due=at(0)), 0.0, True),  # the relay's work
+    ],
+)
+def test_a_job_in_the_windows_far_part_waits_for_a_poll_at_most_its_share(work, since_s, wanted):
+    assert wants_poll(work, NOW, AHEAD_S, since_s) is wanted
+
+
+def test_a_steady_shard_is_polled_every_far_share_and_a_first_due_row_at_once():
+    """Each poll claims the window up to now + AHEAD_S; the next row is due just past
+    it. A shard never polled is polled as soon as a row enters the window."""
+    clock = Clock()
+    claimed_to = [NOW - timedelta(seconds=1)]
+
+    def read():
+        now = NOW + timedelta(seconds=clock.t - 1000.0)
+        first = max(claimed_to[0], now - timedelta(seconds=AHEAD_S))
+        return {0: ShardWork(job_due=first + timedelta(seconds=0.01))}
+
+    gate = Gate(Settings(database_urls=("sqlite://",), poll_interval_s=1.0), read, clock)
+    sent = []
+    for _ in range(20):
+        now = NOW + timedelta(seconds=clock.t - 1000.0)
+        if gate.poll(0, now):
+            sent.append(clock.t - 1000.0)
+            claimed_to[0] = now + timedelta(seconds=AHEAD_S)
+        clock.t += 1.0
+    assert sent == [0.0, 5.0, 10.0, 15.0]
 
 
 @pytest.mark.parametrize(
