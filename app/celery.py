@@ -106,10 +106,16 @@ def _child_started(**_kw) -> None:
 
 
 def _warm_up() -> None:
-    """Import the dispatch path, then set the collector for a worker (app.worker.collector)."""
+    """Import the dispatch path, start the watch for dead workers' runs
+    (app.worker.orphans), then set the collector for a worker (app.worker.collector)."""
     importlib.import_module("app.worker.engine")
     from app.worker import collector
+    from app.worker.context import get_context
 
+    try:
+        get_context().roll  # noqa: B018  (made and started)
+    except Exception:  # made again by the first dispatch
+        logging.getLogger("punctual.orphans").warning("starting the watch failed", exc_info=True)
     collector.tune()
 
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # imported at run time only when each part is first made
     from app.limits.keys import LimitKeyDirectory
     from app.limits.limiter import Limiter
     from app.worker.engine import Dispatcher
+    from app.worker.orphans import Roll
     from app.worker.queue_publisher import QueuePublisher
     from app.worker.webhook import WebhookCaller
 
@@ -78,6 +79,14 @@ class WorkerContext:
         )
 
     @cached_property
+    def roll(self) -> Roll | None:
+        """Started as the process starts: a restarted worker takes a dead one's runs
+        before any message comes to it."""
+        from app.worker.orphans import roll_for
+
+        return roll_for(self.settings, lambda: self.registry)
+
+    @cached_property
     def dispatcher(self) -> Dispatcher:
         from app.worker.engine import Dispatcher
 
@@ -89,11 +98,15 @@ class WorkerContext:
             self.limit_keys,
             self.webhooks,
             queues=lambda: self.queues,
+            roll=self.roll,
         )
 
     def close(self, timeout_s: float = 30.0) -> None:
         if "dispatcher" in self.__dict__:
             self.dispatcher.close(timeout_s)
+        roll = self.__dict__.get("roll")
+        if roll is not None:
+            roll.close()
         if "webhooks" in self.__dict__:
             self.webhooks.close()
         if "queues" in self.__dict__:

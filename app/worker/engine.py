@@ -32,7 +32,6 @@ import dataclasses
 import itertools
 import logging
 import os
-import secrets
 import threading
 import time
 from collections import Counter
@@ -60,6 +59,7 @@ from app.settings import Settings
 from app.worker import inbox
 from app.worker.buffer import CompletionBuffer
 from app.worker.inflight import InFlight
+from app.worker.orphans import Roll, process_word
 from app.worker.queue_publisher import QueueCall, QueuePublisher
 from app.worker.slot_wait import Slot, SlotGate, cap_keys, wait_budget_s
 from app.worker.webhook import NotSent, WebhookCall, WebhookCaller
@@ -126,9 +126,10 @@ class HolderNames:
     runs keeps its name while the run it was admitted for may be admitted again (a
     retry, a duplicated message); under one name the two would be one slot.
 
-    The word is a random one drawn once per process, then a count: drawn for each
-    admission (os.urandom), it let go of the GIL for each run on the calls' loop, and
-    the loop waited for it behind the process's other threads.
+    The word is the process's (app.worker.orphans.process_word: a taker of a dead
+    process's roll gives back the slots whose names carry it), then a count: drawn for
+    each admission (os.urandom), it let go of the GIL for each run on the calls' loop,
+    and the loop waited for it behind the process's other threads.
     """
 
     def __init__(self) -> None:
@@ -138,7 +139,7 @@ class HolderNames:
 
     def __call__(self, run: DispatchRun) -> str:
         if self._pid != os.getpid():  # drawn anew in a forked child
-            self._pid, self._word, self._count = os.getpid(), secrets.token_hex(4), itertools.count()
+            self._pid, self._word, self._count = os.getpid(), process_word(), itertools.count()
         return f"{run.run_id}.{self._word}-{next(self._count):x}"
 
 
@@ -184,8 +185,10 @@ class Dispatcher:
         limit_keys: LimitKeyDirectory,
         webhooks: WebhookCaller,
         queues: Callable[[], QueuePublisher],
+        roll: Roll | None = None,
     ):
-        """`queues` makes the AMQP publisher on first use: most workers never publish."""
+        """`queues` makes the AMQP publisher on first use: most workers never publish.
+        `roll`: where started runs are named until their calls (app.worker.orphans)."""
         self.settings = settings
         self.registry = registry
         self.owners = owners
@@ -210,6 +213,9 @@ class Dispatcher:
         self._turns: dict[tuple[str, int, bool], Turn] = {}  # one per owner, weight and lane
         holder_name = HolderNames()
         self._inflight: InFlight[_Call] = InFlight(self._heartbeat, settings.heartbeat_s)
+        self._roll = roll
+        if roll is not None:
+            roll.holding = lambda: len(self._inflight) > 0
         self._buffer: CompletionBuffer[Finished] = CompletionBuffer(
             self._flush,
             salvage=_recorded_as_failure,
@@ -343,6 +349,8 @@ class Dispatcher:
         for _ in waited:
             self._slots.release()
         self._inflight.pop_many([call.run.run_id for call, _ in waited])
+        if self._roll is not None:
+            self._roll.forget([call.run.run_id for call, _ in waited])
         self._hold([(call.run, at) for call, at in waited], utcnow())
 
     def _start(self, admitted: list[_Call], now, traced: tuple | None = None) -> tuple[list[_Call], int]:
@@ -361,6 +369,8 @@ class Dispatcher:
             metrics.RUNS_STARTED.labels(str(shard)).inc(count)
         for call in calls:
             self._inflight.add(call.run.run_id, call)
+        if self._roll is not None and calls:  # named until their calls (app.worker.orphans)
+            self._roll.name([call.run for call in calls], {key for call in calls for key in call.keys})
         if traced is not None:  # before the loop has them: a call span's parent is its dispatch
             spans, began_ns = traced
             ended_ns = time.time_ns()
@@ -460,6 +470,11 @@ class Dispatcher:
             self._slots.release()
             await asyncio.to_thread(self._withdraw, call)
             return None
+        if self._roll is not None and not await self._roll.claim(run.run_id):
+            # A taker thought this process dead and made the run due again.
+            self._slots.release()
+            await asyncio.to_thread(self._withdraw, call)
+            return None
         called_at = utcnow()
         self._lateness.append(max(0.0, (called_at - run.scheduled_for).total_seconds()))
         if len(self._lateness) == 1:
@@ -524,6 +539,8 @@ class Dispatcher:
         caller gives back the thread slot.)"""
         call.lost = True
         self._inflight.pop_many([call.run.run_id])
+        if self._roll is not None:
+            self._roll.forget([call.run.run_id])
         if call.slot is not None:
             self._release_quietly([(call.caps, call.slot.holder)])
         metrics.STALE_COMPLETIONS.inc()
@@ -650,3 +667,5 @@ class Dispatcher:
     async def _settled(self) -> None:
         await self._gate.settled()
         await self.limiter.aclose()
+        if self._roll is not None:
+            await self._roll.aclose()

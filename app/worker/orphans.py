@@ -1,0 +1,321 @@
+"""A worker process's roll in Redis: the runs it started and has not called yet, so
+that a live process makes them due again within seconds of this one's death, instead
+of after their leases (docs/design.md, "Decisions": a dead worker's uncalled runs).
+
+- `name(runs, caps)`: right after a start, one transaction for the batch: each run
+  in the process's hash, the caps it may take slots of, and the process's beat;
+- `claim(run_id)` (on the calls' loop): right before a call, the run's name is taken
+  out; the names claimed in one turn of the loop go in one pipeline, and a call goes
+  out only if its name was still there (a taker may have had it: then it is not ours
+  to call). `forget(run_ids)`: a run that leaves without a call (put off, withdrawn),
+  taken out at the watcher's next tick;
+- the watcher (a thread, every BEAT_S): beats while the process holds names or
+  calls in flight, and
+  looks for a process whose beat is older than DEAD_AFTER_S. One script takes such
+  a process's roll, atomically (one taker), and gives back its concurrency slots
+  (their holder names carry the process's word, app.worker.engine.HolderNames); its
+  runs are then held back to the registry, fenced by their lease tokens, due at
+  their own instants, no attempt spent (app.lifecycle.lease.hold).
+
+A process with nothing named sends one command per tick. A taker that dies mid-take,
+or a Redis or registry away, leaves the runs to their leases and the janitor, as
+before. The hosts' clocks are assumed within a second of each other, as for leases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import redis
+import redis.asyncio
+
+from app.core.timefmt import utcnow
+from app.lifecycle import lease
+from app.lifecycle.message import DispatchRun
+
+log = logging.getLogger("punctual.orphans")
+
+# How often a process with names beats, and looks for dead processes.
+BEAT_S = 1.0
+# A process whose beat is older than this is dead: its named runs are taken.
+DEAD_AFTER_S = 3.0
+# How many dead processes one tick takes at most.
+TAKEN_PER_TICK = 8
+
+# KEYS: the beats; ARGV: the word, the beat instant below which it is dead, the
+# prefix of rolls, the prefix of cap slot keys. Answers nil (alive, or taken already)
+# or {slots given back, {field, value, ...}}.
+TAKE_SCRIPT = r"""
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score or tonumber(score) >= tonumber(ARGV[2]) then return false end
+redis.call('ZREM', KEYS[1], ARGV[1])
+local roll = ARGV[3] .. ARGV[1]
+local names = redis.call('HGETALL', roll)
+local caps = redis.call('SMEMBERS', roll .. ':caps')
+local mark = '.' .. ARGV[1] .. '-'
+local freed = 0
+for _, cap in ipairs(caps) do
+  local key = ARGV[4] .. cap
+  for _, holder in ipairs(redis.call('ZRANGE', key, 0, -1)) do
+    if string.find(holder, mark, 1, true) then
+      redis.call('ZREM', key, holder)
+      freed = freed + 1
+    end
+  end
+end
+redis.call('DEL', roll, roll .. ':caps')
+return {freed, names}
+"""
+
+# KEYS: the roll; ARGV: run ids. Answers 1 for each name taken out, 0 for one gone.
+CLAIM_SCRIPT = r"""
+local out = {}
+for i, field in ipairs(ARGV) do out[i] = redis.call('HDEL', KEYS[1], field) end
+return out
+"""
+
+_word_pid = 0
+_word = ""
+
+
+def process_word() -> str:
+    """A random word of this process (drawn anew in a forked child): its roll's name,
+    and part of every slot holder name it makes."""
+    global _word_pid, _word
+    if _word_pid != os.getpid():
+        _word_pid, _word = os.getpid(), secrets.token_hex(4)
+    return _word
+
+
+def entry(run: DispatchRun) -> str:
+    """What a roll keeps of a run: all a fenced hold needs, and its instant."""
+    at = (run.fire_at or run.scheduled_for).timestamp()
+    return f"{run.shard} {run.job_id} {run.lease_token} {int(run.leased_on_run)} {at!r}"
+
+
+def taken_runs(names: dict[str, str], now: datetime) -> list[tuple[DispatchRun, datetime]]:
+    """A taken roll's runs, each with when it is due again: a schedule run at its own
+    instant (the same occurrence, misfire-exempt), an off-schedule run at that instant
+    or now. Only what app.lifecycle.lease.hold reads is filled in."""
+    held = []
+    for run_id, value in names.items():
+        shard, job_id, token, on_run, at_s = value.split(" ")
+        at = datetime.fromtimestamp(float(at_s), UTC)
+        run = DispatchRun(
+            run_id=uuid.UUID(run_id),
+            job_id=uuid.UUID(job_id),
+            shard=int(shard),
+            owner="",
+            origin="schedule",
+            lease_token=uuid.UUID(token),
+            scheduled_for=at,
+            attempt=0,
+            target={},
+            retry={},
+            payload=None,
+            own_lease=on_run == "1",
+        )
+        held.append((run, max(at, now) if run.leased_on_run else at))
+    return held
+
+
+class Roll:
+    """One process's roll (make it with `roll_for`; `start` runs the watcher)."""
+
+    def __init__(self, url: str, prefix: str, registry_of=None, word: str | None = None):
+        """`registry_of()`: the registry takeovers write to (made on first takeover)."""
+        self.word = word or process_word()
+        self._url = url
+        self._client = redis.Redis.from_url(url)
+        self._take = self._client.register_script(TAKE_SCRIPT)
+        self._beats = f"{prefix}:orphans"
+        self._rolls = f"{prefix}:orphans:"
+        self._slots = f"{prefix}:slots:"
+        self._key = self._rolls + self.word
+        self._registry_of = registry_of
+        self._lock = threading.Lock()
+        self._named: set[uuid.UUID] = set()
+        self._forgotten: list[str] = []
+        self._claims: list[tuple[uuid.UUID, asyncio.Future]] = []
+        self._on_loop: redis.asyncio.Redis | None = None  # the calls' loop's own connection
+        self._claim_async: Any = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        # Whether the process's calls may hold concurrency slots: it beats meanwhile
+        # too, or a taker would give back the slots of its calls in flight.
+        self.holding: Callable[[], bool] = lambda: False
+
+    # -- the process's own names ----------------------------------------------------------
+
+    def name(self, runs: Sequence[DispatchRun], caps: Iterable[str]) -> None:
+        """Name started runs, with the cap keys their calls may hold slots of (one
+        transaction: a taker sees all of it with a fresh beat, or none of it). Should
+        it fail, the runs are not named: their leases cover them, as before."""
+        fields: dict[Any, Any] = {str(run.run_id): entry(run) for run in runs}
+        if not fields:
+            return
+        caps = set(caps)
+        pipe = self._client.pipeline(transaction=True)
+        pipe.hset(self._key, mapping=fields)
+        if caps:
+            pipe.sadd(self._key + ":caps", *caps)
+        pipe.zadd(self._beats, {self.word: time.time()})
+        try:
+            pipe.execute()
+        except redis.RedisError:
+            log.warning("naming %d started runs failed; their leases cover them", len(fields), exc_info=True)
+            return
+        with self._lock:
+            self._named.update(run.run_id for run in runs)
+
+    async def claim(self, run_id: uuid.UUID) -> bool:
+        """(On the calls' loop.) Take the run's name out before its call: whether it may
+        be called (False: a taker had it, so another attempt may be under way). The
+        claims of one turn of the loop go together."""
+        with self._lock:
+            if run_id not in self._named:
+                return True
+            self._named.discard(run_id)
+        future = asyncio.get_running_loop().create_future()
+        self._claims.append((run_id, future))
+        if len(self._claims) == 1:
+            asyncio.get_running_loop().call_soon(self._send_claims)
+        return await future
+
+    def _send_claims(self) -> None:
+        claims, self._claims = self._claims, []
+        task = asyncio.ensure_future(self._claimed(claims))
+        task.add_done_callback(lambda _: None)
+
+    async def _claimed(self, claims: list[tuple[uuid.UUID, asyncio.Future]]) -> None:
+        try:
+            if self._on_loop is None:
+                client = redis.asyncio.Redis.from_url(self._url)
+                self._on_loop, self._claim_async = client, client.register_script(CLAIM_SCRIPT)
+            answers = await self._claim_async(keys=[self._key], args=[str(run_id) for run_id, _ in claims])
+        except Exception:
+            # Cannot tell: called all the same (only this process's death right now and
+            # a taker would call them again); their names go at the watcher's next tick.
+            log.warning("taking %d names out failed; the calls go ahead", len(claims), exc_info=True)
+            self.forget(run_id for run_id, _ in claims)
+            answers = [1] * len(claims)
+        for (_, future), answer in zip(claims, answers, strict=True):
+            if not future.done():
+                future.set_result(bool(answer))
+
+    def forget(self, run_ids: Iterable[uuid.UUID]) -> None:
+        """Runs that leave without a call: their names go at the watcher's next tick
+        (a taker's hold of one is fenced by its token, which is no longer current)."""
+        with self._lock:
+            for run_id in run_ids:
+                self._named.discard(run_id)
+                self._forgotten.append(str(run_id))
+
+    def named(self) -> int:
+        with self._lock:
+            return len(self._named)
+
+    async def aclose(self) -> None:
+        """(On the calls' loop.) Close its connection."""
+        if self._on_loop is not None:
+            client, self._on_loop = self._on_loop, None
+            await client.aclose()
+
+    def close(self) -> None:
+        """The process stops: the watcher, then the roll (what is left in it was
+        settled or is covered by its lease)."""
+        self._stop.set()
+        try:
+            pipe = self._client.pipeline(transaction=True)
+            pipe.delete(self._key, self._key + ":caps")
+            pipe.zrem(self._beats, self.word)
+            pipe.execute()
+        except redis.RedisError:
+            log.warning("removing the roll of process %s failed", self.word, exc_info=True)
+
+    # -- the watcher ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="orphans", daemon=True)
+            self._thread.start()
+
+    def _watch(self) -> None:
+        while True:
+            try:
+                self.tick()
+            except Exception:  # the next tick tries again
+                log.warning("the watch for dead workers' runs failed", exc_info=True)
+            if self._stop.wait(BEAT_S):
+                return
+
+    def tick(self) -> int:
+        """Beat if the process holds names, take out forgotten ones, and take the roll
+        of each dead process found; returns how many runs were taken."""
+        with self._lock:
+            beat = bool(self._named) or bool(self._forgotten) or self.holding()
+            forgotten, self._forgotten = self._forgotten, []
+        now = time.time()
+        pipe = self._client.pipeline(transaction=False)
+        if beat:
+            pipe.zadd(self._beats, {self.word: now})
+        if forgotten:
+            pipe.hdel(self._key, *forgotten)
+        pipe.zrangebyscore(self._beats, "-inf", f"({now - DEAD_AFTER_S!r}", start=0, num=TAKEN_PER_TICK + 1)
+        dead = [w.decode() for w in pipe.execute()[-1]]
+        return sum(self.take(word, now - DEAD_AFTER_S) for word in dead if word != self.word)
+
+    def take(self, word: str, dead_before: float) -> int:
+        """Take a dead process's roll (nothing if another taker was first, or it beat
+        again), give back its slots, hold its runs back due; how many runs were held."""
+        answer = self._take(keys=[self._beats], args=[word, repr(dead_before), self._rolls, self._slots])
+        if answer is None:
+            return 0
+        freed, flat = answer
+        names = {flat[i].decode(): flat[i + 1].decode() for i in range(0, len(flat), 2)}
+        if not names:
+            return 0
+        now = utcnow()
+        held = taken_runs(names, now)
+        assert self._registry_of is not None
+        registry = self._registry_of()
+        try:  # (the hold retries a transient failure in place)
+            count = lease.hold(registry, held, now)
+        except Exception:
+            log.exception("holding the %d runs of dead process %s failed; leases cover them", len(held), word)
+            return 0
+        log.warning(
+            "process %s stopped beating: %d of its %d runs never called are due again, %d slots back",
+            word,
+            count,
+            len(held),
+            int(freed),
+        )
+        return count
+
+
+_rolls: dict[tuple[str, str], Roll] = {}
+_rolls_lock = threading.Lock()
+
+
+def roll_for(settings, registry_of) -> Roll | None:
+    """This process's roll (None without Redis: `punctual dev` has one worker), its
+    watcher started."""
+    if not settings.redis_url:
+        return None
+    identity = (settings.redis_url, settings.redis_prefix)
+    with _rolls_lock:
+        roll = _rolls.get(identity)
+        if roll is None or roll.word != process_word():
+            roll = _rolls[identity] = Roll(settings.redis_url, settings.redis_prefix, registry_of)
+            roll.start()
+        return roll
