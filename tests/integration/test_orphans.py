@@ -1,0 +1,124 @@
+"""A worker's roll (app.worker.orphans) on real Redis and Postgres: started runs named,
+a name taken out before a call, and a dead process's roll taken by one live one."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+
+import pytest
+import redis
+
+from app.core.timefmt import utcnow
+from app.lifecycle import lease
+from app.pollers.claim import claim_batch
+from app.registry.engines import registry_for
+from app.worker.orphans import DEAD_AFTER_S, Roll
+from tests.conftest import REDIS_URL
+from tests.rows import insert_jobs, job, job_row, runs_of, webhook_target
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def registry(pg_settings, truncate):
+    truncate()
+    return registry_for(pg_settings)
+
+
+def _roll(registry, prefix: str, word: str) -> Roll:
+    return Roll(REDIS_URL, prefix, lambda: registry, word=word)
+
+
+def _started(registry, count: int) -> list:
+    """`count` one-off runs, due a second ago, claimed and started."""
+    rows = [
+        job_row(16, run_at=utcnow() - timedelta(seconds=1), target=webhook_target(f"http://127.0.0.1:9/{i}"))
+        for i in range(count)
+    ]
+    insert_jobs(registry, rows)
+    runs = []
+    for shard in sorted({r["shard"] for r in rows}):
+        runs += claim_batch(registry.engine_for_shard(shard), shard, utcnow(), registry.settings).runs
+    started = lease.start(registry, runs, utcnow())
+    assert len(started) == count
+    return runs
+
+
+def _claim(roll: Roll, run_id) -> bool:
+    """A claim on a loop of its own (the roll's connection closed with it)."""
+
+    async def claim() -> bool:
+        try:
+            return await roll.claim(run_id)
+        finally:
+            await roll.aclose()
+
+    return asyncio.run(claim())
+
+
+def _dead(prefix: str, word: str) -> None:
+    """Make `word`'s beat older than DEAD_AFTER_S, as if its process had died then."""
+    redis.Redis.from_url(REDIS_URL).zadd(f"{prefix}:orphans", {word: time.time() - DEAD_AFTER_S - 1})
+
+
+def test_a_live_process_does_not_take_a_roll_that_beats(registry, redis_prefix):
+    runs = _started(registry, 3)
+    mine, other = _roll(registry, redis_prefix, "aaaa0001"), _roll(registry, redis_prefix, "bbbb0002")
+    mine.name(runs, [])
+    assert other.tick() == 0
+    assert all(runs_of(registry, run.job_id)[0]["state"] == "running" for run in runs)
+
+
+def test_a_dead_process_s_uncalled_runs_are_due_again_at_once_without_an_attempt(registry, redis_prefix):
+    runs = _started(registry, 4)
+    dead, taker = _roll(registry, redis_prefix, "aaaa0003"), _roll(registry, redis_prefix, "bbbb0004")
+    dead.name(runs, ["cap:host"])
+    called = runs[0]
+    assert _claim(dead, called.run_id)  # its call went out: not the taker's
+    slots = redis.Redis.from_url(REDIS_URL)
+    slots_key = f"{redis_prefix}:slots:cap:host"
+    far = time.time() + 60
+    slots.zadd(slots_key, {f"{called.run_id}.aaaa0003-1": far, f"{called.run_id}.cccc0005-1": far})
+    _dead(redis_prefix, "aaaa0003")
+
+    assert taker.tick() == 3
+    # Only the dead process's slot went back.
+    assert [m.decode() for m in slots.zrange(slots_key, 0, -1)] == [f"{called.run_id}.cccc0005-1"]
+    for run in runs[1:]:
+        row = job(registry, run.job_id)
+        assert row["state"] == "scheduled" and row["lease_token"] is None
+        assert row["next_run_at"] == run.scheduled_for  # the same occurrence
+        assert runs_of(registry, run.job_id) == []  # no attempt spent
+    assert runs_of(registry, called.job_id)[0]["state"] == "running"  # in flight: its lease
+    # One taker: the roll is gone, and the dead process may call none of its runs.
+    assert _roll(registry, redis_prefix, "dddd0006").tick() == 0
+    assert not _claim(dead, runs[1].run_id)
+
+
+def test_names_of_runs_that_leave_without_a_call_go_at_the_next_tick(registry, redis_prefix):
+    runs = _started(registry, 2)
+    roll = _roll(registry, redis_prefix, "aaaa0007")
+    roll.name(runs, [])
+    roll.forget([runs[0].run_id])
+    assert roll.named() == 1
+    roll.tick()
+    assert redis.Redis.from_url(REDIS_URL).hkeys(f"{redis_prefix}:orphans:aaaa0007") == [
+        str(runs[1].run_id).encode()
+    ]
+
+
+def test_claims_of_one_turn_of_the_loop_go_together(registry, redis_prefix):
+    runs = _started(registry, 5)
+    roll = _roll(registry, redis_prefix, "aaaa0008")
+    roll.name(runs, [])
+
+    async def claim_all():
+        answers = await asyncio.gather(*(roll.claim(run.run_id) for run in runs))
+        await roll.aclose()
+        return answers
+
+    assert asyncio.run(claim_all()) == [True] * 5
+    assert roll.named() == 0
+    assert redis.Redis.from_url(REDIS_URL).hlen(f"{redis_prefix}:orphans:aaaa0008") == 0
