@@ -66,6 +66,17 @@ def kill_worker(at_s: float = 1.0, down_s: float = 5.0, index: int = 0) -> Fault
     )
 
 
+def kill_worker_for_good(at_s: float = 1.0, index: int = 0) -> Fault:
+    """kill -9 of a worker's process group, not restarted: the other workers serve its
+    queues (the fault's end is its death)."""
+    return Fault(
+        f"worker {index} killed (kill -9), not restarted",
+        at_s,
+        0.0,
+        inject=lambda stack: stack.workers[index].kill(),
+    )
+
+
 def kill_beat(at_s: float = 1.0, down_s: float = 8.0) -> Fault:
     return Fault(
         f"beat killed (kill -9), restarted {down_s:g}s later",

@@ -36,6 +36,35 @@ def test_a_worker_killed_and_restarted(make_stack):
     _assert_in_flight_waited_less_than_the_bound(outcome)
 
 
+# A burst a cap of 20 cannot keep up with (a call takes 0.2 s: 100 calls/s against
+# 300 runs/s due): when the worker dies, most of the runs it started wait in the
+# cap's line, never called.
+_CAPPED = {"PUNCTUAL_TARGET_MAX_CONCURRENCY": "20"}
+_CAP_BINDS = Load(one_offs=600, spread_s=2.0)
+# Issue 40: a dead worker's runs that were never called are called within this of
+# its death (another worker serves its queues) or of its restart (it was alone).
+UNCALLED_GOAL_S = 10.0
+
+
+def test_a_lone_worker_killed_mid_burst_calls_what_it_never_called_on_restart(make_stack):
+    """The lone worker dies with runs started and waiting for a cap's slot: restarted,
+    it finds them (its old process stopped beating) and calls them at once, its old
+    slots given back; its calls in flight wait for their lease."""
+    stack = make_stack(env=_CAPPED, workers=1)
+    outcome = stack.run(_CAP_BINDS, injectors.kill_worker(at_s=1.0, down_s=5.0))
+    _assert_guarantee(outcome, stack, UNCALLED_GOAL_S)
+    _assert_in_flight_waited_less_than_the_bound(outcome)
+
+
+def test_a_worker_killed_mid_burst_its_uncalled_runs_go_to_the_other(make_stack):
+    """Of two workers, one dies for good with runs started and never called: the
+    other calls them within seconds of the death, not after their leases."""
+    stack = make_stack(env=_CAPPED)
+    outcome = stack.run(_CAP_BINDS, injectors.kill_worker_for_good(at_s=1.0))
+    _assert_guarantee(outcome, stack, UNCALLED_GOAL_S)
+    _assert_in_flight_waited_less_than_the_bound(outcome)
+
+
 def test_the_beat_killed_and_restarted(make_stack):
     stack = make_stack()
     outcome = stack.run(Load(), injectors.kill_beat(at_s=1.0, down_s=6.0))
