@@ -24,6 +24,7 @@ bench waits for every one-off to be called and completed, and prints one row:
                          the busy sink read them (calls in flight: they wait for a lease)
     last call            the last one-off's first call, seconds after T
     recovery             how long after the fault's end the last never-called one-off was called
+    from fault           the same from the fault's start (worker-kill: from the worker's death)
     settled              when the last one-off's outcome was written, seconds after T
     gap                  the largest gap between calls of a recurring job
 
@@ -82,6 +83,7 @@ COLUMNS = (
     ("uncalled", "uncall", 6),
     ("last_one_off_call_s", "last call", 9),
     ("recovery_s", "recovery", 8),
+    ("from_fault_s", "from fault", 10),
     ("last_settled_s", "settled", 7),
     ("recurring_max_gap_s", "gap", 5),
 )
@@ -354,14 +356,14 @@ def markdown(rows: list[dict]) -> str:
     head = (
         "| fault | lost | duplicate calls (after an expired lease) | unexplained "
         '| runs failed "lease expired" | unrecorded bound | unrecorded | uncalled '
-        "| last one-off call | recovery | settled | largest recurring gap |"
+        "| last one-off call | recovery | from fault | settled | largest recurring gap |"
     )
-    lines = [head, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [head, "| --- |" + " ---: |" * 12]
     for r in rows:
         lines.append(
             f"| {r['fault']} | {r['lost']} | {r['duplicates']} | {r['unexplained_duplicates']} "
             f"| {r['lease_expired']} | {r['bound']} | {r['unrecorded']} | {r['uncalled']} "
-            f"| T+{r['last_one_off_call_s']} s | {r['recovery_s']} s "
+            f"| T+{r['last_one_off_call_s']} s | {r['recovery_s']} s | {r.get('from_fault_s', '')} s "
             f"| T+{r['last_settled_s']} s | {r['recurring_max_gap_s']} s |"
         )
     return "\n".join(lines)

@@ -357,7 +357,9 @@ class FaultStack:
         self._wait_done(due, deadline)
         time.sleep(1.0)  # late duplicates (a stopped worker resumed) arrive now or never
         runs, completed = self._rows(due, recurring)
-        verdict = judge(calls_from_headers(self.sink.calls()), runs, due, recurring, completed, t0, fault_end)
+        verdict = judge(
+            calls_from_headers(self.sink.calls()), runs, due, recurring, completed, t0, fault_end, fault_start
+        )
         outcome = Outcome(fault.name if fault else "none", t0, fault_start, fault_end, verdict)
         print("fault run:", outcome.row())  # shown by pytest -s and on failure
         return outcome

@@ -9,7 +9,9 @@ registry holds, and says what the guarantee is about:
   "lease expired", and the later call carries a higher attempt. Anything else (the
   same attempt twice, a lower attempt after a higher one) is listed as unexplained;
 - recovery: how long after the fault's end the last one-off that had not been called
-  yet was first called (`max(first call - max(due, fault end))`, 0 when none waited);
+  yet was first called (`max(first call - max(due, fault end))`, 0 when none waited),
+  and the same from the fault's start (a worker killed beside another: its runs
+  never called are the other's to call from its death);
   and when the last one-off's outcome was written (a call in flight when its worker
   died is only settled when its lease expires);
 - unrecorded and uncalled: the runs settled "lease expired" whose attempt the target
@@ -67,6 +69,7 @@ class Verdict:
     uncalled: int = 0  # of those, never called: they waited out a lease for nothing
     last_first_call_s: float | None = None  # the last one-off's first call, seconds after T
     recovery_s: float = 0.0  # see the module docstring
+    from_fault_s: float = 0.0  # the same, from the fault's start
     last_settled_s: float | None = None  # the last one-off run's outcome written, seconds after T
     recurring_max_gap_s: float | None = None
     skipped_missed: int = 0
@@ -88,6 +91,7 @@ class Verdict:
             "uncalled": self.uncalled,
             "last_one_off_call_s": _rounded(self.last_first_call_s),
             "recovery_s": round(self.recovery_s, 1),
+            "from_fault_s": round(self.from_fault_s, 1),
             "last_settled_s": _rounded(self.last_settled_s),
             "recurring_max_gap_s": _rounded(self.recurring_max_gap_s),
             "skipped_missed": self.skipped_missed,
@@ -119,10 +123,11 @@ def judge(
     completed: Iterable[str],
     t0: float,
     fault_end: float | None,
+    fault_start: float | None = None,
 ) -> Verdict:
     """`one_offs`: job id -> due instant (epoch s); `recurring`: job ids; `completed`:
     the one-off job ids that are `completed` at the end; `t0`: T; `fault_end`: when
-    the fault was healed (None: no fault)."""
+    the fault was healed (None: no fault); `fault_start`: when it began."""
     by_key: dict[str, list[Call]] = defaultdict(list)
     for call in sorted(calls, key=lambda c: c.at):
         by_key[call.key].append(call)
@@ -169,6 +174,8 @@ def judge(
         verdict.last_first_call_s = max(first_call.values()) - t0
         end = fault_end if fault_end is not None else t0
         verdict.recovery_s = max(0.0, max(at - max(one_offs[j], end) for j, at in first_call.items()))
+        start = fault_start if fault_start is not None else end
+        verdict.from_fault_s = max(0.0, max(at - max(one_offs[j], start) for j, at in first_call.items()))
 
     settled = [r.finished_at for r in run_rows if r.job_id in one_offs and r.finished_at is not None]
     verdict.last_settled_s = max(settled) - t0 if settled else None
