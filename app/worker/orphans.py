@@ -146,6 +146,7 @@ class Roll:
         self._named: set[uuid.UUID] = set()
         self._forgotten: list[str] = []
         self._claims: list[tuple[uuid.UUID, asyncio.Future]] = []
+        self._beaten = 0.0  # when the last beat that Redis took was sent (time.monotonic)
         self._on_loop: redis.asyncio.Redis | None = None  # the calls' loop's own connection
         self._claim_async: Any = None
         self._stop = threading.Event()
@@ -169,8 +170,10 @@ class Roll:
         if caps:
             pipe.sadd(self._key + ":caps", *caps)
         pipe.zadd(self._beats, {self.word: time.time()})
+        sent = time.monotonic()
         try:
             pipe.execute()
+            self._beaten = sent
         except redis.RedisError:
             log.warning("naming %d started runs failed; their leases cover them", len(fields), exc_info=True)
             return
@@ -203,11 +206,14 @@ class Roll:
                 self._on_loop, self._claim_async = client, client.register_script(CLAIM_SCRIPT)
             answers = await self._claim_async(keys=[self._key], args=[str(run_id) for run_id, _ in claims])
         except Exception:
-            # Cannot tell: called all the same (only this process's death right now and
-            # a taker would call them again); their names go at the watcher's next tick.
-            log.warning("taking %d names out failed; the calls go ahead", len(claims), exc_info=True)
+            # Cannot tell. While the process's last beat is recent enough that no taker
+            # can have thought it dead, the calls go ahead; past that they are not made
+            # (their leases cover them). Their names go at the watcher's next tick.
+            fresh = time.monotonic() - self._beaten < DEAD_AFTER_S - BEAT_S
+            made = "calls made" if fresh else "not called"
+            log.warning("taking %d names out failed; %s", len(claims), made, exc_info=True)
             self.forget(run_id for run_id, _ in claims)
-            answers = [1] * len(claims)
+            answers = [int(fresh)] * len(claims)
         for (_, future), answer in zip(claims, answers, strict=True):
             if not future.done():
                 future.set_result(bool(answer))
@@ -250,11 +256,15 @@ class Roll:
             self._thread.start()
 
     def _watch(self) -> None:
+        failing = False
         while True:
             try:
                 self.tick()
-            except Exception:  # the next tick tries again
-                log.warning("the watch for dead workers' runs failed", exc_info=True)
+                failing = False
+            except Exception:  # the next tick tries again (said once until one works)
+                if not failing:
+                    log.warning("the watch for dead workers' runs failed", exc_info=True)
+                failing = True
             if self._stop.wait(BEAT_S):
                 return
 
@@ -271,7 +281,10 @@ class Roll:
         if forgotten:
             pipe.hdel(self._key, *forgotten)
         pipe.zrangebyscore(self._beats, "-inf", f"({now - DEAD_AFTER_S!r}", start=0, num=TAKEN_PER_TICK + 1)
+        sent = time.monotonic()
         dead = [w.decode() for w in pipe.execute()[-1]]
+        if beat:
+            self._beaten = sent
         return sum(self.take(word, now - DEAD_AFTER_S) for word in dead if word != self.word)
 
     def take(self, word: str, dead_before: float) -> int:
