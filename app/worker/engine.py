@@ -360,17 +360,25 @@ class Dispatcher:
         if not admitted:
             return [], 0
         settings = self.settings
+        roll = self._roll
+        if roll is not None:  # named before the start: no instant where a run is started and unnamed
+            roll.name([c.run for c in admitted], {key for call in admitted for key in call.keys})
         sent = time.monotonic()
-        started_ids = lease.start(self.registry, [c.run for c in admitted], now)
+        try:
+            started_ids = lease.start(self.registry, [c.run for c in admitted], now)
+        except BaseException:
+            if roll is not None:  # the message goes back, to be started with the same tokens elsewhere
+                roll.unname([c.run.run_id for c in admitted])
+            raise
         calls = [call for call in admitted if call.run.run_id in started_ids]
+        if roll is not None and len(calls) < len(admitted):  # another process's runs (same tokens)
+            roll.unname([c.run.run_id for c in admitted if c.run.run_id not in started_ids])
         for call in calls:
             call.lease_until = sent + settings.lease_s
         for shard, count in Counter(call.run.shard for call in calls).items():
             metrics.RUNS_STARTED.labels(str(shard)).inc(count)
         for call in calls:
             self._inflight.add(call.run.run_id, call)
-        if self._roll is not None and calls:  # named until their calls (app.worker.orphans)
-            self._roll.name([call.run for call in calls], {key for call in calls for key in call.keys})
         if traced is not None:  # before the loop has them: a call span's parent is its dispatch
             spans, began_ns = traced
             ended_ns = time.time_ns()

@@ -2,8 +2,10 @@
 that a live process makes them due again within seconds of this one's death, instead
 of after their leases (docs/design.md, "Decisions": a dead worker's uncalled runs).
 
-- `name(runs, caps)`: right after a start, one transaction for the batch: each run
-  in the process's hash, the caps it may take slots of, and the process's beat;
+- `name(runs, caps)`: right before a start, one transaction for the batch: each run
+  in the process's hash, the caps it may take slots of, and the process's beat; the
+  runs the start did not start (another process's, under the same tokens) are taken
+  out again at once (`unname`);
 - `claim(run_id)` (on the calls' loop): right before a call, the run's name is taken
   out; the names claimed in one turn of the loop go in one pipeline, and a call goes
   out only if its name was still there (a taker may have had it: then it is not ours
@@ -158,9 +160,9 @@ class Roll:
     # -- the process's own names ----------------------------------------------------------
 
     def name(self, runs: Sequence[DispatchRun], caps: Iterable[str]) -> None:
-        """Name started runs, with the cap keys their calls may hold slots of (one
-        transaction: a taker sees all of it with a fresh beat, or none of it). Should
-        it fail, the runs are not named: their leases cover them, as before."""
+        """Name runs about to start, with the cap keys their calls may hold slots of
+        (one transaction: a taker sees all of it with a fresh beat, or none of it).
+        Should it fail, the runs are not named: their leases cover them, as before."""
         fields: dict[Any, Any] = {str(run.run_id): entry(run) for run in runs}
         if not fields:
             return
@@ -179,6 +181,20 @@ class Roll:
             return
         with self._lock:
             self._named.update(run.run_id for run in runs)
+
+    def unname(self, run_ids: Sequence[uuid.UUID]) -> None:
+        """Take out now the names of runs this process did not start: they may be
+        another process's, under the same tokens, which a taker must not hold back.
+        (Should Redis not answer, they go at the watcher's next tick.)"""
+        if not run_ids:
+            return
+        for run_id in run_ids:
+            self._named.discard(run_id)
+        try:
+            self._client.hdel(self._key, *(str(run_id) for run_id in run_ids))
+        except redis.RedisError:
+            log.warning("taking out %d names of runs not started failed", len(run_ids), exc_info=True)
+            self.forget(run_ids)
 
     async def claim(self, run_id: uuid.UUID) -> bool:
         """(On the calls' loop.) Take the run's name out before its call: whether it may
