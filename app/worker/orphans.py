@@ -252,6 +252,10 @@ class Roll:
             client, self._on_loop = self._on_loop, None
             await client.aclose()
 
+    @property
+    def closed(self) -> bool:
+        return self._stop.is_set()
+
     def close(self) -> None:
         """The process stops: the watcher, then the roll (what is left in it was
         settled or is covered by its lease)."""
@@ -344,7 +348,7 @@ def roll_for(settings, registry_of) -> Roll | None:
     identity = (settings.redis_url, settings.redis_prefix)
     with _rolls_lock:
         roll = _rolls.get(identity)
-        if roll is None or roll.word != process_word():
+        if roll is None or roll.word != process_word() or roll.closed:
             roll = _rolls[identity] = Roll(settings.redis_url, settings.redis_prefix, registry_of)
             roll.start()
         return roll

@@ -122,3 +122,17 @@ def test_claims_of_one_turn_of_the_loop_go_together(registry, redis_prefix):
     assert asyncio.run(claim_all()) == [True] * 5
     assert roll.named() == 0
     assert redis.Redis.from_url(REDIS_URL).hlen(f"{redis_prefix}:orphans:aaaa0008") == 0
+
+
+def test_a_duplicated_message_leaves_no_name_a_taker_could_hold(pg_settings, registry, redis_prefix):
+    """The runs a start does not start (another process's, under the same tokens) are
+    taken out of the roll at once: a taker must never hold back a run called elsewhere."""
+    from app.worker.context import WorkerContext
+
+    runs = _started(registry, 3)  # started already, as by the message's first delivery
+    context = WorkerContext(pg_settings)
+    try:
+        assert context.dispatcher.dispatch(runs).stale == 3
+        assert redis.Redis.from_url(REDIS_URL).hlen(f"{redis_prefix}:orphans:{context.roll.word}") == 0
+    finally:
+        context.close(5)
