@@ -7,9 +7,9 @@ of after their leases (docs/design.md, "Decisions": a dead worker's uncalled run
   runs the start did not start (another process's, under the same tokens) are taken
   out again at once (`unname`);
 - `claim(run_id)` (on the calls' loop): right before a call, the run's name is taken
-  out; the names claimed in one turn of the loop go in one pipeline, and a call goes
-  out only if its name was still there (a taker may have had it: then it is not ours
-  to call). `forget(run_ids)`: a run that leaves without a call (put off, withdrawn),
+  out; the names claimed meanwhile go in one script call, one out at a time, and a
+  call goes out only if its name was still there (a taker may have had it: then it
+  is not ours to call). `forget(run_ids)`: a run that leaves without a call (put off, withdrawn),
   taken out at the watcher's next tick;
 - the watcher (a thread, every BEAT_S): beats while the process holds names or
   calls in flight, and
@@ -148,6 +148,8 @@ class Roll:
         self._named: set[uuid.UUID] = set()
         self._forgotten: list[str] = []
         self._claims: list[tuple[uuid.UUID, asyncio.Future]] = []
+        self._claiming = False  # a script call of claims is out
+        self._sent: asyncio.Future | None = None  # (kept: the loop holds tasks weakly)
         self._beaten = 0.0  # when the last beat that Redis took was sent (time.monotonic)
         self._on_loop: redis.asyncio.Redis | None = None  # the calls' loop's own connection
         self._claim_async: Any = None
@@ -206,14 +208,22 @@ class Roll:
             return True
         future = asyncio.get_running_loop().create_future()
         self._claims.append((run_id, future))
-        if len(self._claims) == 1:
+        if len(self._claims) == 1 and not self._claiming:
             asyncio.get_running_loop().call_soon(self._send_claims)
         return await future
 
     def _send_claims(self) -> None:
+        """One script call at a time: the claims made while one is out go together in
+        the next, so that a busy loop sends few calls of many names, not one a turn."""
         claims, self._claims = self._claims, []
-        task = asyncio.ensure_future(self._claimed(claims))
-        task.add_done_callback(lambda _: None)
+        self._claiming = True
+        self._sent = asyncio.ensure_future(self._claimed(claims))
+        self._sent.add_done_callback(self._next_claims)
+
+    def _next_claims(self, _task: asyncio.Future) -> None:
+        self._claiming = False
+        if self._claims:
+            self._send_claims()
 
     async def _claimed(self, claims: list[tuple[uuid.UUID, asyncio.Future]]) -> None:
         try:
