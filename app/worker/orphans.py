@@ -178,8 +178,9 @@ class Roll:
         try:
             pipe.execute()
             self._beaten = sent
-        except redis.RedisError:
-            log.warning("naming %d started runs failed; their leases cover them", len(fields), exc_info=True)
+        except redis.RedisError:  # (written perhaps, the answer lost: out at the next tick)
+            log.warning("naming %d runs failed; their leases cover them", len(fields), exc_info=True)
+            self.forget(run.run_id for run in runs)
             return
         with self._lock:
             self._named.update(run.run_id for run in runs)
@@ -201,7 +202,7 @@ class Roll:
     async def claim(self, run_id: uuid.UUID) -> bool:
         """(On the calls' loop.) Take the run's name out before its call: whether it may
         be called (False: a taker had it, so another attempt may be under way). The
-        claims of one turn of the loop go together."""
+        claims made while one script call is out go together in the next."""
         try:  # (one operation on a set: atomic, no lock needed on the calls' path)
             self._named.remove(run_id)
         except KeyError:  # never named (the naming failed), or forgotten
