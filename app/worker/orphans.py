@@ -4,24 +4,23 @@ of after their leases (docs/design.md, "Decisions": a dead worker's uncalled run
 
 - `name(runs, caps)`: right before a start, one transaction for the batch: each run
   in the process's hash, the caps it may take slots of, and the process's beat; the
-  runs the start did not start (another process's, under the same tokens) are taken
-  out again at once (`unname`);
+  runs the start did not start (another process's, same tokens) go out at once;
 - `claim(run_id)` (on the calls' loop): right before a call, the run's name is taken
   out; the names claimed meanwhile go in one script call, one out at a time, and a
   call goes out only if its name was still there (a taker may have had it: then it
-  is not ours to call). `forget(run_ids)`: a run that leaves without a call (put off, withdrawn),
-  taken out at the watcher's next tick;
-- the watcher (a thread, every BEAT_S): beats while the process holds names or
-  calls in flight, and
-  looks for a process whose beat is older than DEAD_AFTER_S. One script takes such
-  a process's roll, atomically (one taker), and gives back its concurrency slots
-  (their holder names carry the process's word, app.worker.engine.HolderNames); its
-  runs are then held back to the registry, fenced by their lease tokens, due at
-  their own instants, no attempt spent (app.lifecycle.lease.hold).
+  is not ours to call). `forget(run_ids)`: runs that leave without a call (put off,
+  withdrawn), taken out at the watcher's next tick;
+- the watcher (a thread, every BEAT_S, IDLE_LOOK_S when idle): beats while the
+  process holds names or calls in flight, and looks for a process whose beat is
+  older than DEAD_AFTER_S. One script takes such a process's roll, atomically (one
+  taker), and gives back its concurrency slots (their holder names carry the
+  process's word, app.worker.engine.HolderNames); its runs are then held back to the
+  registry, fenced by their lease tokens, due at their own instants, no attempt
+  spent (app.lifecycle.lease.hold).
 
-A process with nothing named sends one command per tick. A taker that dies mid-take,
-or a Redis or registry away, leaves the runs to their leases and the janitor, as
-before. The hosts' clocks are assumed within a second of each other, as for leases.
+An idle process sends one command every IDLE_LOOK_S. A taker that dies mid-take, or
+a Redis or registry away, leaves the runs to their leases and the janitor, as before.
+The hosts' clocks are assumed within a second of each other, as for leases.
 """
 
 from __future__ import annotations
@@ -46,8 +45,10 @@ from app.lifecycle.message import DispatchRun
 
 log = logging.getLogger("punctual.orphans")
 
-# How often a process with names beats, and looks for dead processes.
+# How often a process with names (or calls) beats, and looks for dead processes.
 BEAT_S = 1.0
+# How often a process with neither looks for dead processes: one command.
+IDLE_LOOK_S = 2.0
 # A process whose beat is older than this is dead: its named runs are taken.
 DEAD_AFTER_S = 3.0
 # How many dead processes one tick takes at most.
@@ -296,26 +297,32 @@ class Roll:
                 if not failing:
                     log.warning("the watch for dead workers' runs failed", exc_info=True)
                 failing = True
-            if self._stop.wait(BEAT_S):
+            if self._stop.wait(BEAT_S if self._busy() else IDLE_LOOK_S):
                 return
+
+    def _busy(self) -> bool:
+        return bool(self._named) or bool(self._forgotten) or self.holding()
 
     def tick(self) -> int:
         """Beat if the process holds names, take out forgotten ones, and take the roll
         of each dead process found; returns how many runs were taken."""
         with self._lock:
-            beat = bool(self._named) or bool(self._forgotten) or self.holding()
+            beat = self._busy()
             forgotten, self._forgotten = self._forgotten, []
         now = time.time()
-        pipe = self._client.pipeline(transaction=False)
-        if beat:
+        older = f"({now - DEAD_AFTER_S!r}"
+        if not beat:  # idle: the look alone
+            found = self._client.zrangebyscore(self._beats, "-inf", older, start=0, num=TAKEN_PER_TICK + 1)
+        else:
+            pipe = self._client.pipeline(transaction=False)
             pipe.zadd(self._beats, {self.word: now})
-        if forgotten:
-            pipe.hdel(self._key, *forgotten)
-        pipe.zrangebyscore(self._beats, "-inf", f"({now - DEAD_AFTER_S!r}", start=0, num=TAKEN_PER_TICK + 1)
-        sent = time.monotonic()
-        dead = [w.decode() for w in pipe.execute()[-1]]
-        if beat:
+            if forgotten:
+                pipe.hdel(self._key, *forgotten)
+            pipe.zrangebyscore(self._beats, "-inf", older, start=0, num=TAKEN_PER_TICK + 1)
+            sent = time.monotonic()
+            found = pipe.execute()[-1]
             self._beaten = sent
+        dead = [w.decode() for w in found]
         return sum(self.take(word, now - DEAD_AFTER_S) for word in dead if word != self.word)
 
     def take(self, word: str, dead_before: float) -> int:
