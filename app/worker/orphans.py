@@ -311,6 +311,7 @@ class Roll:
             forgotten, self._forgotten = self._forgotten, []
         now = time.time()
         older = f"({now - DEAD_AFTER_S!r}"
+        found: Any
         if not beat:  # idle: the look alone
             found = self._client.zrangebyscore(self._beats, "-inf", older, start=0, num=TAKEN_PER_TICK + 1)
         else:
