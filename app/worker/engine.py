@@ -368,11 +368,19 @@ class Dispatcher:
             started_ids = lease.start(self.registry, [c.run for c in admitted], now)
         except BaseException:
             if roll is not None:  # the message goes back, to be started with the same tokens elsewhere
-                roll.unname([c.run.run_id for c in admitted])
+                roll.unname([c.run.run_id for c in admitted if c.run.run_id not in self._inflight])
             raise
         calls = [call for call in admitted if call.run.run_id in started_ids]
-        if roll is not None and len(calls) < len(admitted):  # another process's runs (same tokens)
-            roll.unname([c.run.run_id for c in admitted if c.run.run_id not in started_ids])
+        if roll is not None and len(calls) < len(admitted):
+            # Another process's runs (same tokens), or this one's, started by an earlier
+            # delivery of the message: those keep their names until their calls.
+            roll.unname(
+                [
+                    c.run.run_id
+                    for c in admitted
+                    if c.run.run_id not in started_ids and c.run.run_id not in self._inflight
+                ]
+            )
         for call in calls:
             call.lease_until = sent + settings.lease_s
         for shard, count in Counter(call.run.shard for call in calls).items():

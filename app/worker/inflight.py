@@ -42,6 +42,10 @@ class InFlight(Generic[T]):
                 self._cond.notify_all()
             return found
 
+    def __contains__(self, key: uuid.UUID) -> bool:
+        with self._cond:
+            return key in self._items
+
     def __len__(self) -> int:
         with self._cond:
             return len(self._items)
