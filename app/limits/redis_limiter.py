@@ -546,6 +546,12 @@ LOOK_SCRIPT = _fill(LOOK_SCRIPT)
 _REASONS = {"r": RATE, "c": CAP}
 
 
+def slots_key(prefix: str, key: str) -> str:
+    """The sorted set of a cap's slot leases (holder -> expiry); with key "", the
+    prefix every cap's set shares (a dead process's slots are found by it)."""
+    return f"{prefix}:slots:{key}"
+
+
 class RedisLimiter(Limiter):
     """Limits shared by every process that uses the same Redis and key prefix."""
 
@@ -595,7 +601,7 @@ class RedisLimiter(Limiter):
         return f"{self._prefix}:bucket:{key}"
 
     def slots_key(self, key: str) -> str:
-        return f"{self._prefix}:slots:{key}"
+        return slots_key(self._prefix, key)
 
     def reservations_key(self, key: str) -> str:
         return f"{self._prefix}:resv:{key}"

@@ -42,6 +42,7 @@ import redis.asyncio
 from app.core.timefmt import utcnow
 from app.lifecycle import lease
 from app.lifecycle.message import DispatchRun
+from app.limits.redis_limiter import slots_key
 
 log = logging.getLogger("punctual.orphans")
 
@@ -142,7 +143,7 @@ class Roll:
         self._take = self._client.register_script(TAKE_SCRIPT)
         self._beats = f"{prefix}:orphans"
         self._rolls = f"{prefix}:orphans:"
-        self._slots = f"{prefix}:slots:"
+        self._slots = slots_key(prefix, "")
         self._key = self._rolls + self.word
         self._registry_of = registry_of
         self._lock = threading.Lock()

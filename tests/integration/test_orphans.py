@@ -12,6 +12,7 @@ import redis
 
 from app.core.timefmt import utcnow
 from app.lifecycle import lease
+from app.limits.redis_limiter import slots_key as redis_slots_key
 from app.pollers.claim import claim_batch
 from app.registry.engines import registry_for
 from app.worker.orphans import DEAD_AFTER_S, Roll
@@ -78,7 +79,7 @@ def test_a_dead_process_s_uncalled_runs_are_due_again_at_once_without_an_attempt
     called = runs[0]
     assert _claim(dead, called.run_id)  # its call went out: not the taker's
     slots = redis.Redis.from_url(REDIS_URL)
-    slots_key = f"{redis_prefix}:slots:cap:host"
+    slots_key = redis_slots_key(redis_prefix, "cap:host")
     far = time.time() + 60
     slots.zadd(slots_key, {f"{called.run_id}.aaaa0003-1": far, f"{called.run_id}.cccc0005-1": far})
     _dead(redis_prefix, "aaaa0003")
