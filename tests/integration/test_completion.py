@@ -108,6 +108,31 @@ def test_failure_with_attempts_left_writes_the_retry_into_next_run_at(registry):
     assert runs_of(registry, run.job_id)[0]["state"] == "failed"
 
 
+def test_a_batch_of_several_shapes_settles_each_job_as_alone(registry):
+    """A one-off done, a one-off to retry and a recurring job moved on, in one flush (job
+    writes of two shapes): each job is written as a flush of its own writes it."""
+    nominal = utcnow().replace(second=0, microsecond=0) - timedelta(minutes=1)
+    done, retried, recurring = started(
+        registry,
+        [
+            job_row(16, run_at=utcnow() - timedelta(seconds=1)),
+            job_row(16, run_at=utcnow() - timedelta(seconds=1), backoff_s=10),
+            job_row(16, cron="* * * * *", first=nominal, misfire="run_all"),
+        ],
+    )
+    now = utcnow()
+    batch = [Finished(done, OK, now), Finished(retried, HTTP_500, now), Finished(recurring, OK, now)]
+    assert complete(registry, batch, now, rand=lambda: 0.0).applied == 3
+    after = job(registry, done.job_id)
+    assert after["state"] == "completed" and after["lease_token"] is None
+    after = job(registry, retried.job_id)
+    assert after["state"] == "scheduled" and after["attempt"] == 1 and after["lease_token"] is None
+    assert after["next_run_at"] == now + timedelta(seconds=5)
+    after = job(registry, recurring.job_id)
+    assert after["state"] == "scheduled" and after["nominal_at"] == nominal + timedelta(minutes=1)
+    assert after["lease_token"] is None
+
+
 def test_retry_after_replaces_the_backoff(registry):
     [run] = started(registry, [job_row(16, run_at=utcnow() - timedelta(seconds=1), backoff_s=100)])
     now = utcnow()
