@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import orjson
+
 from app.core.timefmt import format_instant, parse_instant
 from app.registry.records import Row
 
@@ -260,8 +262,14 @@ ONE_OFF_LANE = "one-off"
 
 
 def encode_runs(entries: Sequence[Mapping[str, Any]]) -> str:
-    """The `runs` of a dispatch message: its entries as one JSON text."""
-    return json.dumps(entries, separators=(",", ":"))
+    """The `runs` of a dispatch message: its entries as one compact JSON text, written
+    by orjson (json.dumps walked each entry's objects in Python); what orjson refuses
+    (an integer past 64 bits or a lone surrogate in an owner's payload) goes the
+    standard library's way. Either text reads back with `decode_runs` alike."""
+    try:
+        return orjson.dumps(entries).decode()
+    except orjson.JSONEncodeError:
+        return json.dumps(entries, separators=(",", ":"))
 
 
 def decode_runs(runs: str | Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

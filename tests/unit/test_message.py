@@ -173,3 +173,11 @@ def test_a_few_one_offs_ride_with_the_recurring_runs_of_their_eta_but_a_burst_do
 
     alone = [run(owner="a", fire_at=later) for _ in range(2)]  # no recurring run to ride with
     assert [message_headers(e)["punctual_lane"] for _, e in to_messages(alone, NOW)] == ["one-off"]
+
+
+def test_runs_orjson_cannot_write_travel_as_the_standard_librarys_text():
+    big = run(payload={"n": 2**70, "s": "\ud800"})
+    text = encode_runs([big.to_message()])
+    assert [DispatchRun.from_message(e) for e in decode_runs(text)] == [big]
+    assert json.loads(text)[0]["payload"]["n"] == 2**70
+
