@@ -104,7 +104,12 @@ class DispatchRun:
 
     @classmethod
     def from_message(cls, entry: Mapping[str, Any]) -> DispatchRun:
-        return cls(
+        # Every field is set here, so the instance's dictionary is filled in one step:
+        # the frozen dataclass's __init__ sets each of its fourteen fields through
+        # object.__setattr__, for each run of every message.
+        run = object.__new__(cls)
+        fire_at = entry.get("fire_at")
+        run.__dict__.update(
             run_id=uuid.UUID(entry["run_id"]),
             job_id=uuid.UUID(entry["job_id"]),
             shard=int(entry["shard"]),
@@ -116,10 +121,11 @@ class DispatchRun:
             target=entry["target"],
             retry=entry["retry"] or {},
             payload=entry.get("payload"),
-            fire_at=parse_instant(entry["fire_at"]) if entry.get("fire_at") else None,
+            fire_at=parse_instant(fire_at) if fire_at else None,
             recurring=bool(entry.get("recurring")),
             own_lease=bool(entry.get("own_lease")),
         )
+        return run
 
     @classmethod
     def from_row(

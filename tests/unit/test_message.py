@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -181,3 +183,11 @@ def test_runs_orjson_cannot_write_travel_as_the_standard_librarys_text():
     assert [DispatchRun.from_message(e) for e in decode_runs(text)] == [big]
     assert json.loads(text)[0]["payload"]["n"] == 2**70
 
+
+def test_a_run_read_from_a_message_has_every_field_and_stays_frozen():
+    original = run(fire_at=NOW, recurring=True, own_lease=True)
+    read = DispatchRun.from_message(json.loads(json.dumps(original.to_message())))
+    assert read == original
+    assert {f.name: getattr(read, f.name) for f in dataclasses.fields(read)} == dataclasses.asdict(original)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        read.attempt = 3  # type: ignore[misc]
