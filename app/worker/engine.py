@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import heapq
 import itertools
 import logging
 import os
@@ -76,6 +77,15 @@ HELD_PER_SLOT = 4
 # How often runs whose instant came while every call slot was taken look for one freed
 # since (a call ended, on the loop or a thread).
 DUE_LOOK_S = 0.005
+# A held run's name is taken out of the roll (app.worker.orphans) at most CLAIM_AHEAD_S
+# before its instant, with those of the other held runs firing by then, in one script
+# call made CLAIM_LEAD_S before the first of them: the round trip leaves the calls'
+# path, and calls spread in time share it. A process that dies in that while leaves
+# those runs to their leases, so names go out ahead only while it has call slots free
+# and no run waits for one (those runs are called at their instants).
+CLAIM_AHEAD_S = 0.1
+# Ahead of the first instant: more than a round trip to Redis under load.
+CLAIM_LEAD_S = 0.02
 # How often the start lateness of the calls made is written to its histogram: once for
 # the calls of that while, not once a call (metrics.observe_many).
 LATENESS_EVERY_S = 0.5
@@ -203,6 +213,12 @@ class Dispatcher:
         # slot on the loop, or waits there for one (_due: oldest first).
         self._holds = threading.BoundedSemaphore(HELD_PER_SLOT * self.capacity)
         self._due: collections.deque[_Call] = collections.deque()
+        # Held runs whose names are still in the roll, by instant (_claim_ahead), and the
+        # loop's timer for the next of them.
+        self._unclaimed: list[tuple[float, int, _Call]] = []
+        self._unclaimed_count = itertools.count()
+        self._claim_timer: asyncio.TimerHandle | None = None
+        self._claim_at = 0.0
         self._loop = webhooks.loop  # the calls' loop: the webhook session lives on it
         self._tasks: set[asyncio.Task] = set()  # the loop keeps only weak references
         self._lateness: list[float] = []  # of the calls made, observed every LATENESS_EVERY_S
@@ -412,9 +428,46 @@ class Dispatcher:
         its instant waits for it on a timer of the loop first (_at_instant)."""
         for call in calls:
             if call.held:
+                if self._roll is not None:
+                    self._name_out_ahead(call)
                 self._at_instant(call)
             else:
                 self._take_slot(call)
+
+    def _name_out_ahead(self, call: _Call) -> None:
+        """On the loop: the held run's name goes out of the roll a little before its
+        instant (CLAIM_AHEAD_S), with those of the held runs firing near it."""
+        assert call.run.fire_at is not None
+        at = call.run.fire_at.timestamp()
+        heapq.heappush(self._unclaimed, (at, next(self._unclaimed_count), call))
+        at -= CLAIM_LEAD_S
+        if self._claim_timer is None or at < self._claim_at:
+            if self._claim_timer is not None:
+                self._claim_timer.cancel()
+            self._claim_at = at
+            self._claim_timer = asyncio.get_running_loop().call_later(at - time.time(), self._claim_ahead)
+
+    def _claim_ahead(self) -> None:
+        """On the loop: take out together the names of the held runs firing within
+        CLAIM_AHEAD_S, as many as there are call slots free, if no run waits for one
+        (the others are claimed at their calls, as due runs are)."""
+        self._claim_timer = None
+        unclaimed = self._unclaimed
+        by = time.time() + CLAIM_AHEAD_S
+        firing = []
+        while unclaimed and unclaimed[0][0] <= by:
+            firing.append(heapq.heappop(unclaimed)[2])
+        # (A semaphore's count, read alone: a free call slot taken meanwhile by a thread
+        # leaves one run waiting for a slot with its name out, as a call in flight.)
+        free = 0 if self._due or self._gate.waiting else self._slots._value
+        if firing and free > 0:
+            assert self._roll is not None
+            self._roll.claim_ahead(call.run.run_id for call in firing[:free])
+        if unclaimed:
+            self._claim_at = unclaimed[0][0] - CLAIM_LEAD_S
+            self._claim_timer = asyncio.get_running_loop().call_later(
+                self._claim_at - time.time(), self._claim_ahead
+            )
 
     def _at_instant(self, call: _Call) -> None:
         """On the loop: a held run's call goes ahead once its instant has come (the

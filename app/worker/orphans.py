@@ -150,6 +150,7 @@ class Roll:
         self._named: set[uuid.UUID] = set()
         self._forgotten: list[str] = []
         self._claims: list[tuple[uuid.UUID, asyncio.Future]] = []
+        self._ahead: dict[uuid.UUID, asyncio.Future] = {}  # claimed ahead, not yet called
         self._claiming = False  # a script call of claims is out
         self._sent: asyncio.Future | None = None  # (kept: the loop holds tasks weakly)
         self._beaten = 0.0  # when the last beat that Redis took was sent (time.monotonic)
@@ -204,16 +205,33 @@ class Roll:
     async def claim(self, run_id: uuid.UUID) -> bool:
         """(On the calls' loop.) Take the run's name out before its call: whether it may
         be called (False: a taker had it, so another attempt may be under way). The
-        claims made while one script call is out go together in the next."""
+        claims made while one script call is out go together in the next. A name taken
+        out ahead (`claim_ahead`) gives that answer, mostly there already."""
+        ahead = self._ahead.pop(run_id, None)
+        if ahead is not None:
+            return await ahead
+        future = self._claim(run_id)
+        return True if future is None else await future
+
+    def claim_ahead(self, run_ids: Iterable[uuid.UUID]) -> None:
+        """(On the calls' loop.) Take out now, together, the names of runs about to be
+        called; each call's `claim` then awaits its answer. From here a crash leaves
+        these runs to their leases: only runs whose calls are imminent are given."""
+        for run_id in run_ids:
+            future = self._claim(run_id)
+            if future is not None:
+                self._ahead[run_id] = future
+
+    def _claim(self, run_id: uuid.UUID) -> asyncio.Future | None:
         try:  # (one operation on a set: atomic, no lock needed on the calls' path)
             self._named.remove(run_id)
         except KeyError:  # never named (the naming failed), or forgotten
-            return True
+            return None
         future = asyncio.get_running_loop().create_future()
         self._claims.append((run_id, future))
         if len(self._claims) == 1 and not self._claiming:
             asyncio.get_running_loop().call_soon(self._send_claims)
-        return await future
+        return future
 
     def _send_claims(self) -> None:
         """One script call at a time: the claims made while one is out go together in
@@ -253,6 +271,7 @@ class Roll:
         with self._lock:
             for run_id in run_ids:
                 self._named.discard(run_id)
+                self._ahead.pop(run_id, None)  # (its name out already: harmless again)
                 self._forgotten.append(str(run_id))
 
     def named(self) -> int:

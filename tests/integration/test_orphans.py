@@ -137,3 +137,40 @@ def test_a_duplicated_message_leaves_no_name_a_taker_could_hold(pg_settings, reg
         assert redis.Redis.from_url(REDIS_URL).hlen(f"{redis_prefix}:orphans:{context.roll.word}") == 0
     finally:
         context.close(5)
+
+
+def test_names_taken_out_ahead_go_together_and_answer_their_calls(registry, redis_prefix):
+    runs = _started(registry, 4)
+    roll = _roll(registry, redis_prefix, "aaaa0009")
+    roll.name(runs, [])
+    key = f"{redis_prefix}:orphans:aaaa0009"
+
+    async def ahead_then_claim():
+        roll.claim_ahead(run.run_id for run in runs[:3])
+        await asyncio.sleep(0.2)  # answered before the calls ask
+        left = redis.Redis.from_url(REDIS_URL).hkeys(key)
+        roll.forget([runs[2].run_id])  # put off after its name went out: no call
+        answers = [await roll.claim(run.run_id) for run in runs[:2]]
+        await roll.aclose()
+        return left, answers
+
+    left, answers = asyncio.run(ahead_then_claim())
+    assert left == [str(runs[3].run_id).encode()]  # a taker now holds back only that one
+    assert answers == [True, True]
+    assert roll.named() == 1 and not roll._ahead
+
+
+def test_a_name_taken_by_a_taker_before_it_went_out_ahead_is_not_called(registry, redis_prefix):
+    runs = _started(registry, 2)
+    dead, taker = _roll(registry, redis_prefix, "aaaa0010"), _roll(registry, redis_prefix, "bbbb0011")
+    dead.name(runs, [])
+    _dead(redis_prefix, "aaaa0010")
+    assert taker.tick() == 2
+
+    async def ahead_then_claim():
+        dead.claim_ahead(run.run_id for run in runs)
+        answers = [await dead.claim(run.run_id) for run in runs]
+        await dead.aclose()
+        return answers
+
+    assert asyncio.run(ahead_then_claim()) == [False, False]
