@@ -8,15 +8,16 @@ of after their leases (docs/design.md, "Decisions": a dead worker's uncalled run
 - `claim(run_id)` (on the calls' loop): right before a call, the run's name is taken
   out; the names claimed meanwhile go in one script call, one out at a time, and a
   call goes out only if its name was still there (a taker may have had it: then it
-  is not ours to call). `forget(run_ids)`: runs that leave without a call (put off,
-  withdrawn), taken out at the watcher's next tick;
+  is not ours to call). `claim_ahead(run_ids)`: the same, a little before calls held
+  for their instants (app.worker.engine.CLAIM_AHEAD_S), their `claim`s answered by
+  it. A taker never holds back a run whose name is out (a crash leaves it to its
+  lease). `forget(run_ids)`: runs that leave uncalled, out at the watcher's next tick;
 - the watcher (a thread, every BEAT_S, IDLE_LOOK_S when idle): beats while the
   process holds names or calls in flight, and looks for a process whose beat is
   older than DEAD_AFTER_S. One script takes such a process's roll, atomically (one
-  taker), and gives back its concurrency slots (their holder names carry the
-  process's word, app.worker.engine.HolderNames); its runs are then held back to the
-  registry, fenced by their lease tokens, due at their own instants, no attempt
-  spent (app.lifecycle.lease.hold).
+  taker), and gives back its concurrency slots (holder names carry the process's
+  word, app.worker.engine.HolderNames); its runs are then held back to the registry,
+  fenced by their tokens, due at their instants, no attempt spent (lease.hold).
 
 An idle process sends one command every IDLE_LOOK_S. A taker that dies mid-take, or
 a Redis or registry away, leaves the runs to their leases and the janitor, as before.
