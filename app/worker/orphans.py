@@ -260,7 +260,8 @@ class Roll:
             fresh = time.monotonic() - self._beaten < DEAD_AFTER_S - BEAT_S
             made = "calls made" if fresh else "not called"
             log.warning("taking %d names out failed; %s", len(claims), made, exc_info=True)
-            self.forget(run_id for run_id, _ in claims)
+            with self._lock:  # (not `forget`: a claim made ahead is still to be answered)
+                self._forgotten.extend(str(run_id) for run_id, _ in claims)
             answers = [int(fresh)] * len(claims)
         for (_, future), answer in zip(claims, answers, strict=True):
             if not future.done():

@@ -174,3 +174,21 @@ def test_a_name_taken_by_a_taker_before_it_went_out_ahead_is_not_called(registry
         return answers
 
     assert asyncio.run(ahead_then_claim()) == [False, False]
+
+
+def test_a_name_that_could_not_go_out_ahead_is_not_called_once_the_beat_is_old(registry, redis_prefix):
+    runs = _started(registry, 1)
+    roll = _roll(registry, redis_prefix, "aaaa0012")
+    roll.name(runs, [])
+    roll._url = "redis://127.0.0.1:1/0"  # Redis away for the calls' loop
+    roll._beaten = time.monotonic() - DEAD_AFTER_S  # a taker may think the process dead
+
+    async def ahead_then_claim():
+        roll.claim_ahead([runs[0].run_id])
+        answer = await roll.claim(runs[0].run_id)
+        await roll.aclose()
+        return answer
+
+    assert asyncio.run(ahead_then_claim()) is False
+    roll.tick()  # its name goes at the watcher's next tick
+    assert redis.Redis.from_url(REDIS_URL).hlen(f"{redis_prefix}:orphans:aaaa0012") == 0
