@@ -24,6 +24,7 @@ Pure: building entries from run rows, grouping them into messages, parsing them 
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -78,6 +79,12 @@ class DispatchRun:
     # lease on its run row, as an off-schedule run does, not on the job.
     own_lease: bool = False
 
+    @functools.cached_property
+    def texts(self) -> tuple[str, str, str]:
+        """The run's id, its job's and its lease token, as text (str of each UUID): for a
+        run read from a message, the message's own texts, not printed again per run."""
+        return str(self.run_id), str(self.job_id), str(self.lease_token)
+
     @property
     def leased_on_run(self) -> bool:
         """The run holds its lease on its own row, not the job's: a triggered, replayed
@@ -109,13 +116,14 @@ class DispatchRun:
         # object.__setattr__, for each run of every message.
         run = object.__new__(cls)
         fire_at = entry.get("fire_at")
+        run_id, job_id, token = entry["run_id"], entry["job_id"], entry["lease_token"]
         run.__dict__.update(
-            run_id=uuid.UUID(entry["run_id"]),
-            job_id=uuid.UUID(entry["job_id"]),
+            run_id=uuid.UUID(run_id),
+            job_id=uuid.UUID(job_id),
             shard=int(entry["shard"]),
             owner=entry["owner"],
             origin=entry["origin"],
-            lease_token=uuid.UUID(entry["lease_token"]),
+            lease_token=uuid.UUID(token),
             scheduled_for=parse_instant(entry["scheduled_for"]),
             attempt=int(entry["attempt"]),
             target=entry["target"],
@@ -125,6 +133,8 @@ class DispatchRun:
             recurring=bool(entry.get("recurring")),
             own_lease=bool(entry.get("own_lease")),
         )
+        if _printed(run_id) and _printed(job_id) and _printed(token):  # (any other form is printed anew)
+            run.__dict__["texts"] = (run_id, job_id, token)
         return run
 
     @classmethod
@@ -160,6 +170,13 @@ class DispatchRun:
             recurring=recurring,
             own_lease=own_lease,
         )
+
+
+def _printed(text: str) -> bool:
+    """Whether `text`, which uuid.UUID has parsed, is already what str() prints of it:
+    36 characters, hyphens at their places and lowercase hex (an id or token goes into
+    headers and Redis fields, where it must be the one form)."""
+    return len(text) == 36 and text[8] == text[13] == text[18] == text[23] == "-" and text.islower()
 
 
 def round_robin(items: Sequence, key) -> list:

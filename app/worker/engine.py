@@ -664,7 +664,7 @@ class Dispatcher:
             return await asyncio.to_thread(
                 self._queues().publish,
                 QueueCall(
-                    str(run.job_id),
+                    run.texts[1],
                     run.scheduled_for,
                     run.attempt,
                     run.target["topic"],
@@ -675,7 +675,7 @@ class Dispatcher:
             )
         return await self.webhooks.send(
             WebhookCall(
-                str(run.job_id),
+                run.texts[1],
                 run.scheduled_for,
                 run.attempt,
                 run.target,

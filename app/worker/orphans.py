@@ -27,6 +27,7 @@ The hosts' clocks are assumed within a second of each other, as for leases.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import secrets
@@ -103,8 +104,15 @@ def process_word() -> str:
 
 def entry(run: DispatchRun) -> str:
     """What a roll keeps of a run: all a fenced hold needs, and its instant."""
-    at = (run.fire_at or run.scheduled_for).timestamp()
-    return f"{run.shard} {run.job_id} {run.lease_token} {int(run.leased_on_run)} {at!r}"
+    _, job_id, token = run.texts
+    at = _seconds(run.fire_at or run.scheduled_for)
+    return f"{run.shard} {job_id} {token} {int(run.leased_on_run)} {at}"
+
+
+@functools.lru_cache(maxsize=4096)  # a burst's runs share a handful of instants
+def _seconds(instant: datetime) -> str:
+    """An instant as a roll keeps it: Unix seconds, printed exactly."""
+    return repr(instant.timestamp())
 
 
 def taken_runs(names: dict[str, str], now: datetime) -> list[tuple[DispatchRun, datetime]]:
@@ -169,7 +177,7 @@ class Roll:
         """Name runs about to start, with the cap keys their calls may hold slots of
         (one transaction: a taker sees all of it with a fresh beat, or none of it).
         Should it fail, the runs are not named: their leases cover them, as before."""
-        fields: dict[Any, Any] = {str(run.run_id): entry(run) for run in runs}
+        fields: dict[Any, Any] = {run.texts[0]: entry(run) for run in runs}
         if not fields:
             return
         caps = set(caps)

@@ -191,3 +191,50 @@ def test_a_run_read_from_a_message_has_every_field_and_stays_frozen():
     assert {f.name: getattr(read, f.name) for f in dataclasses.fields(read)} == dataclasses.asdict(original)
     with pytest.raises(dataclasses.FrozenInstanceError):
         read.attempt = 3  # type: ignore[misc]
+
+
+def test_a_run_read_from_a_message_keeps_the_messages_texts_of_its_ids():
+    original = run()
+    message = original.to_message()
+    read = DispatchRun.from_message(message)
+    assert read.texts == (str(original.run_id), str(original.job_id), str(original.lease_token))
+    assert read.texts[1] is message["job_id"]  # not printed again
+    made = run()
+    assert made.texts == (str(made.run_id), str(made.job_id), str(made.lease_token))
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        str.upper,
+        lambda text: text.replace("-", ""),
+        lambda text: "{" + text + "}",
+        lambda text: "urn:uuid:" + text,
+    ],
+)
+def test_an_id_in_another_form_than_str_prints_is_printed_anew(form):
+    original = run()
+    message = {**original.to_message(), "job_id": form(str(original.job_id))}
+    read = DispatchRun.from_message(message)
+    assert read.job_id == original.job_id
+    assert read.texts == (str(original.run_id), str(original.job_id), str(original.lease_token))
+
+
+def test_a_roll_keeps_what_a_hold_reads_of_a_run_read_from_a_message():
+    from app.worker.orphans import entry, taken_runs
+
+    original = run(fire_at=NOW + timedelta(microseconds=123457), own_lease=True)
+    read = DispatchRun.from_message(original.to_message())
+    text = entry(read)
+    assert text == entry(original)
+    assert text == (
+        f"{original.shard} {original.job_id} {original.lease_token} 1 {original.fire_at.timestamp()!r}"
+    )
+    [(held, due)] = taken_runs({str(original.run_id): text}, NOW)
+    assert (held.run_id, held.job_id, held.lease_token, held.shard) == (
+        original.run_id,
+        original.job_id,
+        original.lease_token,
+        original.shard,
+    )
+    assert held.own_lease and due == original.fire_at
