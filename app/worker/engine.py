@@ -15,8 +15,9 @@
    publish) runs on the loop's threads;
 4. lease check: right before its call the task makes sure the run's lease still holds
    (renewing it with one fenced write if it may have run out); the webhook caller asks
-   again after signing and right before the request is written, so a process stopped
-   in between sends nothing stale (docs/design.md, "Invariants").
+   again after signing and right before the request is written, once the run's name is
+   out of the roll (app.worker.orphans), so a process stopped in between sends nothing
+   stale (docs/design.md, "Invariants").
 Transient registry and Redis failures are retried in place (app.registry.transient);
 beyond the budget the message goes back to the broker. Back-pressure: a semaphore of
 PUNCTUAL_DISPATCH_THREADS call slots is taken for a message's runs before they start,
@@ -29,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import functools
 import heapq
 import itertools
 import logging
@@ -36,7 +38,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -86,6 +88,9 @@ DUE_LOOK_S = 0.005
 CLAIM_AHEAD_S = 0.1
 # Ahead of the first instant: more than a round trip to Redis under load.
 CLAIM_LEAD_S = 0.02
+# Targets whose runs' names go out of the roll right before their calls are made; a
+# webhook call's go out at its request's last look (WebhookCall.claim).
+_CLAIMED_BEFORE = frozenset({"postgres", "queue"})
 # How often the start lateness of the calls made is written to its histogram: once for
 # the calls of that while, not once a call (metrics.observe_many).
 LATENESS_EVERY_S = 0.5
@@ -115,6 +120,9 @@ class _Call:
     # Started ahead of its instant: it holds a place among the process's held runs, not
     # a call slot, until its instant (Dispatcher._at_instant).
     held: bool = False
+    # Its run's name was asked out of the roll (app.worker.orphans): a webhook call asks
+    # at its request's last look, so one that never got that far still holds its name.
+    claimed: bool = False
 
 
 def _recorded_as_failure(item: Finished, failure: Exception) -> Finished:
@@ -539,11 +547,15 @@ class Dispatcher:
             self._slots.release()
             await asyncio.to_thread(self._withdraw, call)
             return None
-        if self._roll is not None and not await self._roll.claim(run.run_id):
-            # A taker thought this process dead and made the run due again.
-            self._slots.release()
-            await asyncio.to_thread(self._withdraw, call)
-            return None
+        # A webhook call's name goes out at its request's last look, on the connection
+        # made (app.worker.webhook); the other targets' names go out here.
+        if self._roll is not None and run.target.get("type") in _CLAIMED_BEFORE:
+            call.claimed = True
+            if not await self._roll.claim(run.run_id):
+                # A taker thought this process dead and made the run due again.
+                self._slots.release()
+                await asyncio.to_thread(self._withdraw, call)
+                return None
         called_at = utcnow()
         self._lateness.append(max(0.0, (called_at - run.scheduled_for).total_seconds()))
         if len(self._lateness) == 1:
@@ -570,6 +582,10 @@ class Dispatcher:
             finally:
                 carried = self._slot_free(call)
                 self._slots.release()
+            if not call.claimed and self._roll is not None:
+                # Its request never got to the write (a connection failed, a secret was
+                # missing, the call withdrawn): no call went out, its name goes too.
+                self._roll.forget([run.run_id])
             if outcome is not None:
                 # (No await from here on: the carried run is this task's to call.)
                 log.debug("run %s called: %s, %s", run.run_id, outcome.status_code, outcome.error)
@@ -685,8 +701,16 @@ class Dispatcher:
                 # still runs, as the request is about to go out.
                 may_send=lambda: not call.lost and time.monotonic() < call.lease_until,
                 traceparent=traceparent,
+                claim=None if self._roll is None else functools.partial(self._claim, call),
             )
         )
+
+    def _claim(self, call: _Call) -> Awaitable[bool]:
+        """(On the loop.) Take the call's name out of the roll, at its request's last
+        look: whether it may still be called (app.worker.orphans.Roll.claim)."""
+        assert self._roll is not None
+        call.claimed = True
+        return self._roll.claim(call.run.run_id)
 
     def _flush(self, items: list[Finished]) -> None:
         complete(self.registry, items, utcnow())

@@ -5,10 +5,11 @@ of after their leases (docs/design.md, "Decisions": a dead worker's uncalled run
 - `name(runs, caps)`: right before a start, one transaction for the batch: each run
   in the process's hash, the caps it may take slots of, and the process's beat; the
   runs the start did not start (another process's, same tokens) go out at once;
-- `claim(run_id)` (on the calls' loop): right before a call, the run's name is taken
-  out; the names claimed meanwhile go in one script call, one out at a time, and a
-  call goes out only if its name was still there (a taker may have had it: then it
-  is not ours to call). `claim_ahead(run_ids)`: the same, a little before calls held
+- `claim(run_id)` (on the calls' loop): as late as a call allows (a webhook call's at
+  its request's last look, on the connection made: app.worker.webhook), the run's
+  name is taken out; the names claimed meanwhile go in one script call, one out at a
+  time, and a call goes out only if its name was still there (a taker may have had
+  it: then it is not ours to call). `claim_ahead(run_ids)`: the same, a little before calls held
   for their instants (app.worker.engine.CLAIM_AHEAD_S), their `claim`s answered by
   it. A taker never holds back a run whose name is out (a crash leaves it to its
   lease). `forget(run_ids)`: runs that leave uncalled, out at the watcher's next tick;

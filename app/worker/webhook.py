@@ -17,12 +17,12 @@ included) before a byte of HTTP or TLS is sent: public, or allowed by
 PUNCTUAL_PRIVATE_TARGETS (its network, or the URL's host name), so a host whose DNS
 answer changed since the API checked it (DNS rebinding) is refused.
 
-The last look: a request goes out only while its run's lease is known to hold
-(WebhookCall.may_send), asked once more right before the request is written to the
-socket, with nothing awaited between that look and the write. aiohttp holds the
-header block back and writes it with the body in one write (or alone, for a
-request without a body), so a process stopped in between sends nothing stale
-either: the target never gets an older attempt's request after a newer one.
+The last look, right before the request's one write (aiohttp writes the header block
+with the body, or alone without one), on the connection made: the run's name out of
+its roll (WebhookCall.claim: a process killed before that leaves the run to a taker,
+not to its lease), then its lease (WebhookCall.may_send, asked before too), nothing
+awaited between the claim's answer and the write: a process stopped in between sends
+nothing stale; the target never gets an older attempt's request after a newer one.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import contextvars
 import functools
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -78,10 +78,15 @@ class WebhookCall:
     # and signed): False withdraws the call (NotSent) -- the run's lease may be gone.
     may_send: Callable[[], bool] | None = None
     traceparent: str | None = None  # the call's W3C trace context (app.tracing)
+    # Awaited once, on the connection, right before the lease's last look and the
+    # write: the run's name out of the roll (app.worker.orphans.Roll.claim). False
+    # withdraws the call (NotSent): a taker had the name, so the run is not ours.
+    claim: Callable[[], Awaitable[bool]] | None = None
 
 
 class NotSent(Exception):
-    """The call was withdrawn before its request was written whole (WebhookCall.may_send)."""
+    """The call was withdrawn before its request was written whole (WebhookCall.may_send,
+    WebhookCall.claim)."""
 
 
 class PrivatePeer(PrivateAddress):
@@ -95,40 +100,47 @@ class _Sending:
 
     url: str
     may_send: Callable[[], bool] | None
+    claim: Callable[[], Awaitable[bool]] | None
     body_follows: bool
 
 
 _sending: contextvars.ContextVar[_Sending | None] = contextvars.ContextVar("punctual_sending", default=None)
 
 
-def _last_look() -> None:
-    """Raise NotSent unless the call being made may still be sent (WebhookCall.may_send)."""
+async def _last_look() -> None:
+    """Raise NotSent unless the call being made may still be sent: its run's name taken
+    out of the roll (WebhookCall.claim, awaited), then its lease (WebhookCall.may_send).
+    The caller writes next, with nothing awaited in between."""
     sending = _sending.get()
-    if sending is not None and sending.may_send is not None and not sending.may_send():
+    if sending is None:
+        return
+    if sending.claim is not None and not await sending.claim():
+        raise NotSent("call withdrawn: its run's name was no longer in the roll")
+    if sending.may_send is not None and not sending.may_send():
         raise NotSent("call withdrawn as its request was about to be written")
 
 
 class _GuardedRequest(aiohttp.ClientRequest):
-    """A request that looks at its lease right before a header block with no body
+    """A request that takes its last look right before a header block with no body
     behind it is written (inside `send`, with nothing awaited in between)."""
 
     async def send(self, conn: Connection) -> ClientResponse:
         sending = _sending.get()
         if sending is not None and not sending.body_follows:
-            _last_look()
+            await _last_look()
         return await super().send(conn)
 
 
 class _GuardedBody(BytesPayload):
-    """A body that looks at its lease right before it is written, together with the
+    """A body that takes its last look right before it is written, together with the
     header block aiohttp held back for it (one write)."""
 
     async def write(self, writer: AbstractStreamWriter) -> None:
-        _last_look()
+        await _last_look()
         await super().write(writer)
 
     async def write_with_length(self, writer: AbstractStreamWriter, content_length: int | None) -> None:
-        _last_look()
+        await _last_look()
         await super().write_with_length(writer, content_length)
 
 
@@ -227,7 +239,7 @@ class WebhookCaller:
             return CallOutcome(error=f"invalid request: {url!r} is not an http(s) URL", retryable_error=False)
         if call.may_send is not None and not call.may_send():
             raise NotSent(f"call of job {call.job_id} attempt {call.attempt} withdrawn")
-        _sending.set(_Sending(url, call.may_send, method not in _BODYLESS))
+        _sending.set(_Sending(url, call.may_send, call.claim, method not in _BODYLESS))
         try:
             async with self._client().request(
                 method,

@@ -193,3 +193,131 @@ def test_a_name_that_could_not_go_out_ahead_is_not_called_once_the_beat_is_old(r
     assert asyncio.run(ahead_then_claim()) is False
     roll.tick()  # its name goes at the watcher's next tick
     assert redis.Redis.from_url(REDIS_URL).hlen(f"{redis_prefix}:orphans:aaaa0012") == 0
+
+
+@pytest.fixture
+def sink():
+    from tests.sink import Sink
+
+    server = Sink()
+    yield server
+    server.close()
+
+
+def _calling(pg_settings, registry, roll: Roll, sink, monkeypatch, on_connect):
+    """A worker context whose dispatcher names runs in `roll` and calls the sink as
+    host `roll.sink`: `on_connect()` runs as each connection to it is being made (the
+    name's resolution, on a thread of the calls' loop), before a byte is written."""
+    import socket
+
+    from app.services.owners import create_key
+    from app.worker.context import WorkerContext
+
+    create_key(registry, "tests")
+    real_getaddrinfo = socket.getaddrinfo
+
+    def resolving(host, port, *args, **kwargs):
+        if host == "roll.sink":
+            on_connect()
+            host = "127.0.0.1"
+        return real_getaddrinfo(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolving)
+    context = WorkerContext(pg_settings)
+    context.roll = roll  # (not started: no beat but the naming's)
+    port = int(sink.base_url.rsplit(":", 1)[1])
+    target = webhook_target(f"http://roll.sink:{port}/r")
+    rows = [job_row(16, run_at=utcnow() - timedelta(seconds=1), target=target)]
+    insert_jobs(registry, rows)
+    [shard] = {r["shard"] for r in rows}
+    runs = claim_batch(registry.engine_for_shard(shard), shard, utcnow(), registry.settings).runs
+    return context, runs
+
+
+def _settled(context, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while context.dispatcher.in_flight() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert context.dispatcher.in_flight() == 0
+
+
+def test_a_webhook_call_s_name_stays_in_the_roll_until_its_connection_is_made(
+    pg_settings, registry, redis_prefix, sink, monkeypatch
+):
+    """A process killed while it connects leaves the run to a taker, not to its lease."""
+    roll = _roll(registry, redis_prefix, "aaaa0013")
+    client = redis.Redis.from_url(REDIS_URL)
+    key = f"{redis_prefix}:orphans:aaaa0013"
+    seen: list[bool] = []
+    context, [run] = _calling(
+        pg_settings,
+        registry,
+        roll,
+        sink,
+        monkeypatch,
+        lambda: seen.append(bool(client.hexists(key, str(run.run_id)))),
+    )
+    try:
+        assert context.dispatcher.dispatch([run]).started == 1
+        sink.wait_for(1)
+        _settled(context)
+    finally:
+        context.close(5)
+    assert seen == [True]  # named while the connection was being made
+    assert client.hlen(key) == 0 and roll.named() == 0  # out before its request went
+
+
+def test_a_roll_taken_while_a_call_connects_sends_no_request(
+    pg_settings, registry, redis_prefix, sink, monkeypatch
+):
+    """The name goes out right before the write: a taker that had it first made the run
+    due again, so the target never gets the request, and nothing is recorded."""
+    roll = _roll(registry, redis_prefix, "aaaa0014")
+    taker = _roll(registry, redis_prefix, "bbbb0015")
+    taken: list[int] = []
+
+    def taken_meanwhile() -> None:  # the process seemed dead while it connected
+        _dead(redis_prefix, "aaaa0014")
+        taken.append(taker.tick())
+
+    context, [run] = _calling(pg_settings, registry, roll, sink, monkeypatch, taken_meanwhile)
+    try:
+        assert context.dispatcher.dispatch([run]).started == 1
+        _settled(context)
+        time.sleep(0.2)  # (a request would have come by now)
+    finally:
+        context.close(5)
+    assert taken == [1]
+    assert sink.calls() == []
+    row = job(registry, run.job_id)
+    assert row["state"] == "scheduled" and row["lease_token"] is None
+    assert runs_of(registry, run.job_id) == []  # no attempt spent, no outcome recorded
+
+
+def test_a_webhook_call_whose_connection_failed_leaves_no_name(pg_settings, registry, redis_prefix):
+    """Its request never got to the write, so its name was never asked for: it goes
+    at the watcher's next tick, as the failed call is recorded."""
+    from app.services.owners import create_key
+    from app.worker.context import WorkerContext
+
+    create_key(registry, "tests")
+    roll = _roll(registry, redis_prefix, "aaaa0016")
+    context = WorkerContext(pg_settings)
+    context.roll = roll
+    rows = [
+        job_row(
+            16, run_at=utcnow() - timedelta(seconds=1), target=webhook_target("http://127.0.0.1:9/refused")
+        )
+    ]
+    insert_jobs(registry, rows)
+    [shard] = {r["shard"] for r in rows}
+    runs = claim_batch(registry.engine_for_shard(shard), shard, utcnow(), registry.settings).runs
+    try:
+        assert context.dispatcher.dispatch(runs).started == 1
+        _settled(context)
+        assert roll.named() == 0
+        roll.tick()
+        assert redis.Redis.from_url(REDIS_URL).hlen(f"{redis_prefix}:orphans:aaaa0016") == 0
+        assert runs_of(registry, runs[0].job_id)[0]["state"] == "failed"
+    finally:
+        context.close(5)
