@@ -88,9 +88,10 @@ DUE_LOOK_S = 0.005
 CLAIM_AHEAD_S = 0.1
 # Ahead of the first instant: more than a round trip to Redis under load.
 CLAIM_LEAD_S = 0.02
-# Targets whose runs' names go out of the roll right before their calls are made; a
-# webhook call's go out at its request's last look (WebhookCall.claim).
-_CLAIMED_BEFORE = frozenset({"postgres", "queue"})
+# The target whose calls take their runs' names out of the roll themselves, at the
+# request's last look (WebhookCall.claim); any other target's go out right before its
+# call, the side that never lets a taker call a run whose call may be out.
+_CLAIMS_AT_LAST_LOOK = "webhook"
 # How often the start lateness of the calls made is written to its histogram: once for
 # the calls of that while, not once a call (metrics.observe_many).
 LATENESS_EVERY_S = 0.5
@@ -549,7 +550,7 @@ class Dispatcher:
             return None
         # A webhook call's name goes out at its request's last look, on the connection
         # made (app.worker.webhook); the other targets' names go out here.
-        if self._roll is not None and run.target.get("type") in _CLAIMED_BEFORE:
+        if self._roll is not None and run.target.get("type", "webhook") != _CLAIMS_AT_LAST_LOOK:
             call.claimed = True
             if not await self._roll.claim(run.run_id):
                 # A taker thought this process dead and made the run due again.
