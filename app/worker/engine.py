@@ -83,8 +83,9 @@ DUE_LOOK_S = 0.005
 # before its instant, with those of the other held runs firing by then, in one script
 # call made CLAIM_LEAD_S before the first of them: the round trip leaves the calls'
 # path, and calls spread in time share it. A process that dies in that while leaves
-# those runs to their leases, so names go out ahead only while it has call slots free
-# and no run waits for one (those runs are called at their instants).
+# those runs to their leases, so names go out ahead only for runs under no cap, while
+# it has call slots free and no run waits for one (those runs are called at their
+# instants).
 CLAIM_AHEAD_S = 0.1
 # Ahead of the first instant: more than a round trip to Redis under load.
 CLAIM_LEAD_S = 0.02
@@ -437,7 +438,9 @@ class Dispatcher:
         its instant waits for it on a timer of the loop first (_at_instant)."""
         for call in calls:
             if call.held:
-                if self._roll is not None:
+                # (A run under a cap may find it full at its instant and wait in its
+                # line, for seconds: with its name out, a crash would leave it to its lease.)
+                if self._roll is not None and not call.caps:
                     self._name_out_ahead(call)
                 self._at_instant(call)
             else:

@@ -204,7 +204,7 @@ def sink():
     server.close()
 
 
-def _calling(pg_settings, registry, roll: Roll, sink, monkeypatch, on_connect):
+def _calling(pg_settings, registry, roll: Roll, sink, monkeypatch, on_connect, due_in_s: float = -1.0):
     """A worker context whose dispatcher names runs in `roll` and calls the sink as
     host `roll.sink`: `on_connect()` runs as each connection to it is being made (the
     name's resolution, on a thread of the calls' loop), before a byte is written."""
@@ -227,7 +227,7 @@ def _calling(pg_settings, registry, roll: Roll, sink, monkeypatch, on_connect):
     context.roll = roll  # (not started: no beat but the naming's)
     port = int(sink.base_url.rsplit(":", 1)[1])
     target = webhook_target(f"http://roll.sink:{port}/r")
-    rows = [job_row(16, run_at=utcnow() - timedelta(seconds=1), target=target)]
+    rows = [job_row(16, run_at=utcnow() + timedelta(seconds=due_in_s), target=target)]
     insert_jobs(registry, rows)
     [shard] = {r["shard"] for r in rows}
     runs = claim_batch(registry.engine_for_shard(shard), shard, utcnow(), registry.settings).runs
@@ -265,6 +265,36 @@ def test_a_webhook_call_s_name_stays_in_the_roll_until_its_connection_is_made(
         context.close(5)
     assert seen == [True]  # named while the connection was being made
     assert client.hlen(key) == 0 and roll.named() == 0  # out before its request went
+
+
+def test_a_held_run_under_a_cap_keeps_its_name_until_its_connection_is_made(
+    pg_settings, registry, redis_prefix, sink, monkeypatch
+):
+    """A held run's name goes out ahead only under no cap: under one (the default per
+    target) it may wait in the cap's line, and a crash would leave it to its lease."""
+    assert pg_settings.target_max_concurrency  # the shipped per-target cap is on
+    roll = _roll(registry, redis_prefix, "aaaa0016")
+    client = redis.Redis.from_url(REDIS_URL)
+    key = f"{redis_prefix}:orphans:aaaa0016"
+    seen: list[bool] = []
+    context, [run] = _calling(
+        pg_settings,
+        registry,
+        roll,
+        sink,
+        monkeypatch,
+        lambda: seen.append(bool(client.hexists(key, str(run.run_id)))),
+        due_in_s=0.5,
+    )
+    try:
+        assert run.fire_at is not None  # held for its instant
+        assert context.dispatcher.dispatch([run]).started == 1
+        sink.wait_for(1)
+        _settled(context)
+    finally:
+        context.close(5)
+    assert seen == [True]  # not taken out ahead of its instant
+    assert client.hlen(key) == 0 and roll.named() == 0
 
 
 def test_a_roll_taken_while_a_call_connects_sends_no_request(
