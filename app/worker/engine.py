@@ -83,9 +83,10 @@ DUE_LOOK_S = 0.005
 # before its instant, with those of the other held runs firing by then, in one script
 # call made CLAIM_LEAD_S before the first of them: the round trip leaves the calls'
 # path, and calls spread in time share it. A process that dies in that while leaves
-# those runs to their leases, so names go out ahead only for runs under no cap, while
-# it has call slots free and no run waits for one (those runs are called at their
-# instants).
+# those runs to their leases, so names go out ahead only while it has call slots free
+# and no run waits for one (those runs are called at their instants); a run under a
+# cap that finds it full at its instant has its name put back while it waits in the
+# cap's line (Roll.back_in).
 CLAIM_AHEAD_S = 0.1
 # Ahead of the first instant: more than a round trip to Redis under load.
 CLAIM_LEAD_S = 0.02
@@ -256,6 +257,7 @@ class Dispatcher:
             self._begin,
             self._put_off,
             lambda call: holder_name(call.run),
+            self._in_line,
         )
 
     def dispatch(self, batch: Sequence[DispatchRun]) -> DispatchReport:
@@ -438,9 +440,7 @@ class Dispatcher:
         its instant waits for it on a timer of the loop first (_at_instant)."""
         for call in calls:
             if call.held:
-                # (A run under a cap may find it full at its instant and wait in its
-                # line, for seconds: with its name out, a crash would leave it to its lease.)
-                if self._roll is not None and not call.caps:
+                if self._roll is not None:
                     self._name_out_ahead(call)
                 self._at_instant(call)
             else:
@@ -514,6 +514,13 @@ class Dispatcher:
             if call.slot is None:
                 return
         self._spawn(call)
+
+    def _in_line(self, call: _Call) -> None:
+        """On the loop: the run found its caps full and waits in their line, for seconds
+        perhaps: a name that went out ahead goes back into the roll meanwhile, so that a
+        crash leaves the run to a taker, not to its lease."""
+        if self._roll is not None:
+            self._roll.back_in(call.run)
 
     def _begin(self, call: _Call, slot: Slot) -> None:
         """On the loop: the gate gave a waiting run its slot. Handed the slot of a call

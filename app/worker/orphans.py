@@ -12,7 +12,9 @@ of after their leases (docs/design.md, "Decisions": a dead worker's uncalled run
   it: then it is not ours to call). `claim_ahead(run_ids)`: the same, a little before calls held
   for their instants (app.worker.engine.CLAIM_AHEAD_S), their `claim`s answered by
   it. A taker never holds back a run whose name is out (a crash leaves it to its
-  lease). `forget(run_ids)`: runs that leave uncalled, out at the watcher's next tick;
+  lease), so a run named out ahead that must wait for a cap's slot after all has its
+  name put back (`back_in`) until its call claims it again. `forget(run_ids)`: runs
+  that leave uncalled, out at the watcher's next tick;
 - the watcher (a thread, every BEAT_S, IDLE_LOOK_S when idle): beats while the
   process holds names or calls in flight, and looks for a process whose beat is
   older than DEAD_AFTER_S. One script takes such a process's roll, atomically (one
@@ -90,6 +92,9 @@ for i, field in ipairs(ARGV) do out[i] = redis.call('HDEL', KEYS[1], field) end
 return out
 """
 
+# What a name put back (Roll.back_in) answers the call waiting on it: claim it anew.
+_BACK_IN = object()
+
 _word_pid = 0
 _word = ""
 
@@ -161,6 +166,9 @@ class Roll:
         self._forgotten: list[str] = []
         self._claims: list[tuple[uuid.UUID, asyncio.Future]] = []
         self._ahead: dict[uuid.UUID, asyncio.Future] = {}  # claimed ahead, not yet called
+        # Runs whose names are being put back (`back_in`): False once forgotten meanwhile.
+        self._backing: dict[uuid.UUID, bool] = {}
+        self._putting_back: set[asyncio.Future] = set()
         self._claiming = False  # a script call of claims is out
         self._sent: asyncio.Future | None = None  # (kept: the loop holds tasks weakly)
         self._beaten = 0.0  # when the last beat that Redis took was sent (time.monotonic)
@@ -219,7 +227,10 @@ class Roll:
         out ahead (`claim_ahead`) gives that answer, mostly there already."""
         ahead = self._ahead.pop(run_id, None)
         if ahead is not None:
-            return await ahead
+            answer = await ahead
+            if answer is not _BACK_IN:
+                return answer
+            # Its name went back in while it waited for a slot: out again now, as any.
         future = self._claim(run_id)
         return True if future is None else await future
 
@@ -231,6 +242,47 @@ class Roll:
             future = self._claim(run_id)
             if future is not None:
                 self._ahead[run_id] = future
+
+    def back_in(self, run: DispatchRun) -> None:
+        """(On the calls' loop.) A run whose name went out ahead waits for a cap's slot
+        after all: once that claim is answered, and only if the name was ours, it goes
+        back into the roll, so that a crash while the run waits leaves it to a taker,
+        not to its lease. Its call's `claim` then takes it out again. (Nothing for a run
+        whose name did not go out ahead.)"""
+        ahead = self._ahead.get(run.run_id)
+        if ahead is None or run.run_id in self._backing:
+            return
+        self._backing[run.run_id] = True
+        task = self._ahead[run.run_id] = asyncio.ensure_future(self._put_back(run, ahead))
+        self._putting_back.add(task)  # (the loop holds tasks weakly)
+        task.add_done_callback(self._putting_back.discard)
+
+    async def _put_back(self, run: DispatchRun, ahead: asyncio.Future) -> Any:
+        """`back_in`'s work: _BACK_IN once the name is back (its call claims it anew);
+        else the answer its call goes by, the claim ahead's (False: a taker had it)."""
+        answer = await ahead
+        if not answer:
+            self._backing.pop(run.run_id, None)
+            return answer
+        try:
+            await self._loop_client().hset(self._key, str(run.run_id), entry(run))
+        except Exception:  # the name stays out: a crash leaves the run to its lease, as before
+            log.warning("putting back the name of run %s failed", run.run_id, exc_info=True)
+            self._backing.pop(run.run_id, None)
+            return answer
+        with self._lock:
+            if not self._backing.pop(run.run_id, False):  # forgotten meanwhile: out at the next tick
+                self._forgotten.append(str(run.run_id))
+                return False
+            self._named.add(run.run_id)
+        return _BACK_IN
+
+    def _loop_client(self) -> redis.asyncio.Redis:
+        """The calls' loop's own connection (made on first use)."""
+        if self._on_loop is None:
+            client = redis.asyncio.Redis.from_url(self._url)
+            self._on_loop, self._claim_async = client, client.register_script(CLAIM_SCRIPT)
+        return self._on_loop
 
     def _claim(self, run_id: uuid.UUID) -> asyncio.Future | None:
         try:  # (one operation on a set: atomic, no lock needed on the calls' path)
@@ -258,9 +310,7 @@ class Roll:
 
     async def _claimed(self, claims: list[tuple[uuid.UUID, asyncio.Future]]) -> None:
         try:
-            if self._on_loop is None:
-                client = redis.asyncio.Redis.from_url(self._url)
-                self._on_loop, self._claim_async = client, client.register_script(CLAIM_SCRIPT)
+            self._loop_client()
             answers = await self._claim_async(keys=[self._key], args=[str(run_id) for run_id, _ in claims])
         except Exception:
             # Cannot tell. While the process's last beat is recent enough that no taker
@@ -283,6 +333,8 @@ class Roll:
             for run_id in run_ids:
                 self._named.discard(run_id)
                 self._ahead.pop(run_id, None)  # (its name out already: harmless again)
+                if run_id in self._backing:  # its name is being put back: out again after
+                    self._backing[run_id] = False
                 self._forgotten.append(str(run_id))
 
     def named(self) -> int:

@@ -207,7 +207,8 @@ class SlotGate:
     Callbacks: `start(item, slot)` (on the loop) for a run that waited and got its
     slot; `put_off(items)` (on a thread) with (item, when its turn is expected) for
     the runs that waited their while; `name(item)` names the slot the limiter is
-    asked to admit for a run (app.worker.engine.HolderNames).
+    asked to admit for a run (app.worker.engine.HolderNames); `in_line(item)` (on the
+    loop) for a run that found its caps full and joins their line.
     """
 
     def __init__(
@@ -219,8 +220,10 @@ class SlotGate:
         start: Callable[[Any, Slot], None],
         put_off: Callable[[list[tuple[Any, datetime]]], None],
         name: Callable[[Any], str],
+        in_line: Callable[[Any], None] = lambda item: None,
     ):
         self._limiter = limiter
+        self._in_line = in_line
         self._start = start
         self._put_off = put_off
         self._releasing: list[tuple[tuple, str]] = []  # (caps, holder) to give back this turn
@@ -282,6 +285,7 @@ class SlotGate:
                 queue = line.flows[turn.flow] = deque()
             queue.append(waiter)
             line.size += 1
+            self._in_line(item)
             # (No look for it now: the caps were full a moment ago, and the next slot
             # that ends here, or the next poll, serves the line in turn.)
             if self._driver is None:
@@ -565,6 +569,8 @@ class SlotGate:
             else:
                 self._full_at[waiter.keys] = now
                 late.setdefault(waiter.keys, []).append(waiter)
+                if not again:
+                    self._in_line(waiter.item)
         for keys, waiters in late.items():
             line = self._lines.get(keys)
             if line is None:

@@ -195,6 +195,68 @@ def test_a_name_that_could_not_go_out_ahead_is_not_called_once_the_beat_is_old(r
     assert redis.Redis.from_url(REDIS_URL).hlen(f"{redis_prefix}:orphans:aaaa0012") == 0
 
 
+def test_a_name_put_back_while_its_run_waits_is_claimed_anew_by_its_call(registry, redis_prefix):
+    """A run named out ahead that waits for a cap's slot after all has its name back in
+    the roll meanwhile (a taker would hold it back), until its call takes it out."""
+    runs = _started(registry, 2)
+    roll = _roll(registry, redis_prefix, "aaaa0017")
+    roll.name(runs, [])
+    key = f"{redis_prefix}:orphans:aaaa0017"
+    client = redis.Redis.from_url(REDIS_URL)
+
+    async def ahead_back_then_claim():
+        roll.claim_ahead(run.run_id for run in runs)
+        roll.back_in(runs[0])  # it found its cap full at its instant
+        await asyncio.sleep(0.2)
+        waiting = client.hkeys(key)
+        named = roll.named()
+        answers = [await roll.claim(run.run_id) for run in runs]
+        await roll.aclose()
+        return waiting, named, answers
+
+    waiting, named, answers = asyncio.run(ahead_back_then_claim())
+    assert waiting == [str(runs[0].run_id).encode()] and named == 1
+    assert answers == [True, True]
+    assert client.hlen(key) == 0 and roll.named() == 0 and not roll._ahead
+
+
+def test_a_name_a_taker_had_before_it_went_out_ahead_is_not_put_back(registry, redis_prefix):
+    runs = _started(registry, 1)
+    dead, taker = _roll(registry, redis_prefix, "aaaa0018"), _roll(registry, redis_prefix, "bbbb0019")
+    dead.name(runs, [])
+    _dead(redis_prefix, "aaaa0018")
+    assert taker.tick() == 1
+
+    async def ahead_back_then_claim():
+        dead.claim_ahead([runs[0].run_id])
+        dead.back_in(runs[0])
+        answer = await dead.claim(runs[0].run_id)
+        await dead.aclose()
+        return answer
+
+    assert asyncio.run(ahead_back_then_claim()) is False
+    assert redis.Redis.from_url(REDIS_URL).hlen(f"{redis_prefix}:orphans:aaaa0018") == 0
+    assert dead.named() == 0
+
+
+def test_a_run_put_off_while_its_name_is_put_back_leaves_no_name(registry, redis_prefix):
+    runs = _started(registry, 1)
+    roll = _roll(registry, redis_prefix, "aaaa0020")
+    roll.name(runs, [])
+
+    async def ahead_back_forget():
+        roll.claim_ahead([runs[0].run_id])
+        roll.back_in(runs[0])
+        roll.forget([runs[0].run_id])  # put off to the registry before its name was back
+        await asyncio.sleep(0.2)
+        await roll.aclose()
+
+    asyncio.run(ahead_back_forget())
+    roll.tick()
+    assert redis.Redis.from_url(REDIS_URL).hlen(f"{redis_prefix}:orphans:aaaa0020") == 0
+    assert roll.named() == 0
+
+
 @pytest.fixture
 def sink():
     from tests.sink import Sink
@@ -267,11 +329,12 @@ def test_a_webhook_call_s_name_stays_in_the_roll_until_its_connection_is_made(
     assert client.hlen(key) == 0 and roll.named() == 0  # out before its request went
 
 
-def test_a_held_run_under_a_cap_keeps_its_name_until_its_connection_is_made(
+def test_a_held_run_under_a_cap_with_room_has_its_name_out_ahead_of_its_connection(
     pg_settings, registry, redis_prefix, sink, monkeypatch
 ):
-    """A held run's name goes out ahead only under no cap: under one (the default per
-    target) it may wait in the cap's line, and a crash would leave it to its lease."""
+    """Under a cap with room (the default per target) a held run's name goes out ahead,
+    as under none: had it found the cap full, its name would have gone back in while it
+    waited (test_a_name_put_back_while_its_run_waits_is_claimed_anew_by_its_call)."""
     assert pg_settings.target_max_concurrency  # the shipped per-target cap is on
     roll = _roll(registry, redis_prefix, "aaaa0016")
     client = redis.Redis.from_url(REDIS_URL)
@@ -293,7 +356,7 @@ def test_a_held_run_under_a_cap_keeps_its_name_until_its_connection_is_made(
         _settled(context)
     finally:
         context.close(5)
-    assert seen == [True]  # not taken out ahead of its instant
+    assert seen == [False]  # taken out ahead of its instant
     assert client.hlen(key) == 0 and roll.named() == 0
 
 
