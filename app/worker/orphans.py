@@ -168,6 +168,8 @@ class Roll:
         self._ahead: dict[uuid.UUID, asyncio.Future] = {}  # claimed ahead, not yet called
         # Runs whose names are being put back (`back_in`): False once forgotten meanwhile.
         self._backing: dict[uuid.UUID, bool] = {}
+        # Names to put back in the next command: (run, its claim ahead, its call's answer).
+        self._backs: list[tuple[DispatchRun, asyncio.Future, asyncio.Future]] = []
         self._putting_back: set[asyncio.Future] = set()
         self._claiming = False  # a script call of claims is out
         self._sent: asyncio.Future | None = None  # (kept: the loop holds tasks weakly)
@@ -248,34 +250,53 @@ class Roll:
         after all: once that claim is answered, and only if the name was ours, it goes
         back into the roll, so that a crash while the run waits leaves it to a taker,
         not to its lease. Its call's `claim` then takes it out again. (Nothing for a run
-        whose name did not go out ahead.)"""
+        whose name did not go out ahead.) The names put back in one turn of the loop go
+        in one command."""
         ahead = self._ahead.get(run.run_id)
         if ahead is None or run.run_id in self._backing:
             return
         self._backing[run.run_id] = True
-        task = self._ahead[run.run_id] = asyncio.ensure_future(self._put_back(run, ahead))
+        answer = self._ahead[run.run_id] = asyncio.get_running_loop().create_future()
+        self._backs.append((run, ahead, answer))
+        if len(self._backs) == 1:
+            asyncio.get_running_loop().call_soon(self._send_backs)
+
+    def _send_backs(self) -> None:
+        backs, self._backs = self._backs, []
+        task = asyncio.ensure_future(self._put_back(backs))
         self._putting_back.add(task)  # (the loop holds tasks weakly)
         task.add_done_callback(self._putting_back.discard)
 
-    async def _put_back(self, run: DispatchRun, ahead: asyncio.Future) -> Any:
-        """`back_in`'s work: _BACK_IN once the name is back (its call claims it anew);
-        else the answer its call goes by, the claim ahead's (False: a taker had it)."""
-        answer = await ahead
-        if not answer:
-            self._backing.pop(run.run_id, None)
-            return answer
+    async def _put_back(self, backs: list[tuple[DispatchRun, asyncio.Future, asyncio.Future]]) -> None:
+        """`back_in`'s work. Each call waiting on it is answered _BACK_IN once its name
+        is back (it claims it anew); else with its claim ahead's answer (False: a taker
+        had the name), or False if the run was forgotten meanwhile."""
+        ours = []
+        for run, ahead, answer in backs:
+            if await ahead:
+                ours.append((run, answer))
+            else:
+                self._backing.pop(run.run_id, None)
+                answer.set_result(False)
+        if not ours:
+            return
         try:
-            await self._loop_client().hset(self._key, str(run.run_id), entry(run))
-        except Exception:  # the name stays out: a crash leaves the run to its lease, as before
-            log.warning("putting back the name of run %s failed", run.run_id, exc_info=True)
-            self._backing.pop(run.run_id, None)
-            return answer
+            names: dict[Any, Any] = {str(run.run_id): entry(run) for run, _ in ours}
+            await self._loop_client().hset(self._key, mapping=names)
+        except Exception:  # the names stay out: a crash leaves the runs to their leases, as before
+            log.warning("putting back the names of %d runs failed", len(ours), exc_info=True)
+            for run, answer in ours:
+                self._backing.pop(run.run_id, None)
+                answer.set_result(True)
+            return
         with self._lock:
-            if not self._backing.pop(run.run_id, False):  # forgotten meanwhile: out at the next tick
-                self._forgotten.append(str(run.run_id))
-                return False
-            self._named.add(run.run_id)
-        return _BACK_IN
+            for run, answer in ours:
+                if self._backing.pop(run.run_id, False):
+                    self._named.add(run.run_id)
+                    answer.set_result(_BACK_IN)
+                else:  # forgotten meanwhile: out at the next tick
+                    self._forgotten.append(str(run.run_id))
+                    answer.set_result(False)
 
     def _loop_client(self) -> redis.asyncio.Redis:
         """The calls' loop's own connection (made on first use)."""

@@ -105,11 +105,11 @@ class Gate:
     """A SlotGate driven as the engine drives it, each run named after its item: `take`
     answers a future of the run's slot, None once the run is put off."""
 
-    def __init__(self, limiter, wait_s: float):
+    def __init__(self, limiter, wait_s: float, in_line=lambda item: None):
         self.put_off: list = []
         self.released = limiter.released
         self._answers: dict = {}
-        self.gate = SlotGate(limiter, LEASE_S, MARGIN_S, wait_s, self._started, self._waited, str)
+        self.gate = SlotGate(limiter, LEASE_S, MARGIN_S, wait_s, self._started, self._waited, str, in_line)
 
     def take(self, caps: list, item: str, turn: Turn = ANYONE) -> asyncio.Future:
         answer = asyncio.get_running_loop().create_future()
@@ -138,8 +138,8 @@ class Gate:
             answer.get_loop().call_soon_threadsafe(answer.set_result, None)
 
 
-def make_gate(limiter=None, wait_s: float = 1.0):
-    gate = Gate(limiter or CountingLimiter(), wait_s)
+def make_gate(limiter=None, wait_s: float = 1.0, in_line=lambda item: None):
+    gate = Gate(limiter or CountingLimiter(), wait_s, in_line)
     return gate, gate.put_off, gate.released
 
 
@@ -174,6 +174,24 @@ def test_a_messages_runs_ask_together_and_the_cap_admits_only_its_slots():
     assert limiter.asked[0] == 5  # one admission for all five
     assert [s is not None for s in slots] == [True, True, False, False, False]
     assert [item for item, _ in put_off] == ["r2", "r3", "r4"]  # waited their while: put off
+
+
+def test_runs_that_find_their_caps_full_are_told_once_that_they_wait_in_line():
+    """(A run whose name went out of the roll ahead puts it back then: app.worker.engine.)"""
+    told: list[str] = []
+    gate, put_off, _ = make_gate(wait_s=0.2, in_line=told.append)
+
+    async def scenario():
+        await fill(gate)  # admitted: not in line
+        gate.take([OWN], "c")  # refused at its admission
+        await asyncio.sleep(POLL_S * 3)
+        gate.take([OWN], "d")  # behind c, in the line at once
+        await asyncio.sleep(0.3)  # asked again at the looks, then put off
+        await gate.settled()
+
+    run(scenario())
+    assert told == ["c", "d"]
+    assert [item for item, _ in put_off] == ["c", "d"]
 
 
 def test_a_slot_goes_straight_to_the_first_run_waiting_under_exactly_the_same_caps():
