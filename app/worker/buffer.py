@@ -7,7 +7,7 @@ registry sees one transaction per batch rather than one per run.
 
 Under load the delay grows: while completions arrive at `busy_rate` (20) a second or
 more (measured over the previous batch: its items over the time since the batch
-before it was taken), the next batch may wait up to `busy_delay_s` (~200 ms). A
+before it was taken), the next batch may wait up to `busy_delay_s` (~500 ms). A
 flush costs a few statements whatever its size, so at a steady load, where each
 process sees a few dozen completions a second, batches of a few runs spent most of
 the completion's CPU on those fixed costs; a longer wait spreads them over more
@@ -47,7 +47,7 @@ class CompletionBuffer(Generic[T]):
         flush: Callable[[list[T]], None],
         max_items: int = MAX_ITEMS,
         max_delay_s: float = 0.05,
-        busy_delay_s: float = 0.2,
+        busy_delay_s: float = 0.5,
         busy_rate: float = 20.0,
         salvage: Callable[[T, Exception], T | None] | None = None,
         give_up: Callable[[T], object] | None = None,
