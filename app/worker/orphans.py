@@ -8,13 +8,11 @@ of after their leases (docs/design.md, "Decisions": a dead worker's uncalled run
 - `claim(run_id)` (on the calls' loop): as late as a call allows (a webhook call's at
   its request's last look, on the connection made: app.worker.webhook), the run's
   name is taken out; the names claimed meanwhile go in one script call, one out at a
-  time, and a call goes out only if its name was still there (a taker may have had
-  it: then it is not ours to call). `claim_ahead(run_ids)`: the same, a little before calls held
-  for their instants (app.worker.engine.CLAIM_AHEAD_S), their `claim`s answered by
-  it. A taker never holds back a run whose name is out (a crash leaves it to its
-  lease), so a run named out ahead that must wait for a cap's slot after all has its
-  name put back (`back_in`) until its call claims it again. `forget(run_ids)`: runs
-  that leave uncalled, out at the watcher's next tick;
+  time, and a call goes out only if its name was still there (else a taker had it).
+  `claim_ahead(run_ids)`: the same, a little before held calls' instants, answering
+  their `claim`s; a taker never holds back a run whose name is out (a crash leaves it
+  to its lease), so one that waits in a full cap's line has it put back (`back_in`)
+  until its call claims it again. `forget(run_ids)`: runs that leave uncalled;
 - the watcher (a thread, every BEAT_S, IDLE_LOOK_S when idle): beats while the
   process holds names or calls in flight, and looks for a process whose beat is
   older than DEAD_AFTER_S. One script takes such a process's roll, atomically (one
