@@ -15,7 +15,7 @@ from app.lifecycle import lease
 from app.limits.redis_limiter import slots_key as redis_slots_key
 from app.pollers.claim import claim_batch
 from app.registry.engines import registry_for
-from app.worker.orphans import DEAD_AFTER_S, Roll
+from app.worker.orphans import DEAD_AFTER_S, Roll, entry
 from tests.conftest import REDIS_URL
 from tests.rows import insert_jobs, job, job_row, runs_of, webhook_target
 
@@ -123,6 +123,31 @@ def test_claims_of_one_turn_of_the_loop_go_together(registry, redis_prefix):
     assert asyncio.run(claim_all()) == [True] * 5
     assert roll.named() == 0
     assert redis.Redis.from_url(REDIS_URL).hlen(f"{redis_prefix}:orphans:aaaa0008") == 0
+
+
+def test_a_start_of_many_runs_names_each_with_its_entry_its_caps_and_a_beat(registry, redis_prefix):
+    runs = _started(registry, 150)
+    roll = _roll(registry, redis_prefix, "aaaa0013")
+    roll.name(runs, ["cap:a", "cap:b"])
+    client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    key = f"{redis_prefix}:orphans:aaaa0013"
+    assert client.hgetall(key) == {str(run.run_id): entry(run) for run in runs}
+    assert client.smembers(key + ":caps") == {"cap:a", "cap:b"}
+    assert time.time() - client.zscore(f"{redis_prefix}:orphans", "aaaa0013") < 5
+
+
+def test_claims_that_go_together_are_answered_each_by_its_own_name(registry, redis_prefix):
+    runs = _started(registry, 3)
+    roll = _roll(registry, redis_prefix, "aaaa0014")
+    roll.name(runs, [])
+    redis.Redis.from_url(REDIS_URL).hdel(f"{redis_prefix}:orphans:aaaa0014", str(runs[1].run_id))  # a taker's
+
+    async def claim_all():
+        answers = await asyncio.gather(*(roll.claim(run.run_id) for run in runs))
+        await roll.aclose()
+        return answers
+
+    assert asyncio.run(claim_all()) == [True, False, True]
 
 
 def test_a_duplicated_message_leaves_no_name_a_taker_could_hold(pg_settings, registry, redis_prefix):
