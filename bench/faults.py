@@ -61,7 +61,7 @@ SCENARIOS = {
     "pg-cut": lambda: injectors.cut_postgres_connections(at_s=2.4, again_after_s=3.1),
     "pg-restart": lambda: injectors.restart_postgres(at_s=1.4),
     "pg-refuse": lambda: injectors.refuse_connections(at_s=1.5, down_s=15.0),
-    "worker-kill": lambda: injectors.kill_worker(at_s=1.2, down_s=5.0),
+    "worker-kill": lambda: injectors.kill_worker(at_s=0.5, down_s=5.0),  # while the burst still drains
     "rabbitmq-stop": lambda: injectors.stop_rabbitmq(at_s=3.5, down_s=15.0),
     "beat-kill": lambda: injectors.kill_beat(at_s=1.8, down_s=10.0),
     "worker-stop": lambda: injectors.stop_worker(at_s=1.5, stopped_s=70.0),
