@@ -185,12 +185,19 @@ def test_names_taken_out_ahead_go_together_and_answer_their_calls(registry, redi
     assert roll.named() == 1 and not roll._ahead
 
 
-def test_a_name_taken_by_a_taker_before_it_went_out_ahead_is_not_called(registry, redis_prefix):
-    runs = _started(registry, 2)
-    dead, taker = _roll(registry, redis_prefix, "aaaa0010"), _roll(registry, redis_prefix, "bbbb0011")
+def _taken_by_a_taker(registry, redis_prefix, count: int, dead_word: str, taker_word: str):
+    """`count` runs named by a process found dead, whose roll a taker then took: the
+    runs and the dead process's roll."""
+    runs = _started(registry, count)
+    dead, taker = _roll(registry, redis_prefix, dead_word), _roll(registry, redis_prefix, taker_word)
     dead.name(runs, [])
-    _dead(redis_prefix, "aaaa0010")
-    assert taker.tick() == 2
+    _dead(redis_prefix, dead_word)
+    assert taker.tick() == count
+    return runs, dead
+
+
+def test_a_name_taken_by_a_taker_before_it_went_out_ahead_is_not_called(registry, redis_prefix):
+    runs, dead = _taken_by_a_taker(registry, redis_prefix, 2, "aaaa0010", "bbbb0011")
 
     async def ahead_then_claim():
         dead.claim_ahead(run.run_id for run in runs)
@@ -246,11 +253,7 @@ def test_a_name_put_back_while_its_run_waits_is_claimed_anew_by_its_call(registr
 
 
 def test_a_name_a_taker_had_before_it_went_out_ahead_is_not_put_back(registry, redis_prefix):
-    runs = _started(registry, 1)
-    dead, taker = _roll(registry, redis_prefix, "aaaa0018"), _roll(registry, redis_prefix, "bbbb0019")
-    dead.name(runs, [])
-    _dead(redis_prefix, "aaaa0018")
-    assert taker.tick() == 1
+    runs, dead = _taken_by_a_taker(registry, redis_prefix, 1, "aaaa0018", "bbbb0019")
 
     async def ahead_back_then_claim():
         dead.claim_ahead([runs[0].run_id])
