@@ -14,13 +14,16 @@ started run holds the lease of its call on its row; triggered, replayed and
 backfilled runs, and an `allow` job's occurrences, hold one there from their claim).
 A job whose lease passed with no run started under it was never called: its lease is
 released, no attempt spent, and the occurrence is due again at once.
+
+`expire_now` takes back, before they pass, the leases of the runs a dead worker
+process may have called (app.worker.orphans), settled the same way.
 """
 
 from __future__ import annotations
 
 import functools
 import random
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 
 import sqlalchemy as sa
@@ -32,8 +35,10 @@ from app.lifecycle.message import DispatchRun
 from app.lifecycle.settlement import LEASE_EXPIRED
 from app.registry.bulk import same_token, state_among
 from app.registry.dialect import locks_rows
+from app.registry.engines import LEASE_FENCE_WAIT_S, Registry, refuse_moved_shards
 from app.registry.schema import jobs, runs
 from app.registry.statements import EXPIRE_RUNS
+from app.registry.transient import retrying
 from app.settings import Settings
 
 BATCH = 500
@@ -166,3 +171,39 @@ def _settle(conn, rows, now, settings, rand) -> int:
     ]
     report = apply(conn, batch, now, rand, settings.lease_s, runs_write=EXPIRE_RUNS, retry_now=True)
     return report.applied
+
+
+def expire_now(registry: Registry, taken: Sequence[DispatchRun], now: datetime) -> int:
+    """Take back now the leases of the `taken` runs that are still `running` under
+    their tokens, as if they had passed: a dead worker process's runs whose calls may
+    have gone out (app.worker.orphans). Each is settled "lease expired", an attempt
+    spent, and is due again at once; returns how many were settled."""
+
+    def write(engine: sa.Engine, group: list[DispatchRun]) -> int:
+        return retrying(
+            functools.partial(_expire_now_on, engine, group, now, registry.settings),
+            f"expiry of {len(group)} leases",
+        )
+
+    settled = registry.for_each_database(taken, lambda run: run.shard, write, fence_wait_s=LEASE_FENCE_WAIT_S)
+    return sum(settled)
+
+
+def _expire_now_on(engine: sa.Engine, group: list[DispatchRun], now: datetime, settings: Settings) -> int:
+    """One try of `expire_now` on one database, refused first if a move took the shards away."""
+    keys = [(run.run_id, run.lease_token) for run in group]
+    stmt = (
+        sa.select(runs, jobs.c.lease_token.label("job_lease_token"))
+        .select_from(runs.outerjoin(jobs, jobs.c.job_id == runs.c.job_id))
+        .where(sa.tuple_(runs.c.run_id, runs.c.lease_token).in_(keys), runs.c.state == "running")
+        .order_by(runs.c.run_id)
+    )
+    with engine.begin() as conn:
+        refuse_moved_shards(conn, sorted({run.shard for run in group}))
+        if locks_rows(engine):  # (a row being settled meanwhile is that writer's)
+            stmt = stmt.with_for_update(of=runs, skip_locked=True)
+        rows = conn.execute(stmt).mappings().all()
+        settled = _settle(conn, rows, now, settings, random.random)
+    for row in rows:
+        metrics.LEASES_EXPIRED.labels(str(row["shard"])).inc()
+    return settled

@@ -2,27 +2,27 @@
 that a live process makes them due again within seconds of this one's death, instead
 of after their leases (docs/design.md, "Decisions": a dead worker's uncalled runs).
 
-- `name(runs, caps)`: right before a start, one transaction for the batch: each run
-  in the process's hash, the caps it may take slots of, and the process's beat; the
-  runs the start did not start (another process's, same tokens) go out at once;
-- `claim(run_id)` (on the calls' loop): as late as a call allows (a webhook call's at
-  its request's last look, on the connection made: app.worker.webhook), the run's
-  name is taken out; the names claimed meanwhile go in one script call, one out at a
-  time, and a call goes out only if its name was still there (else a taker had it).
-  `claim_ahead(run_ids)`: the same, a little before held calls' instants, answering
-  their `claim`s; a taker never holds back a run whose name is out (a crash leaves it
-  to its lease), so one that waits in a full cap's line has it put back (`back_in`)
-  until its call claims it again. `forget(run_ids)`: runs that leave uncalled;
+- `name(runs, caps)`: right before a start, one transaction: each run in the
+  process's hash, the caps it may take slots of, its beat; the runs the start did
+  not start (another process's, same tokens) go out at once;
+- `claim(run_id)` (on the calls' loop; a webhook's at its request's last look, once
+  connected: app.worker.webhook): the run's name moves to the roll's names out, the
+  claims made meanwhile in one script call, one out at a time; a call goes out only
+  if its name was there (else a taker had it), written next with nothing awaited,
+  and its name leaves the names out with the next claims (within CALLED_WITHIN_S).
+  `claim_ahead(run_ids)`: the same a little before held calls' instants; one that
+  waits in a full cap's line has its name put back (`back_in`) until its call claims
+  it again. `forget(run_ids)`: runs that leave uncalled;
 - the watcher (a thread, every BEAT_S, IDLE_LOOK_S when idle): beats while the
-  process holds names or calls in flight, and looks for a process whose beat is
-  older than DEAD_AFTER_S. One script takes such a process's roll, atomically (one
-  taker), and gives back its concurrency slots (holder names carry the process's
-  word, app.worker.engine.HolderNames); its runs are then held back to the registry,
-  fenced by their tokens, due at their instants, no attempt spent (lease.hold).
+  process holds names or calls, and looks for a process whose beat is older than
+  DEAD_AFTER_S. One script takes its roll (one taker) and gives back its slots (holder
+  names carry the process's word); its names are held back to the registry, fenced
+  by their tokens, due at their instants, no attempt spent (lease.hold); its names out,
+  calls maybe made (most not), have their leases taken back at once, fenced, an
+  attempt spent (app.pollers.janitor.expire_now).
 
-An idle process sends one command every IDLE_LOOK_S. A taker that dies mid-take, or
-a Redis or registry away, leaves the runs to their leases and the janitor, as before.
-The hosts' clocks are assumed within a second of each other, as for leases.
+An idle process sends one command every IDLE_LOOK_S. A taker dying mid-take, or Redis
+or the registry away, leaves the runs to their leases; clocks agree within a second.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from app.core.timefmt import utcnow
 from app.lifecycle import lease
 from app.lifecycle.message import DispatchRun
 from app.limits.redis_limiter import slots_key
+from app.pollers import janitor
 
 log = logging.getLogger("punctual.orphans")
 
@@ -57,16 +58,22 @@ IDLE_LOOK_S = 2.0
 DEAD_AFTER_S = 3.0
 # How many dead processes one tick takes at most.
 TAKEN_PER_TICK = 8
+# A claim answered this long after it was sent is not called: a taker may have thought
+# the process dead meanwhile (the claim's script beats) and taken back its lease.
+CLAIM_FRESH_S = DEAD_AFTER_S - BEAT_S
+# The names of runs called leave the names out with the next claims, or after this.
+CALLED_WITHIN_S = 0.05
 
 # KEYS: the beats; ARGV: the word, the beat instant below which it is dead, the
 # prefix of rolls, the prefix of cap slot keys. Answers nil (alive, or taken already)
-# or {slots given back, {field, value, ...}}.
+# or {slots given back, {field, value, ...} of names, the same of names out}.
 TAKE_SCRIPT = r"""
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not score or tonumber(score) >= tonumber(ARGV[2]) then return false end
 redis.call('ZREM', KEYS[1], ARGV[1])
 local roll = ARGV[3] .. ARGV[1]
 local names = redis.call('HGETALL', roll)
+local out = redis.call('HGETALL', roll .. ':out')
 local caps = redis.call('SMEMBERS', roll .. ':caps')
 local mark = '.' .. ARGV[1] .. '-'
 local freed = 0
@@ -79,15 +86,29 @@ for _, cap in ipairs(caps) do
     end
   end
 end
-redis.call('DEL', roll, roll .. ':caps')
-return {freed, names}
+redis.call('DEL', roll, roll .. ':caps', roll .. ':out')
+return {freed, names, out}
 """
 
-# KEYS: the roll; ARGV: run ids. Answers 1 for each name taken out, 0 for one gone.
+# KEYS: the roll, its names out, the beats; ARGV: the word, the beat, how many claims,
+# the run ids claimed, then those called. Moves each name claimed into the names out
+# (1 for each, 0 for one gone), takes out the names of runs called, and beats.
 CLAIM_SCRIPT = r"""
-local out = {}
-for i, field in ipairs(ARGV) do out[i] = redis.call('HDEL', KEYS[1], field) end
-return out
+local answers = {}
+local claims = tonumber(ARGV[3])
+for i = 4, claims + 3 do
+  local value = redis.call('HGET', KEYS[1], ARGV[i])
+  if value then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+    redis.call('HSET', KEYS[2], ARGV[i], value)
+    answers[i - 3] = 1
+  else
+    answers[i - 3] = 0
+  end
+end
+for i = claims + 4, #ARGV do redis.call('HDEL', KEYS[2], ARGV[i]) end
+redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
+return answers
 """
 
 # What a name put back (Roll.back_in) answers the call waiting on it: claim it anew.
@@ -158,6 +179,7 @@ class Roll:
         self._rolls = f"{prefix}:orphans:"
         self._slots = slots_key(prefix, "")
         self._key = self._rolls + self.word
+        self._out = self._key + ":out"
         self._registry_of = registry_of
         self._lock = threading.Lock()
         self._named: set[uuid.UUID] = set()
@@ -169,7 +191,9 @@ class Roll:
         # Names to put back in the next command: (run, its claim ahead, its call's answer).
         self._backs: list[tuple[DispatchRun, asyncio.Future, asyncio.Future]] = []
         self._putting_back: set[asyncio.Future] = set()
+        self._called: list[str] = []  # runs whose names are to leave the names out
         self._claiming = False  # a script call of claims is out
+        self._calls_timer: asyncio.TimerHandle | None = None
         self._sent: asyncio.Future | None = None  # (kept: the loop holds tasks weakly)
         self._beaten = 0.0  # when the last beat that Redis took was sent (time.monotonic)
         self._on_loop: redis.asyncio.Redis | None = None  # the calls' loop's own connection
@@ -222,17 +246,26 @@ class Roll:
 
     async def claim(self, run_id: uuid.UUID) -> bool:
         """(On the calls' loop.) Take the run's name out before its call: whether it may
-        be called (False: a taker had it, so another attempt may be under way). The
-        claims made while one script call is out go together in the next. A name taken
-        out ahead (`claim_ahead`) gives that answer, mostly there already."""
+        be called (False: a taker had it, so another attempt may be under way; or the
+        answer came too late to tell). The claims made while one script call is out go
+        together in the next. A name taken out ahead (`claim_ahead`) gives that answer,
+        mostly there already. True: the caller makes the call next, nothing awaited."""
         ahead = self._ahead.pop(run_id, None)
+        sent: Any = None
         if ahead is not None:
-            answer = await ahead
-            if answer is not _BACK_IN:
-                return answer
-            # Its name went back in while it waited for a slot: out again now, as any.
-        future = self._claim(run_id)
-        return True if future is None else await future
+            sent = await ahead
+            # _BACK_IN: its name went back in while it waited for a slot: out again now.
+        if ahead is None or sent is _BACK_IN:
+            future = self._claim(run_id)
+            if future is None:  # never named: nothing to take out
+                return True
+            sent = await future
+        if not sent or time.monotonic() - sent >= CLAIM_FRESH_S:
+            return False
+        self._called.append(str(run_id))
+        if not self._claiming and self._calls_timer is None:
+            self._calls_timer = asyncio.get_running_loop().call_later(CALLED_WITHIN_S, self._send_claims)
+        return True
 
     def claim_ahead(self, run_ids: Iterable[uuid.UUID]) -> None:
         """(On the calls' loop.) Take out now, together, the names of runs about to be
@@ -267,34 +300,38 @@ class Roll:
 
     async def _put_back(self, backs: list[tuple[DispatchRun, asyncio.Future, asyncio.Future]]) -> None:
         """`back_in`'s work. Each call waiting on it is answered _BACK_IN once its name
-        is back (it claims it anew); else with its claim ahead's answer (False: a taker
-        had the name), or False if the run was forgotten meanwhile."""
+        is back (it claims it anew); else with its claim ahead's answer (0: a taker
+        had the name), or 0 if the run was forgotten meanwhile."""
         ours = []
         for run, ahead, answer in backs:
-            if await ahead:
-                ours.append((run, answer))
+            sent = await ahead
+            if sent:
+                ours.append((run, answer, sent))
             else:
                 self._backing.pop(run.run_id, None)
-                answer.set_result(False)
+                answer.set_result(0.0)
         if not ours:
             return
         try:
-            names: dict[Any, Any] = {str(run.run_id): entry(run) for run, _ in ours}
-            await self._loop_client().hset(self._key, mapping=names)
-        except Exception:  # the names stay out: a crash leaves the runs to their leases, as before
+            names: dict[Any, Any] = {str(run.run_id): entry(run) for run, _, _ in ours}
+            pipe = self._loop_client().pipeline(transaction=True)
+            pipe.hset(self._key, mapping=names)
+            pipe.hdel(self._out, *names)
+            await pipe.execute()
+        except Exception:  # the names stay out: a crash leaves the runs to a taker's expiry
             log.warning("putting back the names of %d runs failed", len(ours), exc_info=True)
-            for run, answer in ours:
+            for run, answer, sent in ours:
                 self._backing.pop(run.run_id, None)
-                answer.set_result(True)
+                answer.set_result(sent)
             return
         with self._lock:
-            for run, answer in ours:
+            for run, answer, _ in ours:
                 if self._backing.pop(run.run_id, False):
                     self._named.add(run.run_id)
                     answer.set_result(_BACK_IN)
                 else:  # forgotten meanwhile: out at the next tick
                     self._forgotten.append(str(run.run_id))
-                    answer.set_result(False)
+                    answer.set_result(0.0)
 
     def _loop_client(self) -> redis.asyncio.Redis:
         """The calls' loop's own connection (made on first use)."""
@@ -316,34 +353,50 @@ class Roll:
 
     def _send_claims(self) -> None:
         """One script call at a time: the claims made while one is out go together in
-        the next, so that a busy loop sends few calls of many names, not one a turn."""
+        the next, so that a busy loop sends few calls of many names, not one a turn;
+        with them, the names of the runs called since the last."""
+        if self._calls_timer is not None:
+            self._calls_timer.cancel()
+            self._calls_timer = None
+        if self._claiming or not (self._claims or self._called):
+            return
         claims, self._claims = self._claims, []
+        called, self._called = self._called, []
         self._claiming = True
-        self._sent = asyncio.ensure_future(self._claimed(claims))
+        self._sent = asyncio.ensure_future(self._claimed(claims, called))
         self._sent.add_done_callback(self._next_claims)
 
     def _next_claims(self, _task: asyncio.Future) -> None:
         self._claiming = False
         if self._claims:
             self._send_claims()
+        elif self._called and self._calls_timer is None:
+            self._calls_timer = asyncio.get_running_loop().call_later(CALLED_WITHIN_S, self._send_claims)
 
-    async def _claimed(self, claims: list[tuple[uuid.UUID, asyncio.Future]]) -> None:
+    async def _claimed(self, claims: list[tuple[uuid.UUID, asyncio.Future]], called: list[str]) -> None:
+        """One script call: each claim's future answered the instant it was sent
+        (time.monotonic, the script beats), or 0.0 if a taker had its name."""
+        sent, now = time.monotonic(), time.time()
+        args = [self.word, repr(now), len(claims), *(str(run_id) for run_id, _ in claims), *called]
         try:
             self._loop_client()
-            answers = await self._claim_async(keys=[self._key], args=[str(run_id) for run_id, _ in claims])
+            answers = await self._claim_async(keys=[self._key, self._out, self._beats], args=args)
         except Exception:
             # Cannot tell. While the process's last beat is recent enough that no taker
             # can have thought it dead, the calls go ahead; past that they are not made
             # (their leases cover them). Their names go at the watcher's next tick.
-            fresh = time.monotonic() - self._beaten < DEAD_AFTER_S - BEAT_S
+            fresh = time.monotonic() - self._beaten < CLAIM_FRESH_S
             made = "calls made" if fresh else "not called"
             log.warning("taking %d names out failed; %s", len(claims), made, exc_info=True)
             with self._lock:  # (not `forget`: a claim made ahead is still to be answered)
                 self._forgotten.extend(str(run_id) for run_id, _ in claims)
-            answers = [int(fresh)] * len(claims)
+                self._forgotten.extend(called)
+            sent, answers = self._beaten, [int(fresh)] * len(claims)
+        else:
+            self._beaten = max(self._beaten, sent)
         for (_, future), answer in zip(claims, answers, strict=True):
             if not future.done():
-                future.set_result(bool(answer))
+                future.set_result(sent if answer else 0.0)
 
     def forget(self, run_ids: Iterable[uuid.UUID]) -> None:
         """Runs that leave without a call: their names go at the watcher's next tick
@@ -361,7 +414,13 @@ class Roll:
             return len(self._named)
 
     async def aclose(self) -> None:
-        """(On the calls' loop.) Close its connection."""
+        """(On the calls' loop.) Send the names of the runs called, then close its connection."""
+        while self._claiming or self._called:
+            if not self._claiming:
+                self._send_claims()
+            if self._sent is not None:
+                await asyncio.wait([self._sent])
+            await asyncio.sleep(0)  # (its done callback: the next claims)
         if self._on_loop is not None:
             client, self._on_loop = self._on_loop, None
             await client.aclose()
@@ -376,7 +435,7 @@ class Roll:
         self._stop.set()
         try:
             pipe = self._client.pipeline(transaction=True)
-            pipe.delete(self._key, self._key + ":caps")
+            pipe.delete(self._key, self._key + ":caps", self._out)
             pipe.zrem(self._beats, self.word)
             pipe.execute()
         except redis.RedisError:
@@ -421,6 +480,7 @@ class Roll:
             pipe.zadd(self._beats, {self.word: now})
             if forgotten:
                 pipe.hdel(self._key, *forgotten)
+                pipe.hdel(self._out, *forgotten)
             pipe.zrangebyscore(self._beats, "-inf", older, start=0, num=TAKEN_PER_TICK + 1)
             sent = time.monotonic()
             found = pipe.execute()[-1]
@@ -430,31 +490,42 @@ class Roll:
 
     def take(self, word: str, dead_before: float) -> int:
         """Take a dead process's roll (nothing if another taker was first, or it beat
-        again), give back its slots, hold its runs back due; how many runs were held."""
+        again), give back its slots, hold its runs back due and take back the leases of
+        its names out; how many runs were held or taken back."""
         answer = self._take(keys=[self._beats], args=[word, repr(dead_before), self._rolls, self._slots])
         if answer is None:
             return 0
-        freed, flat = answer
-        names = {flat[i].decode(): flat[i + 1].decode() for i in range(0, len(flat), 2)}
-        if not names:
+        freed, flat, flat_out = answer
+        names, out = _pairs(flat), _pairs(flat_out)
+        if not names and not out:
             return 0
         now = utcnow()
         held = taken_runs(names, now)
         assert self._registry_of is not None
         registry = self._registry_of()
-        try:  # (the hold retries a transient failure in place)
-            count = lease.hold(registry, held, now)
+        count = expired = 0
+        try:  # (each retries a transient failure in place)
+            count = lease.hold(registry, held, now) if held else 0
+            maybe_called = [run for run, _ in taken_runs(out, now)]
+            expired = janitor.expire_now(registry, maybe_called, now) if out else 0
         except Exception:
-            log.exception("holding the %d runs of dead process %s failed; leases cover them", len(held), word)
-            return 0
+            log.exception("taking the runs of dead process %s failed; leases cover them", word)
         log.warning(
-            "process %s stopped beating: %d of its %d runs never called are due again, %d slots back",
+            "process %s stopped beating: %d of its %d runs never called are due again, "
+            "%d of its %d runs maybe called are taken back, %d slots back",
             word,
             count,
             len(held),
+            expired,
+            len(out),
             int(freed),
         )
-        return count
+        return count + expired
+
+
+def _pairs(flat: list[bytes]) -> dict[str, str]:
+    """A hash as HGETALL answers it, decoded."""
+    return {flat[i].decode(): flat[i + 1].decode() for i in range(0, len(flat), 2)}
 
 
 _rolls: dict[tuple[str, str], Roll] = {}

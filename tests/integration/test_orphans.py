@@ -15,7 +15,8 @@ from app.lifecycle import lease
 from app.limits.redis_limiter import slots_key as redis_slots_key
 from app.pollers.claim import claim_batch
 from app.registry.engines import registry_for
-from app.worker.orphans import DEAD_AFTER_S, Roll, entry
+from app.worker import orphans
+from app.worker.orphans import CALLED_WITHIN_S, CLAIM_FRESH_S, DEAD_AFTER_S, Roll, entry
 from tests.conftest import REDIS_URL
 from tests.rows import insert_jobs, job, job_row, runs_of, webhook_target
 
@@ -96,6 +97,74 @@ def test_a_dead_process_s_uncalled_runs_are_due_again_at_once_without_an_attempt
     # One taker: the roll is gone, and the dead process may call none of its runs.
     assert _roll(registry, redis_prefix, "dddd0006").tick() == 0
     assert not _claim(dead, runs[1].run_id)
+
+
+def test_a_dead_process_s_runs_maybe_called_are_taken_back_at_once_an_attempt_spent(registry, redis_prefix):
+    """A name claimed whose call is not known made (the process died between the claim's
+    answer and the script call that says so): its lease is taken back at once."""
+    runs = _started(registry, 2)
+    dead, taker = _roll(registry, redis_prefix, "aaaa0021"), _roll(registry, redis_prefix, "bbbb0022")
+    dead.name(runs, [])
+    maybe = runs[0]
+    client = redis.Redis.from_url(REDIS_URL)
+    key = f"{redis_prefix}:orphans:aaaa0021"
+    client.hdel(key, str(maybe.run_id))  # what the claim's script does
+    client.hset(key + ":out", str(maybe.run_id), entry(maybe))
+    _dead(redis_prefix, "aaaa0021")
+
+    before = utcnow()
+    assert taker.tick() == 2
+    held = runs[1]
+    assert job(registry, held.job_id)["next_run_at"] == held.scheduled_for and runs_of(registry, held.job_id) == []
+    after = job(registry, maybe.job_id)
+    assert after["state"] == "scheduled" and after["lease_token"] is None and after["attempt"] == 1
+    assert before <= after["next_run_at"] <= utcnow()  # due again now, not after its lease
+    [failed] = runs_of(registry, maybe.job_id)
+    assert failed["state"] == "failed" and failed["error"].startswith("lease expired")
+    assert client.exists(key, key + ":out") == 0
+
+
+def test_a_name_claimed_leaves_the_names_out_once_its_call_is_made(registry, redis_prefix):
+    runs = _started(registry, 2)
+    roll = _roll(registry, redis_prefix, "aaaa0023")
+    roll.name(runs, [])
+    out = f"{redis_prefix}:orphans:aaaa0023:out"
+    client = redis.Redis.from_url(REDIS_URL)
+    beat = client.zscore(f"{redis_prefix}:orphans", "aaaa0023")
+
+    async def claim_then_look():
+        roll.claim_ahead([runs[1].run_id])  # out ahead: not called yet
+        assert await roll.claim(runs[0].run_id)
+        claimed = set(client.hkeys(out))  # (the call is written here, nothing awaited)
+        await asyncio.sleep(CALLED_WITHIN_S + 0.1)
+        called = set(client.hkeys(out))
+        await roll.aclose()
+        return claimed, called
+
+    claimed, called = asyncio.run(claim_then_look())
+    assert claimed == {str(run.run_id).encode() for run in runs}
+    assert called == {str(runs[1].run_id).encode()}
+    assert client.zscore(f"{redis_prefix}:orphans", "aaaa0023") > beat  # a claim beats
+
+
+def test_a_claim_answered_too_late_to_tell_is_not_called(registry, redis_prefix, monkeypatch):
+    """Answered after the process could have been thought dead (stopped, say), a claim
+    says no: a taker may have taken back the run's lease meanwhile."""
+    runs = _started(registry, 1)
+    roll = _roll(registry, redis_prefix, "aaaa0024")
+    roll.name(runs, [])
+
+    async def claim():
+        future = roll._claim(runs[0].run_id)
+        assert future is not None
+        sent = await future
+        monkeypatch.setattr(orphans.time, "monotonic", lambda: sent + CLAIM_FRESH_S)  # a stop meanwhile
+        roll._ahead[runs[0].run_id] = future  # (answered: the call's claim reads it)
+        answer = await roll.claim(runs[0].run_id)
+        await roll.aclose()
+        return answer
+
+    assert asyncio.run(claim()) is False
 
 
 def test_names_of_runs_that_leave_without_a_call_go_at_the_next_tick(registry, redis_prefix):
