@@ -18,10 +18,12 @@ bench waits for every one-off to be called and completed, and prints one row:
                          processes x (PUNCTUAL_DISPATCH_THREADS calls in flight + two
                          completion batches, the one written and the one gathering)
     unrecorded           lease-expired runs the target saw called (outcome never written)
-    uncalled             lease-expired runs the sink never saw: started and never called
-                         (waiting for a cap's slot when the worker died), or requests
-                         the killed worker wrote that its reset connections lost before
-                         the busy sink read them (calls in flight: they wait for a lease)
+    uncalled             lease-expired runs the sink never saw: claimed for their calls
+                         when the worker died (taken back at once), or requests the
+                         killed worker wrote that its reset connections lost before the
+                         busy sink read them (calls in flight: they wait for a lease)
+    taken                when the last uncalled run's lease was taken back, seconds after
+                         the fault's start (within seconds; a lease is 15-27 s)
     last call            the last one-off's first call, seconds after T
     recovery             how long after the fault's end the last never-called one-off was called
     from fault           the same from the fault's start (worker-kill: from the worker's death)
@@ -81,6 +83,7 @@ COLUMNS = (
     ("bound", "bound", 5),
     ("unrecorded", "unrec", 5),
     ("uncalled", "uncall", 6),
+    ("uncalled_taken_s", "taken", 5),
     ("last_one_off_call_s", "last call", 9),
     ("recovery_s", "recovery", 8),
     ("from_fault_s", "from fault", 10),
@@ -356,14 +359,16 @@ def markdown(rows: list[dict]) -> str:
     head = (
         "| fault | lost | duplicate calls (after an expired lease) | unexplained "
         '| runs failed "lease expired" | unrecorded bound | unrecorded | uncalled '
-        "| last one-off call | recovery | from fault | settled | largest recurring gap |"
+        "| uncalled taken back | last one-off call | recovery | from fault | settled "
+        "| largest recurring gap |"
     )
-    lines = [head, "| --- |" + " ---: |" * 12]
+    lines = [head, "| --- |" + " ---: |" * 13]
     for r in rows:
         lines.append(
             f"| {r['fault']} | {r['lost']} | {r['duplicates']} | {r['unexplained_duplicates']} "
             f"| {r['lease_expired']} | {r['bound']} | {r['unrecorded']} | {r['uncalled']} "
-            f"| T+{r['last_one_off_call_s']} s | {r['recovery_s']} s | {r.get('from_fault_s', '')} s "
+            f"| {r.get('uncalled_taken_s')} s | T+{r['last_one_off_call_s']} s | {r['recovery_s']} s "
+            f"| {r.get('from_fault_s', '')} s "
             f"| T+{r['last_settled_s']} s | {r['recurring_max_gap_s']} s |"
         )
     return "\n".join(lines)

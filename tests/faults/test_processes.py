@@ -75,6 +75,7 @@ def test_a_lone_worker_killed_in_a_fast_burst_calls_what_it_never_called_on_rest
     stack = make_stack(workers=1)
     outcome = stack.run(_FAST_BURST, injectors.kill_worker(at_s=0.5, down_s=5.0))
     _assert_guarantee(outcome, stack, UNCALLED_GOAL_S)
+    _assert_uncalled_taken_back_within_the_goal(outcome)
     _assert_in_flight_waited_less_than_the_bound(outcome)
 
 
@@ -82,7 +83,15 @@ def test_a_worker_killed_in_a_fast_burst_its_uncalled_runs_go_to_the_other(make_
     stack = make_stack()
     outcome = stack.run(_FAST_BURST, injectors.kill_worker_for_good(at_s=0.5))
     _assert_guarantee(outcome, stack, UNCALLED_GOAL_S)
+    _assert_uncalled_taken_back_within_the_goal(outcome)
     assert outcome.verdict.from_fault_s <= UNCALLED_GOAL_S + SLACK_S, outcome.row()
+
+
+def _assert_uncalled_taken_back_within_the_goal(outcome) -> None:
+    """Runs the dead worker had claimed for their calls and never called (their names
+    out of its roll) did not wait for their leases."""
+    taken = outcome.verdict.uncalled_taken_s
+    assert taken is None or taken <= UNCALLED_GOAL_S, outcome.row()
 
 
 def test_the_beat_killed_and_restarted(make_stack):

@@ -18,7 +18,8 @@ registry holds, and says what the guarantee is about:
   saw (calls in flight or finished whose outcome the dead worker never wrote), and
   those whose attempt it never saw (started and never called, yet left to their
   lease; or a request written whose connection the dead worker's reset lost before
-  the target read it);
+  the target read it), and how long after the fault's start the last of those had its
+  lease taken back (a dead worker's runs never called: within seconds, not a lease);
 - recurring: the largest gap between first calls of consecutive occurrences of a
   recurring job, and how its skipped occurrences were explained.
 
@@ -66,7 +67,8 @@ class Verdict:
     inversions: int = 0  # a lower attempt after a higher one, for one key
     lease_expired: int = 0  # runs settled "lease expired"
     unrecorded: int = 0  # of those, called: their outcome was never written
-    uncalled: int = 0  # of those, never called: they waited out a lease for nothing
+    uncalled: int = 0  # of those, never called
+    uncalled_taken_s: float | None = None  # the last of those taken back, seconds after the fault's start
     last_first_call_s: float | None = None  # the last one-off's first call, seconds after T
     recovery_s: float = 0.0  # see the module docstring
     from_fault_s: float = 0.0  # the same, from the fault's start
@@ -89,6 +91,7 @@ class Verdict:
             "lease_expired": self.lease_expired,
             "unrecorded": self.unrecorded,
             "uncalled": self.uncalled,
+            "uncalled_taken_s": _rounded(self.uncalled_taken_s),
             "last_one_off_call_s": _rounded(self.last_first_call_s),
             "recovery_s": round(self.recovery_s, 1),
             "from_fault_s": round(self.from_fault_s, 1),
@@ -141,7 +144,12 @@ def judge(
     verdict.unrecorded = sum(
         1 for r in expired_rows if (r.job_id, r.scheduled_for, r.attempt) in seen_attempts
     )
-    verdict.uncalled = verdict.lease_expired - verdict.unrecorded
+    uncalled = [r for r in expired_rows if (r.job_id, r.scheduled_for, r.attempt) not in seen_attempts]
+    verdict.uncalled = len(uncalled)
+    taken = [r.finished_at for r in uncalled if r.finished_at is not None]
+    since = fault_start if fault_start is not None else fault_end
+    if taken and since is not None:
+        verdict.uncalled_taken_s = max(taken) - since
     verdict.skipped_missed = sum(1 for r in run_rows if r.state == "skipped" and "missed" in (r.error or ""))
     verdict.skipped_superseded = sum(
         1 for r in run_rows if r.state == "skipped" and "superseded" in (r.error or "")

@@ -88,3 +88,16 @@ def test_lease_expired_runs_split_into_called_unrecorded_and_never_called():
     verdict = judge(calls, rows, {A: T, B: T}, [], [A, B], T, T + 5)
     assert verdict.lease_expired == 2 and verdict.unrecorded == 1 and verdict.uncalled == 1
     assert verdict.row()["unrecorded"] == 1 and verdict.row()["uncalled"] == 1
+
+
+def test_runs_never_called_are_timed_from_the_fault_s_start_to_their_lease_taken_back():
+    calls = [Call(key(A), 1, T + 1), Call(key(A), 2, T + 30), Call(key(B), 2, T + 6)]
+    rows = [
+        RunRow(A, AT, 1, "failed", "lease expired", T + 29),  # called: not counted
+        RunRow(A, AT, 2, "succeeded", None, T + 30),
+        RunRow(B, AT, 1, "failed", "lease expired", T + 5),  # never called: taken back 4 s in
+        RunRow(B, AT, 2, "succeeded", None, T + 6),
+    ]
+    verdict = judge(calls, rows, {A: T, B: T}, [], [A, B], T, T + 7, T + 1)
+    assert verdict.uncalled_taken_s == 4.0 and verdict.row()["uncalled_taken_s"] == 4.0
+    assert judge(calls[:2], rows[:2], {A: T}, [], [A], T, T + 7, T + 1).uncalled_taken_s is None
