@@ -59,18 +59,19 @@ from bench.common import Stack, machine, shown, write_result
 from tests.faults import injectors
 
 SCENARIOS = {
-    "none": lambda: None,
-    "pg-cut": lambda: injectors.cut_postgres_connections(at_s=2.4, again_after_s=3.1),
-    "pg-restart": lambda: injectors.restart_postgres(at_s=1.4),
-    "pg-refuse": lambda: injectors.refuse_connections(at_s=1.5, down_s=15.0),
-    "worker-kill": lambda: injectors.kill_worker(at_s=0.5, down_s=5.0),  # while the burst still drains
-    "rabbitmq-stop": lambda: injectors.stop_rabbitmq(at_s=3.5, down_s=15.0),
-    "beat-kill": lambda: injectors.kill_beat(at_s=1.8, down_s=10.0),
-    "worker-stop": lambda: injectors.stop_worker(at_s=1.5, stopped_s=70.0),
-    "redis-kill": lambda: injectors.kill_redis_connections(at_s=1.5),
-    "redis-pause": lambda: injectors.pause_redis(at_s=1.5, pause_s=4.0),
-    "row-locks": lambda: injectors.hold_row_locks(at_s=-1.0, hold_s=8.0, rows=50),
-    "two-beats": lambda: injectors.second_beat(),
+    "none": lambda jobs: None,
+    "pg-cut": lambda jobs: injectors.cut_postgres_connections(at_s=2.4, again_after_s=3.1),
+    "pg-restart": lambda jobs: injectors.restart_postgres(at_s=1.4),
+    "pg-refuse": lambda jobs: injectors.refuse_connections(at_s=1.5, down_s=15.0),
+    # Once a fifth of the burst is called: mid-burst, on a quiet box or a busy one.
+    "worker-kill": lambda jobs: injectors.kill_worker(at_s=0.0, down_s=5.0, after_calls=jobs // 5),
+    "rabbitmq-stop": lambda jobs: injectors.stop_rabbitmq(at_s=3.5, down_s=15.0),
+    "beat-kill": lambda jobs: injectors.kill_beat(at_s=1.8, down_s=10.0),
+    "worker-stop": lambda jobs: injectors.stop_worker(at_s=1.5, stopped_s=70.0),
+    "redis-kill": lambda jobs: injectors.kill_redis_connections(at_s=1.5),
+    "redis-pause": lambda jobs: injectors.pause_redis(at_s=1.5, pause_s=4.0),
+    "row-locks": lambda jobs: injectors.hold_row_locks(at_s=-1.0, hold_s=8.0, rows=50),
+    "two-beats": lambda jobs: injectors.second_beat(),
 }
 DEFAULT = ("none", "pg-cut", "pg-restart", "worker-kill", "rabbitmq-stop", "beat-kill", "worker-stop")
 
@@ -95,7 +96,7 @@ COLUMNS = (
 def run_one(name: str, jobs: int, recurring: int, workers: int, env: dict[str, str]) -> dict:
     from tests.faults.harness import FaultStack, Load
 
-    fault = SCENARIOS[name]()
+    fault = SCENARIOS[name](jobs)
     with Stack(physical=1, shards=16, broker=True, env=env) as stack:
         log_dir = Path(tempfile.mkdtemp(prefix=f"punctual-faults-{name}-"))
         processes = (os.cpu_count() or 1) + 1  # celeryconfig's default

@@ -33,6 +33,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from tests.e2e.processes import CELERY, Proc, start_beat, start_worker, wait_ready
+from tests.faults.injectors import wait_until
 from tests.faults.verdict import RunRow, Verdict, calls_from_headers, judge
 from tests.sink import Answer, Sink
 
@@ -237,8 +238,6 @@ class FaultStack:
     def _wait_api(self, timeout_s: float = 30.0) -> None:
         import requests
 
-        from tests.faults.injectors import wait_until
-
         wait_until(
             lambda: requests.get(self.api_url + "/healthz", timeout=2).status_code == 200,
             timeout_s,
@@ -339,6 +338,13 @@ class FaultStack:
         fault_start = fault_end = None
         if fault is not None:
             _sleep_until(t0 + fault.at_s)
+            if fault.after_calls:
+                wait_until(
+                    lambda: len(self.sink.calls("/once")) >= fault.after_calls,
+                    30.0,
+                    f"{fault.after_calls} calls before the fault",
+                    every_s=0.01,
+                )
             fault_start = time.time()
             try:
                 fault.inject(self)

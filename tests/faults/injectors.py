@@ -50,12 +50,15 @@ class Fault:
     heal: Callable = field(repr=False, default=lambda stack: None)
     # A fault that happens twice (two connection cuts) injects again this long later.
     again_after_s: float | None = None
+    # Injected only once the sink has seen this many one-off calls too (mid-burst on a
+    # box of any speed), at most 30 s after `at_s`.
+    after_calls: int = 0
 
 
 # -- Punctual's processes ---------------------------------------------------------------
 
 
-def kill_worker(at_s: float = 1.0, down_s: float = 5.0, index: int = 0) -> Fault:
+def kill_worker(at_s: float = 1.0, down_s: float = 5.0, index: int = 0, after_calls: int = 0) -> Fault:
     """kill -9 of a worker's process group (parent and prefork children), restarted later."""
     return Fault(
         f"worker {index} killed (kill -9), restarted {down_s:g}s later",
@@ -63,10 +66,11 @@ def kill_worker(at_s: float = 1.0, down_s: float = 5.0, index: int = 0) -> Fault
         down_s,
         inject=lambda stack: stack.workers[index].kill(),
         heal=lambda stack: stack.restart_worker(index),
+        after_calls=after_calls,
     )
 
 
-def kill_worker_for_good(at_s: float = 1.0, index: int = 0) -> Fault:
+def kill_worker_for_good(at_s: float = 1.0, index: int = 0, after_calls: int = 0) -> Fault:
     """kill -9 of a worker's process group, not restarted: the other workers serve its
     queues (the fault's end is its death)."""
     return Fault(
@@ -74,6 +78,7 @@ def kill_worker_for_good(at_s: float = 1.0, index: int = 0) -> Fault:
         at_s,
         0.0,
         inject=lambda stack: stack.workers[index].kill(),
+        after_calls=after_calls,
     )
 
 

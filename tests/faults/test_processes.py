@@ -66,14 +66,15 @@ def test_a_worker_killed_mid_burst_its_uncalled_runs_go_to_the_other(make_stack)
     _assert_in_flight_waited_less_than_the_bound(outcome)
 
 
-# A burst the sink answers at once: a worker killed in it has runs whose names its
-# claims had taken out and whose requests were not yet written (its roll's names out).
+# A burst the sink answers at once: a worker killed in it (once a fifth is called) has
+# runs whose names its claims had taken out and whose requests were not yet written.
 _FAST_BURST = Load(one_offs=3000, spread_s=0.0, call_delay_s=0.0)
+_MID_BURST = _FAST_BURST.one_offs // 5
 
 
 def test_a_lone_worker_killed_in_a_fast_burst_calls_what_it_never_called_on_restart(make_stack):
     stack = make_stack(workers=1)
-    outcome = stack.run(_FAST_BURST, injectors.kill_worker(at_s=0.5, down_s=5.0))
+    outcome = stack.run(_FAST_BURST, injectors.kill_worker(at_s=0.0, down_s=5.0, after_calls=_MID_BURST))
     _assert_guarantee(outcome, stack, UNCALLED_GOAL_S)
     _assert_uncalled_taken_back_within_the_goal(outcome)
     _assert_in_flight_waited_less_than_the_bound(outcome)
@@ -81,7 +82,7 @@ def test_a_lone_worker_killed_in_a_fast_burst_calls_what_it_never_called_on_rest
 
 def test_a_worker_killed_in_a_fast_burst_its_uncalled_runs_go_to_the_other(make_stack):
     stack = make_stack()
-    outcome = stack.run(_FAST_BURST, injectors.kill_worker_for_good(at_s=0.5))
+    outcome = stack.run(_FAST_BURST, injectors.kill_worker_for_good(at_s=0.0, after_calls=_MID_BURST))
     _assert_guarantee(outcome, stack, UNCALLED_GOAL_S)
     _assert_uncalled_taken_back_within_the_goal(outcome)
     assert outcome.verdict.from_fault_s <= UNCALLED_GOAL_S + SLACK_S, outcome.row()
