@@ -45,7 +45,8 @@ CHUNK_RUNS = 100
 # a message: a poll claims each shard's next poll interval of runs, and a message costs
 # a worker about the same whatever it carries (its handover to a pool process, the
 # limiter's round trip, the fenced start). A run waits on a worker's timer for at most
-# this long after its start, and a worker killed meanwhile leaves it to its lease.
+# this long after its start, and a worker killed meanwhile leaves it to a live one
+# (app.worker.orphans).
 HOLD_SPAN = timedelta(seconds=1.5)
 # How long before its first run's instant a message runs: its start is written and its
 # calls are on their timers by the instant, however long the start and the handover to

@@ -82,11 +82,11 @@ DUE_LOOK_S = 0.005
 # A held run's name is taken out of the roll (app.worker.orphans) at most CLAIM_AHEAD_S
 # before its instant, with those of the other held runs firing by then, in one script
 # call made CLAIM_LEAD_S before the first of them: the round trip leaves the calls'
-# path, and calls spread in time share it. A process that dies in that while leaves
-# those runs to their leases, so names go out ahead only while it has call slots free
-# and no run waits for one (those runs are called at their instants); a run under a
-# cap that finds it full at its instant has its name put back while it waits in the
-# cap's line (Roll.back_in).
+# path, and calls spread in time share it. A process that dies in that while has those
+# runs' leases taken back, an attempt spent, so names go out ahead only while it has
+# call slots free and no run waits for one (those runs are called at their instants);
+# a run under a cap that finds it full at its instant has its name put back while it
+# waits in the cap's line (Roll.back_in).
 CLAIM_AHEAD_S = 0.1
 # Ahead of the first instant: more than a round trip to Redis under load.
 CLAIM_LEAD_S = 0.02
@@ -518,7 +518,7 @@ class Dispatcher:
     def _in_line(self, call: _Call) -> None:
         """On the loop: the run found its caps full and waits in their line, for seconds
         perhaps: a name that went out ahead goes back into the roll meanwhile, so that a
-        crash leaves the run to a taker, not to its lease."""
+        crash has a taker hold the run back, no attempt spent."""
         if self._roll is not None:
             self._roll.back_in(call.run)
 

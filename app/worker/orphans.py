@@ -269,8 +269,9 @@ class Roll:
 
     def claim_ahead(self, run_ids: Iterable[uuid.UUID]) -> None:
         """(On the calls' loop.) Take out now, together, the names of runs about to be
-        called; each call's `claim` then awaits its answer. From here a crash leaves
-        these runs to their leases: only runs whose calls are imminent are given."""
+        called; each call's `claim` then awaits its answer. From here a crash has a taker
+        take back their leases, an attempt spent: only runs whose calls are imminent
+        are given."""
         for run_id in run_ids:
             future = self._claim(run_id)
             if future is not None:
@@ -279,8 +280,8 @@ class Roll:
     def back_in(self, run: DispatchRun) -> None:
         """(On the calls' loop.) A run whose name went out ahead waits for a cap's slot
         after all: once that claim is answered, and only if the name was ours, it goes
-        back into the roll, so that a crash while the run waits leaves it to a taker,
-        not to its lease. Its call's `claim` then takes it out again. (Nothing for a run
+        back into the roll, so that a crash while the run waits has a taker hold it back,
+        no attempt spent. Its call's `claim` then takes it out again. (Nothing for a run
         whose name did not go out ahead.) The names put back in one turn of the loop go
         in one command."""
         ahead = self._ahead.get(run.run_id)
