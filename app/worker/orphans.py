@@ -58,8 +58,10 @@ IDLE_LOOK_S = 2.0
 DEAD_AFTER_S = 3.0
 # How many dead processes one tick takes at most.
 TAKEN_PER_TICK = 8
-# A claim answered this long after it was sent is not called: a taker may have thought
-# the process dead meanwhile (the claim's script beats) and taken back its lease.
+# A claim is not called once the process's last beat Redis took (the watcher's, a
+# start's or a claim's) is this old, nor if a beat found the process's beat gone since
+# it was answered: a taker may have thought the process dead (stopped, say) and taken
+# back the run's lease.
 CLAIM_FRESH_S = DEAD_AFTER_S - BEAT_S
 # The names of runs called leave the names out with the next claims, or after this.
 CALLED_WITHIN_S = 0.05
@@ -196,6 +198,7 @@ class Roll:
         self._calls_timer: asyncio.TimerHandle | None = None
         self._sent: asyncio.Future | None = None  # (kept: the loop holds tasks weakly)
         self._beaten = 0.0  # when the last beat that Redis took was sent (time.monotonic)
+        self._taken_before = 0.0  # a taker had the process's roll before this (time.monotonic)
         self._on_loop: redis.asyncio.Redis | None = None  # the calls' loop's own connection
         self._claim_async: Any = None
         self._stop = threading.Event()
@@ -260,7 +263,7 @@ class Roll:
             if future is None:  # never named: nothing to take out
                 return True
             sent = await future
-        if not sent or time.monotonic() - sent >= CLAIM_FRESH_S:
+        if not sent or sent < self._taken_before or time.monotonic() - self._beaten >= CLAIM_FRESH_S:
             return False
         self._called.append(str(run_id))
         if not self._claiming and self._calls_timer is None:
@@ -478,14 +481,18 @@ class Roll:
             found = self._client.zrangebyscore(self._beats, "-inf", older, start=0, num=TAKEN_PER_TICK + 1)
         else:
             pipe = self._client.pipeline(transaction=False)
+            pipe.zscore(self._beats, self.word)
             pipe.zadd(self._beats, {self.word: now})
             if forgotten:
                 pipe.hdel(self._key, *forgotten)
                 pipe.hdel(self._out, *forgotten)
             pipe.zrangebyscore(self._beats, "-inf", older, start=0, num=TAKEN_PER_TICK + 1)
             sent = time.monotonic()
-            found = pipe.execute()[-1]
+            answers = pipe.execute()
+            if answers[0] is None:  # a taker had the roll: claims answered before are void
+                self._taken_before = sent
             self._beaten = sent
+            found = answers[-1]
         dead = [w.decode() for w in found]
         return sum(self.take(word, now - DEAD_AFTER_S) for word in dead if word != self.word)
 

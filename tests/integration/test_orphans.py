@@ -148,8 +148,8 @@ def test_a_name_claimed_leaves_the_names_out_once_its_call_is_made(registry, red
     assert client.zscore(f"{redis_prefix}:orphans", "aaaa0023") > beat  # a claim beats
 
 
-def test_a_claim_answered_too_late_to_tell_is_not_called(registry, redis_prefix, monkeypatch):
-    """Answered after the process could have been thought dead (stopped, say), a claim
+def test_a_claim_is_not_called_once_the_process_s_beat_is_too_old(registry, redis_prefix, monkeypatch):
+    """Called after the process could have been thought dead (stopped, say), a claim
     says no: a taker may have taken back the run's lease meanwhile."""
     runs = _started(registry, 1)
     roll = _roll(registry, redis_prefix, "aaaa0024")
@@ -512,3 +512,56 @@ def test_a_webhook_call_whose_connection_failed_leaves_no_name(pg_settings, regi
         assert runs_of(registry, runs[0].job_id)[0]["state"] == "failed"
     finally:
         context.close(5)
+
+
+def _claimed_ahead(roll: Roll, run_id) -> None:
+    """`run_id`'s name out ahead, answered, its call still to come (the loop closed)."""
+
+    async def ahead():
+        roll.claim_ahead([run_id])
+        await asyncio.sleep(0.2)
+        await roll.aclose()
+
+    asyncio.run(ahead())
+
+
+def _called(roll: Roll, run_id) -> bool:
+    """The call's own claim (the one answered ahead), on a loop of its own."""
+
+    async def call():
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(sent)
+        roll._ahead[run_id] = future
+        answer = await roll.claim(run_id)
+        await roll.aclose()
+        return answer
+
+    sent = roll._ahead.pop(run_id).result()
+    return asyncio.run(call())
+
+
+def test_a_claim_waits_for_its_call_as_long_as_the_process_beats(registry, redis_prefix, monkeypatch):
+    """A run claimed ahead that then waits seconds for a call slot is still called:
+    the process beat meanwhile, so no taker can have had its name."""
+    runs = _started(registry, 2)
+    roll = _roll(registry, redis_prefix, "aaaa0025")
+    roll.name(runs, [])
+    _claimed_ahead(roll, runs[0].run_id)
+    later = time.monotonic() + CLAIM_FRESH_S + 1
+    monkeypatch.setattr(orphans.time, "monotonic", lambda: later)
+    roll.tick()  # the watcher's beat (a run named still: it beats)
+    assert _called(roll, runs[0].run_id)
+
+
+def test_a_claim_answered_before_a_taker_had_the_roll_is_not_called(registry, redis_prefix):
+    """Stopped after a claim's answer, the process was taken for dead; resumed, its
+    watcher's beat may land before the call: it finds the beat gone, and the call is not
+    made (the taker took its lease back: another attempt is under way)."""
+    runs = _started(registry, 2)
+    roll = _roll(registry, redis_prefix, "aaaa0026")
+    roll.name(runs, [])
+    _claimed_ahead(roll, runs[0].run_id)
+    _dead(redis_prefix, "aaaa0026")
+    assert _roll(registry, redis_prefix, "bbbb0027").tick() == 2
+    roll.tick()
+    assert not _called(roll, runs[0].run_id)
