@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import random
+from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 
@@ -71,8 +72,7 @@ def expired_runs(
     With their job's token (`job_lease_token`): a run whose job holds its token is
     leased on its job too, and settling it settles the job."""
     stmt = (
-        sa.select(runs, jobs.c.lease_token.label("job_lease_token"))
-        .select_from(runs.outerjoin(jobs, jobs.c.job_id == runs.c.job_id))
+        _runs_with_job_token()
         .where(
             runs.c.shard == shard,
             runs.c.state.in_(("claimed", "running")),
@@ -84,6 +84,13 @@ def expired_runs(
     if held:
         stmt = stmt.where(sa.not_(sa.and_(runs.c.state == "claimed", runs.c.owner.in_(sorted(held)))))
     return stmt.with_for_update(of=runs, skip_locked=True) if lock else stmt
+
+
+def _runs_with_job_token() -> sa.Select:
+    """Run rows, each with its job's lease token (`job_lease_token`, for `_own_lease`)."""
+    return sa.select(runs, jobs.c.lease_token.label("job_lease_token")).select_from(
+        runs.outerjoin(jobs, jobs.c.job_id == runs.c.job_id)
+    )
 
 
 def expire(
@@ -193,8 +200,7 @@ def _expire_now_on(engine: sa.Engine, group: list[DispatchRun], now: datetime, s
     """One try of `expire_now` on one database, refused first if a move took the shards away."""
     keys = [(run.run_id, run.lease_token) for run in group]
     stmt = (
-        sa.select(runs, jobs.c.lease_token.label("job_lease_token"))
-        .select_from(runs.outerjoin(jobs, jobs.c.job_id == runs.c.job_id))
+        _runs_with_job_token()
         .where(sa.tuple_(runs.c.run_id, runs.c.lease_token).in_(keys), runs.c.state == "running")
         .order_by(runs.c.run_id)
     )
@@ -204,6 +210,6 @@ def _expire_now_on(engine: sa.Engine, group: list[DispatchRun], now: datetime, s
             stmt = stmt.with_for_update(of=runs, skip_locked=True)
         rows = conn.execute(stmt).mappings().all()
         settled = _settle(conn, rows, now, settings, random.random)
-    for row in rows:
-        metrics.LEASES_EXPIRED.labels(str(row["shard"])).inc()
+    for shard, count in Counter(row["shard"] for row in rows).items():
+        metrics.LEASES_EXPIRED.labels(str(shard)).inc(count)
     return settled
