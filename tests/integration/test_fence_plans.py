@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from app.lifecycle.lease import _RELEASE_JOB
-from app.registry.bulk import Update, _update_statement, state_in
+from app.registry.bulk import Update, _update_statement, locked_in_key_order, state_in
 from app.registry.engines import create_engine_for
 from app.registry.schema import jobs, runs
 
@@ -148,3 +148,66 @@ def test_a_fence_matches_only_the_token_it_names(burst):
         assert conn.exec_driver_sql(sql, params).all() == []
         conn.rollback()
     assert token is not None
+
+
+def _analyzed(engine: sa.Engine, sql: str, params: dict) -> str:
+    """The plan of `sql` as it ran, in a transaction rolled back."""
+    with engine.connect() as conn:
+        plan = "\n".join(
+            conn.exec_driver_sql("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + sql, params).scalars()
+        )
+        conn.rollback()
+    return plan
+
+
+def _locking_completion(burst) -> tuple[str, dict]:
+    """A completion's shape (statements.FINISH_RUNS: fenced, its state checked, its rows
+    locked in key order first) over a batch twice the recordset's estimate of 100 rows."""
+    engine, _ = burst
+    with engine.connect() as conn:
+        batch = conn.execute(
+            sa.select(runs.c.run_id, runs.c.lease_token).order_by(runs.c.run_id.desc()).limit(2 * BATCH)
+        ).all()
+    rows = [{"run_id": run_id, "lease_token": token, "error": None} for run_id, token in batch]
+    update = Update(
+        runs,
+        rows,
+        match=("run_id", "lease_token"),
+        columns=("error",),
+        constants={"state": "succeeded"},
+        where=state_in(runs, ("claimed",)),
+        returning="run_id",
+        lock_in_key_order=True,
+    )
+    return _update_statement(update)
+
+
+def _times_each_ran(plan: str, node: str) -> list[int]:
+    return [int(line.rsplit("loops=", 1)[1].rstrip(")")) for line in plan.splitlines() if node in line]
+
+
+def test_the_premise_written_the_old_way_a_locking_write_joins_every_row_to_every_row(burst):
+    """The lock as `key IN (SELECT ... FOR UPDATE)`, the state check beside the key: its
+    LockRows ran once for every row written, or the recordset was read again for each."""
+    engine, _ = burst
+    sql, params = _locking_completion(burst)
+    keys, checked = "CAST(%(keys)b AS uuid[])", state_in(runs, ("claimed",))
+    lock = locked_in_key_order(runs, "run_id", keys, checked)
+    assert lock in sql
+    old = sql.replace(
+        lock,
+        f"runs.run_id = ANY({keys}) AND {checked} AND runs.run_id IN "
+        f"(SELECT run_id FROM runs WHERE run_id = ANY({keys}) ORDER BY run_id FOR UPDATE)",
+    )
+    plan = _analyzed(engine, old, params)
+    rescans = _times_each_ran(plan, "LockRows") + _times_each_ran(plan, "Function Scan on jsonb_to_recordset")
+    assert max(rescans) > 1, plan
+
+
+def test_a_write_that_locks_in_key_order_reads_its_batch_and_locks_its_rows_once(burst):
+    engine, _ = burst
+    plan = _analyzed(engine, *_locking_completion(burst))
+    assert "InitPlan" in plan and "rows=200 loops=1" in plan, plan
+    assert _times_each_ran(plan, "LockRows") == [1], plan
+    assert _times_each_ran(plan, "Function Scan on jsonb_to_recordset") == [1], plan
+    assert "ix_runs_leased" not in plan, plan

@@ -22,12 +22,30 @@ def test_update_sql_is_the_shape_update_many_sends():
     )
 
 
-def test_a_write_that_locks_in_key_order_first_says_so_after_its_fence():
+def test_a_write_that_locks_in_key_order_names_its_rows_by_the_locking_sub_select():
     sql = update_sql(jobs, ("job_id", "lease_token"), (), ("leased_until",), lock_in_key_order=True)
     assert sql.endswith(
-        "AND v.lease_token IS NOT NULL AND jobs.job_id IN (SELECT job_id FROM jobs "
-        "WHERE job_id = ANY(:keys) ORDER BY job_id FOR UPDATE);"
+        "WHERE jobs.job_id = v.job_id AND jobs.job_id = ANY(ARRAY(SELECT job_id FROM jobs "
+        "WHERE job_id = ANY(:keys) ORDER BY job_id FOR UPDATE)) "
+        "AND jobs.lease_token IS NOT DISTINCT FROM v.lease_token AND v.lease_token IS NOT NULL;"
     )
+
+
+def test_a_write_that_locks_in_key_order_checks_its_state_on_the_rows_it_locks():
+    sql = update_sql(
+        runs,
+        ("run_id", "lease_token"),
+        (),
+        ("leased_until",),
+        where=state_in(runs, ("running",)),
+        lock_in_key_order=True,
+    )
+    assert (
+        "runs.run_id = ANY(ARRAY(SELECT run_id FROM runs WHERE run_id = ANY(:keys) "
+        "AND coalesce(runs.state, '') IN ('running') ORDER BY run_id FOR UPDATE))" in sql
+    )
+    # Beside the key, the state check made PostgreSQL estimate the batch at one row.
+    assert "ANY(:keys) AND runs.lease_token" not in sql and sql.count("coalesce(") == 1
 
 
 def test_insert_sql_lists_every_column_it_sends():

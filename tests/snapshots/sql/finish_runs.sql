@@ -4,9 +4,8 @@ UPDATE runs SET state = v.state, finished_at = v.finished_at, status_code = v.st
 FROM jsonb_to_recordset(:rows) AS v(run_id uuid, lease_token uuid, state text, finished_at
     timestamptz, status_code integer, error text, started_at timestamptz, lateness_ms bigint)
 WHERE runs.run_id = v.run_id
-AND runs.run_id = ANY(:keys)
+AND runs.run_id = ANY(ARRAY(SELECT run_id FROM runs WHERE run_id = ANY(:keys) AND
+    coalesce(runs.state, '') IN ('running') ORDER BY run_id FOR UPDATE))
 AND runs.lease_token IS NOT DISTINCT FROM v.lease_token
 AND v.lease_token IS NOT NULL
-AND coalesce(runs.state, '') IN ('running')
-AND runs.run_id IN (SELECT run_id FROM runs WHERE run_id = ANY(:keys) ORDER BY run_id FOR UPDATE)
 RETURNING runs.run_id;
