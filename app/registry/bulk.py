@@ -129,15 +129,19 @@ def _constant(table: sa.Table, name: str, index: int, value: Any, params: dict, 
     return f"CAST(%({prefix}k{index})s AS {pg_type})"
 
 
-def _match_sql(table: sa.Table, match: Sequence[str], keys: str = ":keys") -> list[str]:
+def _match_sql(
+    table: sa.Table, match: Sequence[str], keys: str = ":keys", among: str | None = None
+) -> list[str]:
     """`match`'s conditions: the key by equality and among the batch's `keys` (an
     index condition the planner costs by the batch's size, so that it looks each row
     up by the key rather than scan the table and hash the batch: with an index
     costed as empty, or a table ANALYZEd small, it did either), each fence column (a
     lease token: never null in a batch) by IS NOT DISTINCT FROM, which implies no
-    partial index's predicate (the module's docstring)."""
+    partial index's predicate (the module's docstring). `among` replaces the batch's
+    `keys` (a write that locks in key order names its rows by its locking sub-select)."""
     key, *fences = match
-    return [f"{table.name}.{key} = v.{key}", f"{table.name}.{key} = ANY({keys})"] + [
+    among = among or f"{table.name}.{key} = ANY({keys})"
+    return [f"{table.name}.{key} = v.{key}", among] + [
         f"{table.name}.{k} IS NOT DISTINCT FROM v.{k} AND v.{k} IS NOT NULL" for k in fences
     ]
 
@@ -181,7 +185,7 @@ def locked_in_key_order(table: sa.Table, key: str, keys: str = ":keys", where: s
     key, PostgreSQL estimated the batch at one row (it has no statistics of
     `coalesce(state, '')`) and joined the recordset to it by a nested loop, every row
     against every row. Alone, the key's array leaves the recordset hashed
-    (tests/integration/test_indexes.py)."""
+    (tests/integration/test_fence_plans.py)."""
     checked = f" AND {where}" if where else ""
     return (
         f"{table.name}.{key} = ANY(ARRAY(SELECT {key} FROM {table.name} WHERE {key} = ANY({keys}){checked} "
@@ -195,11 +199,9 @@ def _conditions(
     """A bulk UPDATE's WHERE, in the order both its issued and its documented forms say it.
     A write that locks in key order names its rows by the locking sub-select alone
     (locked_in_key_order), its `where` inside it."""
-    if not lock_in_key_order:
-        return _match_sql(table, match, keys) + ([where] if where else [])
-    key, *_ = match
-    by_key, _any_key, *fences = _match_sql(table, match, keys)
-    return [by_key, locked_in_key_order(table, key, keys, where), *fences]
+    if lock_in_key_order:
+        return _match_sql(table, match, keys, among=locked_in_key_order(table, match[0], keys, where))
+    return _match_sql(table, match, keys) + ([where] if where else [])
 
 
 def update_sql(
