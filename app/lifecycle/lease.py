@@ -7,9 +7,9 @@ lease token, so a duplicated or stale dispatch message changes nothing (invarian
 - start: a run leased on its job gets its row, `running`, while the job holds its
   token (app.pollers.claim writes none); one leased on its row goes claimed -> running.
   Only the runs it returns may be called, each with the lease of its call on its row.
-- hold: a limit said "not yet" (a rate before the start, or a cap the run waited its
-  while for, before its call). A schedule run's row, if it has one, is deleted (no
-  attempt spent) and its job goes back to `scheduled` at the time the limit allows, misfire_exempt; an
+- hold: a limit said "not yet", or a dead process never called (app.worker.orphans;
+  fenced by its start's instant too). A schedule run's row, if any, is deleted (no
+  attempt spent), its job `scheduled` again when the limit allows, misfire_exempt; an
   off-schedule run is `claimed` again under a new token, due then for the relay sweep.
 - heartbeat: leased_until = now + lease_s on the run row while the call is in flight.
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import itertools
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 import sqlalchemy as sa
@@ -176,15 +176,28 @@ def _started_at(conn: sa.Connection, rows: list[dict], now: datetime) -> list:
 _HOLDABLE = ("claimed", "running")
 
 
-def hold(registry: Registry, held: Sequence[tuple[DispatchRun, datetime]], now: datetime) -> int:
-    """Put runs a limit held back off until their retry time; returns how many were held."""
+def hold(
+    registry: Registry,
+    held: Sequence[tuple[DispatchRun, datetime]],
+    now: datetime,
+    started: Mapping[uuid.UUID, datetime] | None = None,
+) -> int:
+    """Put runs a limit held back off until their retry time; returns how many were held.
+
+    `started`: the runs of a dead process's roll (app.worker.orphans), each with the
+    instant that process's start gave it. Its message went back to the broker, and
+    another process may have started a run under the same token since (and called
+    it): such a run, started at another instant, is left as it is. One started at
+    that instant, or not started at all, is held back."""
 
     def write(engine: sa.Engine, group: list[tuple[DispatchRun, datetime]]) -> int:
         until = {run.run_id: at for run, at in group}
         scheduled = [(run, at) for run, at in group if not run.leased_on_run]
         off = [(run, at) for run, at in group if run.leased_on_run]
         return retrying(
-            functools.partial(_hold_on, engine, scheduled, off, until, now, registry.settings.lease_s),
+            functools.partial(
+                _hold_on, engine, scheduled, off, until, now, registry.settings.lease_s, started
+            ),
             f"hold of {len(group)} runs",
         )
 
@@ -200,6 +213,7 @@ def _hold_on(
     until: dict[uuid.UUID, datetime],
     now: datetime,
     lease_s: float,
+    started: Mapping[uuid.UUID, datetime] | None,
 ) -> int:
     """One try of a hold on one database, refused first if a move took the shards away."""
     held = 0
@@ -216,6 +230,11 @@ def _hold_on(
             )
             if locks_rows(conn):
                 conn.execute(lock.with_for_update()).all()
+            if started is not None:
+                # (A start writes a run leased on its job under that job's row, locked
+                # FOR SHARE: with the job locked here, no start comes in between.)
+                scheduled = _not_started_elsewhere(conn, scheduled, started)
+        if scheduled:
             # A run held before its start has no row; one held after it (before its
             # call) has, and it goes: nothing happened.
             conn.execute(
@@ -238,12 +257,14 @@ def _hold_on(
                 )
                 held += released.rowcount
         for run, at in off:
+            fence = [] if started is None else [_unstarted_or_started_at(started[run.run_id])]
             result = conn.execute(
                 sa.update(runs)
                 .where(
                     runs.c.run_id == run.run_id,
                     runs.c.lease_token == run.lease_token,
                     state_among(runs.c.state, _HOLDABLE),
+                    *fence,
                 )
                 .values(
                     state="claimed",
@@ -258,6 +279,31 @@ def _hold_on(
             )
             held += result.rowcount
     return held
+
+
+def _unstarted_or_started_at(instant: datetime) -> sa.ColumnElement[bool]:
+    return sa.or_(runs.c.started_at.is_(None), runs.c.started_at == instant)
+
+
+def _not_started_elsewhere(
+    conn: sa.Connection,
+    scheduled: list[tuple[DispatchRun, datetime]],
+    started: Mapping[uuid.UUID, datetime],
+) -> list[tuple[DispatchRun, datetime]]:
+    """The schedule runs of `scheduled` that have no row under their token, or one
+    their start (`started`) wrote."""
+    elsewhere = {
+        row.run_id
+        for row in conn.execute(
+            sa.select(runs.c.run_id, runs.c.started_at).where(
+                sa.tuple_(runs.c.run_id, runs.c.lease_token).in_(
+                    [(r.run_id, r.lease_token) for r, _ in scheduled]
+                )
+            )
+        )
+        if row.started_at is not None and row.started_at != started[row.run_id]
+    }
+    return [(run, at) for run, at in scheduled if run.run_id not in elsewhere]
 
 
 # A held job is due again when the limit allows; paused and cancelled jobs keep

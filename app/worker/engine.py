@@ -126,6 +126,9 @@ class _Call:
     # Its run's name was asked out of the roll (app.worker.orphans): a webhook call asks
     # at its request's last look, so one that never got that far still holds its name.
     claimed: bool = False
+    # The instant its start wrote (started_at): its roll entry carries it, so that a
+    # taker holds back only a run this process started (app.lifecycle.lease.hold).
+    started_at: datetime | None = None
 
 
 def _recorded_as_failure(item: Finished, failure: Exception) -> Finished:
@@ -390,7 +393,13 @@ class Dispatcher:
         settings = self.settings
         roll = self._roll
         if roll is not None:  # named before the start: no instant where a run is started and unnamed
-            roll.name([c.run for c in admitted], {key for call in admitted for key in call.keys})
+            # (Not a run this process started already, from an earlier delivery of the
+            # message: it keeps the name it has, or had until its call.)
+            roll.name(
+                [c.run for c in admitted if c.run.run_id not in self._inflight],
+                {key for call in admitted for key in call.keys},
+                now,
+            )
         sent = time.monotonic()
         try:
             started_ids = lease.start(self.registry, [c.run for c in admitted], now)
@@ -411,6 +420,7 @@ class Dispatcher:
             )
         for call in calls:
             call.lease_until = sent + settings.lease_s
+            call.started_at = now
         for shard, count in Counter(call.run.shard for call in calls).items():
             metrics.RUNS_STARTED.labels(str(shard)).inc(count)
         for call in calls:
@@ -520,7 +530,8 @@ class Dispatcher:
         perhaps: a name that went out ahead goes back into the roll meanwhile, so that a
         crash has a taker hold the run back, no attempt spent."""
         if self._roll is not None:
-            self._roll.back_in(call.run)
+            assert call.started_at is not None  # (only a started run waits for a slot)
+            self._roll.back_in(call.run, call.started_at)
 
     def _begin(self, call: _Call, slot: Slot) -> None:
         """On the loop: the gate gave a waiting run its slot. Handed the slot of a call

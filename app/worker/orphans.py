@@ -2,9 +2,9 @@
 that a live process makes them due again within seconds of this one's death, instead
 of after their leases (docs/design.md, "Decisions": a dead worker's uncalled runs).
 
-- `name(runs, caps)`: right before a start, one transaction: each run in the
-  process's hash, the caps it may take slots of, its beat; the runs the start did
-  not start (another process's, same tokens) go out at once;
+- `name(runs, caps, started_at)`: right before a start, one transaction: each run in
+  the process's hash (with the start's instant), the caps it may take slots of, its
+  beat; the runs the start did not start (another process's, same tokens) go out;
 - `claim(run_id)` (on the calls' loop; a webhook's at its request's last look, once
   connected: app.worker.webhook): the run's name moves to the roll's names out, the
   claims made meanwhile in one script call, one out at a time; a call goes out only
@@ -16,10 +16,10 @@ of after their leases (docs/design.md, "Decisions": a dead worker's uncalled run
 - the watcher (a thread, every BEAT_S, IDLE_LOOK_S when idle): beats while the
   process holds names or calls, and looks for a process whose beat is older than
   DEAD_AFTER_S. One script takes its roll (one taker) and gives back its slots (holder
-  names carry the process's word); its names are held back to the registry, fenced
-  by their tokens, due at their instants, no attempt spent (lease.hold); its names out,
-  calls maybe made (most not), have their leases taken back at once, fenced, an
-  attempt spent (app.pollers.janitor.expire_now).
+  names carry the process's word); its names are held back, fenced by token and start
+  instant, due at their instants, no attempt spent (lease.hold); its names out, calls
+  maybe made (most not), have their leases taken back at once, fenced, an attempt
+  spent (app.pollers.janitor.expire_now).
 
 An idle process sends one command every IDLE_LOOK_S. A taker dying mid-take, or Redis
 or the registry away, leaves the runs to their leases; clocks agree within a second.
@@ -36,7 +36,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import redis
@@ -129,11 +129,20 @@ def process_word() -> str:
     return _word
 
 
-def entry(run: DispatchRun) -> str:
-    """What a roll keeps of a run: all a fenced hold needs, and its instant."""
+def entry(run: DispatchRun, started_at: datetime) -> str:
+    """What a roll keeps of a run: all a fenced hold needs, its instant, and the instant
+    its start was given (`started_at`, in microseconds: the hold compares it exactly)."""
     _, job_id, token = run.texts
     at = _seconds(run.fire_at or run.scheduled_for)
-    return f"{run.shard} {job_id} {token} {int(run.leased_on_run)} {at}"
+    return f"{run.shard} {job_id} {token} {int(run.leased_on_run)} {at} {_micros(started_at)}"
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _micros(instant: datetime) -> int:
+    return (instant - _EPOCH) // _MICROSECOND
 
 
 @functools.lru_cache(maxsize=4096)  # a burst's runs share a handful of instants
@@ -142,13 +151,14 @@ def _seconds(instant: datetime) -> str:
     return repr(instant.timestamp())
 
 
-def taken_runs(names: dict[str, str], now: datetime) -> list[tuple[DispatchRun, datetime]]:
-    """A taken roll's runs, each with when it is due again: a schedule run at its own
-    instant (the same occurrence, misfire-exempt), an off-schedule run at that instant
-    or now. Only what app.lifecycle.lease.hold reads is filled in."""
+def taken_runs(names: dict[str, str], now: datetime) -> list[tuple[DispatchRun, datetime, datetime]]:
+    """A taken roll's runs, each with when it is due again (a schedule run at its own
+    instant: the same occurrence, misfire-exempt; an off-schedule run at that instant
+    or now) and the instant its start was given. Only what app.lifecycle.lease.hold
+    reads is filled in."""
     held = []
     for run_id, value in names.items():
-        shard, job_id, token, on_run, at_s = value.split(" ")
+        shard, job_id, token, on_run, at_s, started_us = value.split(" ")
         at = datetime.fromtimestamp(float(at_s), UTC)
         run = DispatchRun(
             run_id=uuid.UUID(run_id),
@@ -164,7 +174,8 @@ def taken_runs(names: dict[str, str], now: datetime) -> list[tuple[DispatchRun, 
             payload=None,
             own_lease=on_run == "1",
         )
-        held.append((run, max(at, now) if run.leased_on_run else at))
+        started_at = _EPOCH + int(started_us) * _MICROSECOND
+        held.append((run, max(at, now) if run.leased_on_run else at, started_at))
     return held
 
 
@@ -190,8 +201,9 @@ class Roll:
         self._ahead: dict[uuid.UUID, asyncio.Future] = {}  # claimed ahead, not yet called
         # Runs whose names are being put back (`back_in`): False once forgotten meanwhile.
         self._backing: dict[uuid.UUID, bool] = {}
-        # Names to put back in the next command: (run, its claim ahead, its call's answer).
-        self._backs: list[tuple[DispatchRun, asyncio.Future, asyncio.Future]] = []
+        # Names to put back in the next command: (run, its start's instant, its claim
+        # ahead, its call's answer).
+        self._backs: list[tuple[DispatchRun, datetime, asyncio.Future, asyncio.Future]] = []
         self._putting_back: set[asyncio.Future] = set()
         self._called: list[str] = []  # runs whose names are to leave the names out
         self._claiming = False  # a script call of claims is out
@@ -209,11 +221,12 @@ class Roll:
 
     # -- the process's own names ----------------------------------------------------------
 
-    def name(self, runs: Sequence[DispatchRun], caps: Iterable[str]) -> None:
-        """Name runs about to start, with the cap keys their calls may hold slots of
-        (one transaction: a taker sees all of it with a fresh beat, or none of it).
-        Should it fail, the runs are not named: their leases cover them, as before."""
-        fields: dict[Any, Any] = {run.texts[0]: entry(run) for run in runs}
+    def name(self, runs: Sequence[DispatchRun], caps: Iterable[str], started_at: datetime) -> None:
+        """Name runs about to start at `started_at` (the instant the start writes), with
+        the cap keys their calls may hold slots of (one transaction: a taker sees all of
+        it with a fresh beat, or none of it). Should it fail, the runs are not named:
+        their leases cover them, as before."""
+        fields: dict[Any, Any] = {run.texts[0]: entry(run, started_at) for run in runs}
         if not fields:
             return
         caps = set(caps)
@@ -280,7 +293,7 @@ class Roll:
             if future is not None:
                 self._ahead[run_id] = future
 
-    def back_in(self, run: DispatchRun) -> None:
+    def back_in(self, run: DispatchRun, started_at: datetime) -> None:
         """(On the calls' loop.) A run whose name went out ahead waits for a cap's slot
         after all: once that claim is answered, and only if the name was ours, it goes
         back into the roll, so that a crash while the run waits has a taker hold it back,
@@ -292,7 +305,7 @@ class Roll:
             return
         self._backing[run.run_id] = True
         answer = self._ahead[run.run_id] = asyncio.get_running_loop().create_future()
-        self._backs.append((run, ahead, answer))
+        self._backs.append((run, started_at, ahead, answer))
         if len(self._backs) == 1:
             asyncio.get_running_loop().call_soon(self._send_backs)
 
@@ -302,22 +315,25 @@ class Roll:
         self._putting_back.add(task)  # (the loop holds tasks weakly)
         task.add_done_callback(self._putting_back.discard)
 
-    async def _put_back(self, backs: list[tuple[DispatchRun, asyncio.Future, asyncio.Future]]) -> None:
+    async def _put_back(
+        self, backs: list[tuple[DispatchRun, datetime, asyncio.Future, asyncio.Future]]
+    ) -> None:
         """`back_in`'s work. Each call waiting on it is answered _BACK_IN once its name
         is back (it claims it anew); else with its claim ahead's answer (0: a taker
         had the name), or 0 if the run was forgotten meanwhile."""
         ours = []
-        for run, ahead, answer in backs:
+        names: dict[Any, Any] = {}
+        for run, started_at, ahead, answer in backs:
             sent = await ahead
             if sent:
                 ours.append((run, answer, sent))
+                names[str(run.run_id)] = entry(run, started_at)
             else:
                 self._backing.pop(run.run_id, None)
                 answer.set_result(0.0)
         if not ours:
             return
         try:
-            names: dict[Any, Any] = {str(run.run_id): entry(run) for run, _, _ in ours}
             pipe = self._loop_client().pipeline(transaction=True)
             pipe.hset(self._key, mapping=names)
             pipe.hdel(self._out, *names)
@@ -513,8 +529,10 @@ class Roll:
         registry = self._registry_of()
         count = expired = 0
         try:  # (each retries a transient failure in place)
-            count = lease.hold(registry, held, now) if held else 0
-            maybe_called = [run for run, _ in taken_runs(out, now)]
+            if held:
+                started = {run.run_id: started_at for run, _, started_at in held}
+                count = lease.hold(registry, [(run, at) for run, at, _ in held], now, started)
+            maybe_called = [run for run, _, _ in taken_runs(out, now)]
             expired = janitor.expire_now(registry, maybe_called, now) if out else 0
         except Exception:
             log.exception("taking the runs of dead process %s failed; leases cover them", word)

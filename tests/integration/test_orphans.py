@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 import redis
@@ -33,8 +33,8 @@ def _roll(registry, prefix: str, word: str) -> Roll:
     return Roll(REDIS_URL, prefix, lambda: registry, word=word)
 
 
-def _started(registry, count: int) -> list:
-    """`count` one-off runs, due a second ago, claimed and started."""
+def _claimed(registry, count: int) -> list:
+    """`count` one-off runs, due a second ago, claimed."""
     rows = [
         job_row(16, run_at=utcnow() - timedelta(seconds=1), target=webhook_target(f"http://127.0.0.1:9/{i}"))
         for i in range(count)
@@ -43,9 +43,15 @@ def _started(registry, count: int) -> list:
     runs = []
     for shard in sorted({r["shard"] for r in rows}):
         runs += claim_batch(registry.engine_for_shard(shard), shard, utcnow(), registry.settings).runs
-    started = lease.start(registry, runs, utcnow())
-    assert len(started) == count
     return runs
+
+
+def _started(registry, count: int) -> tuple[list, datetime]:
+    """`count` one-off runs, due a second ago, claimed and started: the runs, and the
+    instant their start wrote (what a roll names them with)."""
+    runs, at = _claimed(registry, count), utcnow()
+    assert len(lease.start(registry, runs, at)) == count
+    return runs, at
 
 
 def _claim(roll: Roll, run_id) -> bool:
@@ -66,17 +72,17 @@ def _dead(prefix: str, word: str) -> None:
 
 
 def test_a_live_process_does_not_take_a_roll_that_beats(registry, redis_prefix):
-    runs = _started(registry, 3)
+    runs, at = _started(registry, 3)
     mine, other = _roll(registry, redis_prefix, "aaaa0001"), _roll(registry, redis_prefix, "bbbb0002")
-    mine.name(runs, [])
+    mine.name(runs, [], at)
     assert other.tick() == 0
     assert all(runs_of(registry, run.job_id)[0]["state"] == "running" for run in runs)
 
 
 def test_a_dead_process_s_uncalled_runs_are_due_again_at_once_without_an_attempt(registry, redis_prefix):
-    runs = _started(registry, 4)
+    runs, at = _started(registry, 4)
     dead, taker = _roll(registry, redis_prefix, "aaaa0003"), _roll(registry, redis_prefix, "bbbb0004")
-    dead.name(runs, ["cap:host"])
+    dead.name(runs, ["cap:host"], at)
     called = runs[0]
     assert _claim(dead, called.run_id)  # its call went out: not the taker's
     slots = redis.Redis.from_url(REDIS_URL)
@@ -102,14 +108,14 @@ def test_a_dead_process_s_uncalled_runs_are_due_again_at_once_without_an_attempt
 def test_a_dead_process_s_runs_maybe_called_are_taken_back_at_once_an_attempt_spent(registry, redis_prefix):
     """A name claimed whose call is not known made (the process died between the claim's
     answer and the script call that says so): its lease is taken back at once."""
-    runs = _started(registry, 2)
+    runs, at = _started(registry, 2)
     dead, taker = _roll(registry, redis_prefix, "aaaa0021"), _roll(registry, redis_prefix, "bbbb0022")
-    dead.name(runs, [])
+    dead.name(runs, [], at)
     maybe = runs[0]
     client = redis.Redis.from_url(REDIS_URL)
     key = f"{redis_prefix}:orphans:aaaa0021"
     client.hdel(key, str(maybe.run_id))  # what the claim's script does
-    client.hset(key + ":out", str(maybe.run_id), entry(maybe))
+    client.hset(key + ":out", str(maybe.run_id), entry(maybe, at))
     _dead(redis_prefix, "aaaa0021")
 
     before = utcnow()
@@ -126,9 +132,9 @@ def test_a_dead_process_s_runs_maybe_called_are_taken_back_at_once_an_attempt_sp
 
 
 def test_a_name_claimed_leaves_the_names_out_once_its_call_is_made(registry, redis_prefix):
-    runs = _started(registry, 2)
+    runs, at = _started(registry, 2)
     roll = _roll(registry, redis_prefix, "aaaa0023")
-    roll.name(runs, [])
+    roll.name(runs, [], at)
     out = f"{redis_prefix}:orphans:aaaa0023:out"
     client = redis.Redis.from_url(REDIS_URL)
     beat = client.zscore(f"{redis_prefix}:orphans", "aaaa0023")
@@ -151,9 +157,9 @@ def test_a_name_claimed_leaves_the_names_out_once_its_call_is_made(registry, red
 def test_a_claim_is_not_called_once_the_process_s_beat_is_too_old(registry, redis_prefix, monkeypatch):
     """Called after the process could have been thought dead (stopped, say), a claim
     says no: a taker may have taken back the run's lease meanwhile."""
-    runs = _started(registry, 1)
+    runs, at = _started(registry, 1)
     roll = _roll(registry, redis_prefix, "aaaa0024")
-    roll.name(runs, [])
+    roll.name(runs, [], at)
 
     async def claim():
         future = roll._claim(runs[0].run_id)
@@ -169,9 +175,9 @@ def test_a_claim_is_not_called_once_the_process_s_beat_is_too_old(registry, redi
 
 
 def test_names_of_runs_that_leave_without_a_call_go_at_the_next_tick(registry, redis_prefix):
-    runs = _started(registry, 2)
+    runs, at = _started(registry, 2)
     roll = _roll(registry, redis_prefix, "aaaa0007")
-    roll.name(runs, [])
+    roll.name(runs, [], at)
     roll.forget([runs[0].run_id])
     assert roll.named() == 1
     roll.tick()
@@ -181,9 +187,9 @@ def test_names_of_runs_that_leave_without_a_call_go_at_the_next_tick(registry, r
 
 
 def test_claims_of_one_turn_of_the_loop_go_together(registry, redis_prefix):
-    runs = _started(registry, 5)
+    runs, at = _started(registry, 5)
     roll = _roll(registry, redis_prefix, "aaaa0008")
-    roll.name(runs, [])
+    roll.name(runs, [], at)
 
     async def claim_all():
         answers = await asyncio.gather(*(roll.claim(run.run_id) for run in runs))
@@ -196,20 +202,20 @@ def test_claims_of_one_turn_of_the_loop_go_together(registry, redis_prefix):
 
 
 def test_a_start_of_many_runs_names_each_with_its_entry_its_caps_and_a_beat(registry, redis_prefix):
-    runs = _started(registry, 150)
+    runs, at = _started(registry, 150)
     roll = _roll(registry, redis_prefix, "aaaa0013")
-    roll.name(runs, ["cap:a", "cap:b"])
+    roll.name(runs, ["cap:a", "cap:b"], at)
     client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     key = f"{redis_prefix}:orphans:aaaa0013"
-    assert client.hgetall(key) == {str(run.run_id): entry(run) for run in runs}
+    assert client.hgetall(key) == {str(run.run_id): entry(run, at) for run in runs}
     assert client.smembers(key + ":caps") == {"cap:a", "cap:b"}
     assert time.time() - client.zscore(f"{redis_prefix}:orphans", "aaaa0013") < 5
 
 
 def test_claims_that_go_together_are_answered_each_by_its_own_name(registry, redis_prefix):
-    runs = _started(registry, 3)
+    runs, at = _started(registry, 3)
     roll = _roll(registry, redis_prefix, "aaaa0014")
-    roll.name(runs, [])
+    roll.name(runs, [], at)
     redis.Redis.from_url(REDIS_URL).hdel(f"{redis_prefix}:orphans:aaaa0014", str(runs[1].run_id))  # a taker's
 
     async def claim_all():
@@ -225,7 +231,7 @@ def test_a_duplicated_message_leaves_no_name_a_taker_could_hold(pg_settings, reg
     taken out of the roll at once: a taker must never hold back a run called elsewhere."""
     from app.worker.context import WorkerContext
 
-    runs = _started(registry, 3)  # started already, as by the message's first delivery
+    runs, _ = _started(registry, 3)  # started already, as by the message's first delivery
     context = WorkerContext(pg_settings)
     try:
         assert context.dispatcher.dispatch(runs).stale == 3
@@ -235,9 +241,9 @@ def test_a_duplicated_message_leaves_no_name_a_taker_could_hold(pg_settings, reg
 
 
 def test_names_taken_out_ahead_go_together_and_answer_their_calls(registry, redis_prefix):
-    runs = _started(registry, 4)
+    runs, at = _started(registry, 4)
     roll = _roll(registry, redis_prefix, "aaaa0009")
-    roll.name(runs, [])
+    roll.name(runs, [], at)
     key = f"{redis_prefix}:orphans:aaaa0009"
 
     async def ahead_then_claim():
@@ -258,9 +264,9 @@ def test_names_taken_out_ahead_go_together_and_answer_their_calls(registry, redi
 def _taken_by_a_taker(registry, redis_prefix, count: int, dead_word: str, taker_word: str):
     """`count` runs named by a process found dead, whose roll a taker then took: the
     runs and the dead process's roll."""
-    runs = _started(registry, count)
+    runs, at = _started(registry, count)
     dead, taker = _roll(registry, redis_prefix, dead_word), _roll(registry, redis_prefix, taker_word)
-    dead.name(runs, [])
+    dead.name(runs, [], at)
     _dead(redis_prefix, dead_word)
     assert taker.tick() == count
     return runs, dead
@@ -279,9 +285,9 @@ def test_a_name_taken_by_a_taker_before_it_went_out_ahead_is_not_called(registry
 
 
 def test_a_name_that_could_not_go_out_ahead_is_not_called_once_the_beat_is_old(registry, redis_prefix):
-    runs = _started(registry, 1)
+    runs, at = _started(registry, 1)
     roll = _roll(registry, redis_prefix, "aaaa0012")
-    roll.name(runs, [])
+    roll.name(runs, [], at)
     roll._url = "redis://127.0.0.1:1/0"  # Redis away for the calls' loop
     roll._beaten = time.monotonic() - DEAD_AFTER_S  # a taker may think the process dead
 
@@ -300,15 +306,15 @@ def test_a_name_that_could_not_go_out_ahead_is_not_called_once_the_beat_is_old(r
 def test_a_name_put_back_while_its_run_waits_is_claimed_anew_by_its_call(registry, redis_prefix):
     """A run named out ahead that waits for a cap's slot after all has its name back in
     the roll meanwhile (a taker would hold it back), until its call takes it out."""
-    runs = _started(registry, 2)
+    runs, at = _started(registry, 2)
     roll = _roll(registry, redis_prefix, "aaaa0017")
-    roll.name(runs, [])
+    roll.name(runs, [], at)
     key = f"{redis_prefix}:orphans:aaaa0017"
     client = redis.Redis.from_url(REDIS_URL)
 
     async def ahead_back_then_claim():
         roll.claim_ahead(run.run_id for run in runs)
-        roll.back_in(runs[0])  # it found its cap full at its instant
+        roll.back_in(runs[0], at)  # it found its cap full at its instant
         await asyncio.sleep(0.2)
         waiting = client.hkeys(key)
         named = roll.named()
@@ -327,7 +333,7 @@ def test_a_name_a_taker_had_before_it_went_out_ahead_is_not_put_back(registry, r
 
     async def ahead_back_then_claim():
         dead.claim_ahead([runs[0].run_id])
-        dead.back_in(runs[0])
+        dead.back_in(runs[0], utcnow())
         answer = await dead.claim(runs[0].run_id)
         await dead.aclose()
         return answer
@@ -338,13 +344,13 @@ def test_a_name_a_taker_had_before_it_went_out_ahead_is_not_put_back(registry, r
 
 
 def test_a_run_put_off_while_its_name_is_put_back_leaves_no_name(registry, redis_prefix):
-    runs = _started(registry, 1)
+    runs, at = _started(registry, 1)
     roll = _roll(registry, redis_prefix, "aaaa0020")
-    roll.name(runs, [])
+    roll.name(runs, [], at)
 
     async def ahead_back_forget():
         roll.claim_ahead([runs[0].run_id])
-        roll.back_in(runs[0])
+        roll.back_in(runs[0], at)
         roll.forget([runs[0].run_id])  # put off to the registry before its name was back
         await asyncio.sleep(0.2)
         await roll.aclose()
@@ -543,9 +549,9 @@ def _called(roll: Roll, run_id) -> bool:
 def test_a_claim_waits_for_its_call_as_long_as_the_process_beats(registry, redis_prefix, monkeypatch):
     """A run claimed ahead that then waits seconds for a call slot is still called:
     the process beat meanwhile, so no taker can have had its name."""
-    runs = _started(registry, 2)
+    runs, at = _started(registry, 2)
     roll = _roll(registry, redis_prefix, "aaaa0025")
-    roll.name(runs, [])
+    roll.name(runs, [], at)
     _claimed_ahead(roll, runs[0].run_id)
     later = time.monotonic() + CLAIM_FRESH_S + 1
     monkeypatch.setattr(orphans.time, "monotonic", lambda: later)
@@ -557,11 +563,59 @@ def test_a_claim_answered_before_a_taker_had_the_roll_is_not_called(registry, re
     """Stopped after a claim's answer, the process was taken for dead; resumed, its
     watcher's beat may land before the call: it finds the beat gone, and the call is not
     made (the taker took its lease back: another attempt is under way)."""
-    runs = _started(registry, 2)
+    runs, at = _started(registry, 2)
     roll = _roll(registry, redis_prefix, "aaaa0026")
-    roll.name(runs, [])
+    roll.name(runs, [], at)
     _claimed_ahead(roll, runs[0].run_id)
     _dead(redis_prefix, "aaaa0026")
     assert _roll(registry, redis_prefix, "bbbb0027").tick() == 2
     roll.tick()
     assert not _called(roll, runs[0].run_id)
+
+
+def test_a_taker_leaves_runs_another_process_started_under_the_dead_process_s_tokens(registry, redis_prefix):
+    """A process killed between naming a message's runs and its start's commit: the
+    message goes back to the broker and another process starts them, under the same
+    tokens, and calls them. The taker of the dead process's roll must leave them to
+    that process (held back, they would be called twice at the same attempt)."""
+    runs = _claimed(registry, 3)
+    dead, taker = _roll(registry, redis_prefix, "aaaa0031"), _roll(registry, redis_prefix, "bbbb0032")
+    dead.name(runs, [], utcnow())  # its start never committed
+    assert len(lease.start(registry, runs[:2], utcnow())) == 2  # the redelivered message's
+    _dead(redis_prefix, "aaaa0031")
+
+    assert taker.tick() == 1
+    for run in runs[:2]:
+        [row] = runs_of(registry, run.job_id)
+        assert row["state"] == "running" and row["lease_token"] == run.lease_token
+        assert job(registry, run.job_id)["lease_token"] == run.lease_token
+    never = job(registry, runs[2].job_id)  # started by nobody: due again, no attempt spent
+    assert never["state"] == "scheduled" and never["lease_token"] is None
+    assert never["next_run_at"] == runs[2].scheduled_for and runs_of(registry, runs[2].job_id) == []
+
+
+def test_a_taker_leaves_an_off_schedule_run_another_process_started_under_its_token(registry, redis_prefix):
+    """The same for runs leased on their own rows (a trigger, a retry, a replay)."""
+    from app.lifecycle.message import DispatchRun
+    from app.pollers import relay
+    from app.services.jobs import trigger_job
+
+    rows = [job_row(16, run_at=utcnow() + timedelta(hours=1), shard=10) for _ in range(2)]
+    insert_jobs(registry, rows)
+    for row in rows:
+        trigger_job(registry, "tests", str(row["job_id"]), utcnow())
+    sent: list = []
+    relay.sweep(registry.engine_for_shard(10), 10, utcnow(), lambda shard, messages: sent.extend(messages))
+    runs = [DispatchRun.from_message(entry) for _, entries in sent for entry in entries]
+    assert len(runs) == 2 and all(run.leased_on_run for run in runs)
+    dead, taker = _roll(registry, redis_prefix, "aaaa0033"), _roll(registry, redis_prefix, "bbbb0034")
+    dead.name(runs, [], utcnow())  # its start never committed
+    assert len(lease.start(registry, runs[:1], utcnow())) == 1  # another process's
+    _dead(redis_prefix, "aaaa0033")
+
+    assert taker.tick() == 1
+    [started] = runs_of(registry, runs[0].job_id)
+    assert started["state"] == "running" and started["lease_token"] == runs[0].lease_token
+    [held] = runs_of(registry, runs[1].job_id)  # claimed again, under a new token, no attempt spent
+    assert held["state"] == "claimed" and held["lease_token"] != runs[1].lease_token
+    assert held["attempt"] == runs[1].attempt

@@ -225,12 +225,15 @@ def test_a_roll_keeps_what_a_hold_reads_of_a_run_read_from_a_message():
 
     original = run(fire_at=NOW + timedelta(microseconds=123457), own_lease=True)
     read = DispatchRun.from_message(original.to_message())
-    text = entry(read)
-    assert text == entry(original)
+    started_at = NOW + timedelta(microseconds=999_999)
+    text = entry(read, started_at)
+    assert text == entry(original, started_at)
     assert text == (
-        f"{original.shard} {original.job_id} {original.lease_token} 1 {original.fire_at.timestamp()!r}"
+        f"{original.shard} {original.job_id} {original.lease_token} 1 {original.fire_at.timestamp()!r} "
+        f"{int(NOW.timestamp()) * 1_000_000 + 999_999}"
     )
-    [(held, due)] = taken_runs({str(original.run_id): text}, NOW)
+    [(held, due, started)] = taken_runs({str(original.run_id): text}, NOW)
+    assert started == started_at  # to the microsecond: the hold compares it exactly
     assert (held.run_id, held.job_id, held.lease_token, held.shard) == (
         original.run_id,
         original.job_id,
