@@ -113,6 +113,18 @@ redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
 return answers
 """
 
+# KEYS: the roll, its names out, the beats; ARGV: the word, then a run id and its
+# entry for each name put back. Puts the names back (1), unless a taker had the roll
+# since (0): its beat is gone, and the roll must not be made anew.
+PUT_BACK_SCRIPT = r"""
+if not redis.call('ZSCORE', KEYS[3], ARGV[1]) then return 0 end
+for i = 2, #ARGV, 2 do
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  redis.call('HDEL', KEYS[2], ARGV[i])
+end
+return 1
+"""
+
 # What a name put back (Roll.back_in) answers the call waiting on it: claim it anew.
 _BACK_IN = object()
 
@@ -213,6 +225,7 @@ class Roll:
         self._taken_before = 0.0  # a taker had the process's roll before this (time.monotonic)
         self._on_loop: redis.asyncio.Redis | None = None  # the calls' loop's own connection
         self._claim_async: Any = None
+        self._put_back_async: Any = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # Whether the process's calls may hold concurrency slots: it beats meanwhile
@@ -320,7 +333,8 @@ class Roll:
     ) -> None:
         """`back_in`'s work. Each call waiting on it is answered _BACK_IN once its name
         is back (it claims it anew); else with its claim ahead's answer (0: a taker
-        had the name), or 0 if the run was forgotten meanwhile."""
+        had the name), or 0 if the run was forgotten meanwhile or a taker had the roll
+        since (the name was out: the taker took back its lease)."""
         ours = []
         names: dict[Any, Any] = {}
         for run, started_at, ahead, answer in backs:
@@ -333,16 +347,22 @@ class Roll:
                 answer.set_result(0.0)
         if not ours:
             return
+        sent = time.monotonic()
         try:
-            pipe = self._loop_client().pipeline(transaction=True)
-            pipe.hset(self._key, mapping=names)
-            pipe.hdel(self._out, *names)
-            await pipe.execute()
+            self._loop_client()
+            args = [self.word, *(part for pair in names.items() for part in pair)]
+            back = await self._put_back_async(keys=[self._key, self._out, self._beats], args=args)
         except Exception:  # the names stay out: a crash leaves the runs to a taker's expiry
             log.warning("putting back the names of %d runs failed", len(ours), exc_info=True)
-            for run, answer, sent in ours:
+            for run, answer, claimed in ours:
                 self._backing.pop(run.run_id, None)
-                answer.set_result(sent)
+                answer.set_result(claimed)
+            return
+        if not back:  # a taker had the roll: claims answered before are void too
+            self._taken_before = max(self._taken_before, sent)
+            for run, answer, _ in ours:
+                self._backing.pop(run.run_id, None)
+                answer.set_result(0.0)
             return
         with self._lock:
             for run, answer, _ in ours:
@@ -358,6 +378,7 @@ class Roll:
         if self._on_loop is None:
             client = redis.asyncio.Redis.from_url(self._url)
             self._on_loop, self._claim_async = client, client.register_script(CLAIM_SCRIPT)
+            self._put_back_async = client.register_script(PUT_BACK_SCRIPT)
         return self._on_loop
 
     def _claim(self, run_id: uuid.UUID) -> asyncio.Future | None:

@@ -343,6 +343,31 @@ def test_a_name_a_taker_had_before_it_went_out_ahead_is_not_put_back(registry, r
     assert dead.named() == 0
 
 
+def test_a_name_out_ahead_whose_roll_a_taker_had_is_not_put_back_nor_called(registry, redis_prefix):
+    """A process stopped past DEAD_AFTER_S with a name out ahead: the taker takes back
+    that run's lease (an attempt spent). Resumed, the run finds its cap full: putting
+    its name back must not make the taken roll anew, and its call is not made."""
+    runs, at = _started(registry, 1)
+    stopped, taker = _roll(registry, redis_prefix, "aaaa0035"), _roll(registry, redis_prefix, "bbbb0036")
+    stopped.name(runs, [], at)
+    key = f"{redis_prefix}:orphans:aaaa0035"
+
+    async def ahead_taken_back_then_claim():
+        stopped.claim_ahead([runs[0].run_id])
+        await asyncio.sleep(0.2)  # its name is out
+        _dead(redis_prefix, "aaaa0035")
+        assert await asyncio.to_thread(taker.tick) == 1
+        stopped.back_in(runs[0], at)
+        answer = await stopped.claim(runs[0].run_id)
+        await stopped.aclose()
+        return answer
+
+    assert asyncio.run(ahead_taken_back_then_claim()) is False
+    assert redis.Redis.from_url(REDIS_URL).exists(key, key + ":out") == 0
+    [expired] = runs_of(registry, runs[0].job_id)
+    assert expired["error"].startswith("lease expired")
+
+
 def test_a_run_put_off_while_its_name_is_put_back_leaves_no_name(registry, redis_prefix):
     runs, at = _started(registry, 1)
     roll = _roll(registry, redis_prefix, "aaaa0020")
