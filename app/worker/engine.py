@@ -28,7 +28,6 @@ messages (prefetch 1) instead of starting runs it cannot call.
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import functools
 import heapq
@@ -65,6 +64,7 @@ from app.worker.inflight import InFlight
 from app.worker.orphans import Roll, process_word
 from app.worker.queue_publisher import QueueCall, QueuePublisher
 from app.worker.slot_wait import Slot, SlotGate, cap_keys, wait_budget_s
+from app.worker.turns import LANES, Turns
 from app.worker.webhook import NotSent, WebhookCall, WebhookCaller
 
 log = logging.getLogger("punctual.dispatch")
@@ -76,6 +76,8 @@ START_AT_LEAST = 50
 # per call slot (PUNCTUAL_DISPATCH_THREADS); past that its dispatch waits, as for call
 # slots. A burst claimed ahead is started this far ahead of its calls, not further.
 HELD_PER_SLOT = 4
+# The lanes of app.worker.turns a run due while every call slot is taken waits in.
+RECURRING_LANE, ONE_OFF_LANE = LANES
 # How often runs whose instant came while every call slot was taken look for one freed
 # since (a call ended, on the loop or a thread).
 DUE_LOOK_S = 0.005
@@ -224,9 +226,14 @@ class Dispatcher:
         self._slots = threading.BoundedSemaphore(self.capacity)
         # Runs started ahead of their instants wait on the loop's timers without a call
         # slot, at most HELD_PER_SLOT x capacity of them; at its instant a run takes a call
-        # slot on the loop, or waits there for one (_due: oldest first).
+        # slot on the loop, or waits there for one (_due: owners in turns, each owner's
+        # oldest first, as dispatch messages are served: app.worker.turns). A slot is
+        # freed mostly by a call under the same full cap, so first come first served
+        # left an owner whose runs came due in the middle of another owner's burst
+        # waiting for that burst to pass the cap, before its runs could even stand in
+        # the cap's line, where owners take turns.
         self._holds = threading.BoundedSemaphore(HELD_PER_SLOT * self.capacity)
-        self._due: collections.deque[_Call] = collections.deque()
+        self._due: Turns[_Call] = Turns()
         # Held runs whose names are still in the roll, by instant (_claim_ahead), and the
         # loop's timer for the next of them.
         self._unclaimed: list[tuple[float, int, _Call]] = []
@@ -503,7 +510,7 @@ class Dispatcher:
         call.held = False
         self._holds.release()
         if self._due or not self._slots.acquire(blocking=False):
-            self._due.append(call)
+            self._due.push(call, RECURRING_LANE if call.turn.recurring else ONE_OFF_LANE, call.turn.owner, 1)
             if len(self._due) == 1:
                 asyncio.get_running_loop().call_later(DUE_LOOK_S, self._serve_due)
             return
@@ -511,10 +518,12 @@ class Dispatcher:
 
     def _serve_due(self) -> None:
         """On the loop: due runs that found every call slot taken get the slots freed
-        since (by a call of this process, or by a thread), oldest first."""
+        since (by a call of this process, or by a thread), owners in turns."""
         due = self._due
         while due and self._slots.acquire(blocking=False):
-            self._take_slot(due.popleft())
+            call = due.pop()
+            assert call is not None
+            self._take_slot(call)
         if due:
             asyncio.get_running_loop().call_later(DUE_LOOK_S, self._serve_due)
 

@@ -324,3 +324,46 @@ def test_runs_started_ahead_wait_for_their_instants_without_taking_call_slots(pg
             assert call.at >= row["next_run_at"].timestamp()
     finally:
         context.close(5)
+
+
+def test_runs_due_while_every_call_slot_is_taken_get_the_freed_slots_owners_in_turns(
+    pg_settings, truncate, sink
+):
+    """Held runs whose instant comes while every call slot of the process is taken wait
+    for one in turns by owner: an owner whose run comes due in the middle of another
+    owner's burst is called with the next slot freed, not after the burst."""
+    truncate()
+    settings = dataclasses.replace(pg_settings, lease_s=10.0, heartbeat_s=1.0, dispatch_threads=2)
+    registry = registry_for(settings)
+    for owner in ("a", "b"):
+        create_key(registry, owner)
+    context = WorkerContext(settings)
+    try:
+        fire = utcnow() + timedelta(seconds=2)
+        burst = [
+            job_row(16, owner="a", run_at=fire, target=webhook_target(sink.url(f"/a{i}"))) for i in range(8)
+        ]
+        late = job_row(
+            16, owner="b", run_at=fire + timedelta(milliseconds=100), target=webhook_target(sink.url("/b"))
+        )
+        for i in range(8):
+            sink.script(f"/a{i}", [Answer(delay_s=0.4)])
+        insert_jobs(registry, [*burst, late])
+        runs = []
+        for shard in sorted({r["shard"] for r in [*burst, late]}):
+            runs += claim_batch(
+                registry.engine_for_shard(shard),
+                shard,
+                utcnow(),
+                dataclasses.replace(settings, claim_ahead_s=10),
+            ).runs
+        assert len(runs) == 9 and all(run.fire_at is not None for run in runs)
+        assert context.dispatcher.dispatch(runs).started == 9
+        calls = sink.wait_for(9)
+        order = [call.path for call in sorted(calls, key=lambda call: call.at)]
+        # Two of A's at the instant, then the slots freed 0.4 s on: one to A (served
+        # first, level with B), one to B. First come first served made B's the last.
+        assert order.index("/b") <= 3, order
+    finally:
+        context.close(5)
+        registry.dispose()
