@@ -21,6 +21,8 @@ Pure: no Celery here, no clock; the turnstile calls `push`, `pop` and nothing el
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -41,12 +43,17 @@ class _Lane(Generic[T]):
     waiting: dict[str, deque[tuple[T, int]]] = field(default_factory=dict)  # owner -> (item, runs)
     served: dict[str, float] = field(default_factory=dict)  # owner -> runs served (virtual)
     clock: float = 0.0  # the service level of the owner served last
+    # The owners waiting, each once, by (runs served, when it came to that level): the
+    # next to serve on top, in log(owners) (a process's runs due at one instant may be
+    # those of hundreds of owners, each served one at a time).
+    order: list[tuple[float, int, str]] = field(default_factory=list)
 
 
 class Turns(Generic[T]):
     def __init__(self) -> None:
         self._lanes: dict[str, _Lane[T]] = {lane: _Lane() for lane in LANES}
         self._count = 0
+        self._arrivals = itertools.count()
 
     def __len__(self) -> int:
         return self._count
@@ -60,6 +67,7 @@ class Turns(Generic[T]):
             waiting = queue.waiting[owner] = deque()
             # Waiting again (or for the first time): level with the owners served now.
             queue.served[owner] = max(queue.served.get(owner, 0.0), queue.clock)
+            heapq.heappush(queue.order, (queue.served[owner], next(self._arrivals), owner))
         waiting.append((item, max(1, runs)))
         self._count += 1
 
@@ -69,12 +77,14 @@ class Turns(Generic[T]):
             queue = self._lanes[name]
             if not queue.waiting:
                 continue
-            owner = min(queue.waiting, key=queue.served.__getitem__)
+            _, _, owner = heapq.heappop(queue.order)
             waiting = queue.waiting[owner]
             item, runs = waiting.popleft()
             queue.clock = queue.served[owner]
             queue.served[owner] += runs
-            if not waiting:
+            if waiting:
+                heapq.heappush(queue.order, (queue.served[owner], next(self._arrivals), owner))
+            else:
                 del queue.waiting[owner]
                 if not queue.waiting and len(queue.served) > REMEMBER_OWNERS:
                     # Nobody waits in this lane, so nobody is owed anything: start afresh

@@ -103,6 +103,44 @@ def test_every_message_comes_out_once_and_the_count_is_kept(pushes):
     assert lanes == sorted(lanes, key=lambda lane: lane != "recurring")
 
 
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(
+                st.sampled_from("abcdefgh"), st.sampled_from(["recurring", "one-off"]), st.integers(1, 5)
+            ),
+            st.just(None),  # a pop
+        ),
+        max_size=200,
+    )
+)
+def test_each_pop_serves_an_owner_served_least_among_those_waiting_in_its_lane(steps):
+    """Pushes and pops interleaved: the owner served next is always one whose service is
+    the lowest of the owners waiting in the first lane with anyone waiting, and each
+    owner's messages keep their order."""
+    turns: Turns[tuple[str, str, int]] = Turns()
+    waiting: dict[tuple[str, str], list[int]] = {}
+    for n, step in enumerate(steps):
+        if step is not None:
+            owner, lane, runs = step
+            turns.push((owner, lane, n), lane, owner, runs)
+            waiting.setdefault((lane, owner), []).append(n)
+            continue
+        lane_first = next(
+            (lane for lane in ("recurring", "one-off") if any(k[0] == lane for k in waiting)), None
+        )
+        if lane_first is None:
+            assert turns.pop() is None
+            continue
+        levels = {o: turns.served(lane_first, o) for (lane, o) in waiting if lane == lane_first}
+        owner, lane, n_popped = turns.pop()
+        assert lane == lane_first and levels[owner] == min(levels.values())
+        queue = waiting[(lane, owner)]
+        assert queue.pop(0) == n_popped
+        if not queue:
+            del waiting[(lane, owner)]
+
+
 # The turnstile.
 
 
