@@ -180,7 +180,7 @@ def hold(
     registry: Registry,
     held: Sequence[tuple[DispatchRun, datetime]],
     now: datetime,
-    started: Mapping[uuid.UUID, datetime] | None = None,
+    started: Mapping[uuid.UUID, datetime | None] | None = None,
 ) -> int:
     """Put runs a limit held back off until their retry time; returns how many were held.
 
@@ -188,7 +188,8 @@ def hold(
     instant that process's start gave it. Its message went back to the broker, and
     another process may have started a run under the same token since (and called
     it): such a run, started at another instant, is left as it is. One started at
-    that instant, or not started at all, is held back."""
+    that instant, or not started at all, is held back (as is any run whose instant
+    is None: its roll did not say)."""
 
     def write(engine: sa.Engine, group: list[tuple[DispatchRun, datetime]]) -> int:
         until = {run.run_id: at for run, at in group}
@@ -213,7 +214,7 @@ def _hold_on(
     until: dict[uuid.UUID, datetime],
     now: datetime,
     lease_s: float,
-    started: Mapping[uuid.UUID, datetime] | None,
+    started: Mapping[uuid.UUID, datetime | None] | None,
 ) -> int:
     """One try of a hold on one database, refused first if a move took the shards away."""
     held = 0
@@ -257,7 +258,8 @@ def _hold_on(
                 )
                 held += released.rowcount
         for run, at in off:
-            fence = [] if started is None else [_unstarted_or_started_at(started[run.run_id])]
+            instant = None if started is None else started[run.run_id]
+            fence = [] if instant is None else [_unstarted_or_started_at(instant)]
             result = conn.execute(
                 sa.update(runs)
                 .where(
@@ -288,7 +290,7 @@ def _unstarted_or_started_at(instant: datetime) -> sa.ColumnElement[bool]:
 def _not_started_elsewhere(
     conn: sa.Connection,
     scheduled: list[tuple[DispatchRun, datetime]],
-    started: Mapping[uuid.UUID, datetime],
+    started: Mapping[uuid.UUID, datetime | None],
 ) -> list[tuple[DispatchRun, datetime]]:
     """The schedule runs of `scheduled` that have no row under their token, or one
     their start (`started`) wrote."""
@@ -301,7 +303,7 @@ def _not_started_elsewhere(
                 )
             )
         )
-        if row.started_at is not None and row.started_at != started[row.run_id]
+        if row.started_at is not None and started[row.run_id] not in (None, row.started_at)
     }
     return [(run, at) for run, at in scheduled if run.run_id not in elsewhere]
 

@@ -163,14 +163,14 @@ def _seconds(instant: datetime) -> str:
     return repr(instant.timestamp())
 
 
-def taken_runs(names: dict[str, str], now: datetime) -> list[tuple[DispatchRun, datetime, datetime]]:
+def taken_runs(names: dict[str, str], now: datetime) -> list[tuple[DispatchRun, datetime, datetime | None]]:
     """A taken roll's runs, each with when it is due again (a schedule run at its own
     instant: the same occurrence, misfire-exempt; an off-schedule run at that instant
-    or now) and the instant its start was given. Only what app.lifecycle.lease.hold
-    reads is filled in."""
+    or now) and the instant its start was given (None in an entry written by a
+    version before it). Only what app.lifecycle.lease.hold reads is filled in."""
     held = []
     for run_id, value in names.items():
-        shard, job_id, token, on_run, at_s, started_us = value.split(" ")
+        shard, job_id, token, on_run, at_s, *started_us = value.split(" ")
         at = datetime.fromtimestamp(float(at_s), UTC)
         run = DispatchRun(
             run_id=uuid.UUID(run_id),
@@ -186,7 +186,7 @@ def taken_runs(names: dict[str, str], now: datetime) -> list[tuple[DispatchRun, 
             payload=None,
             own_lease=on_run == "1",
         )
-        started_at = _EPOCH + int(started_us) * _MICROSECOND
+        started_at = _EPOCH + int(started_us[0]) * _MICROSECOND if started_us else None
         held.append((run, max(at, now) if run.leased_on_run else at, started_at))
     return held
 

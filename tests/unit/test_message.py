@@ -241,3 +241,15 @@ def test_a_roll_keeps_what_a_hold_reads_of_a_run_read_from_a_message():
         original.shard,
     )
     assert held.own_lease and due == original.fire_at
+
+
+def test_a_roll_entry_of_the_version_before_is_read_without_its_start_instant():
+    """Written by a worker of the version before (a rolling upgrade): taken, it is held
+    back fenced by its token alone, as then, rather than failing the whole take."""
+    from app.worker.orphans import entry, taken_runs
+
+    original = run()
+    older = entry(original, NOW).rsplit(" ", 1)[0]
+    [(held, due, started)] = taken_runs({str(original.run_id): older}, NOW)
+    assert held.lease_token == original.lease_token and due == original.scheduled_for
+    assert started is None
