@@ -94,7 +94,10 @@ return {freed, names, out}
 
 # KEYS: the roll, its names out, the beats; ARGV: the word, the beat, how many claims,
 # the run ids claimed, then those called. Moves each name claimed into the names out
-# (1 for each, 0 for one gone), takes out the names of runs called, and beats.
+# (1 for each, 0 for one gone), takes out the names of runs called, and beats. A name
+# found out already answers 1: only this process's claims put names there, and a
+# taker removes them all, so it is this call's own try, sent again by the client
+# after a connection lost its answer (else the run would wait for its lease).
 CLAIM_SCRIPT = r"""
 local answers = {}
 local claims = tonumber(ARGV[3])
@@ -103,6 +106,8 @@ for i = 4, claims + 3 do
   if value then
     redis.call('HDEL', KEYS[1], ARGV[i])
     redis.call('HSET', KEYS[2], ARGV[i], value)
+    answers[i - 3] = 1
+  elseif redis.call('HEXISTS', KEYS[2], ARGV[i]) == 1 then
     answers[i - 3] = 1
   else
     answers[i - 3] = 0

@@ -644,3 +644,21 @@ def test_a_taker_leaves_an_off_schedule_run_another_process_started_under_its_to
     [held] = runs_of(registry, runs[1].job_id)  # claimed again, under a new token, no attempt spent
     assert held["state"] == "claimed" and held["lease_token"] != runs[1].lease_token
     assert held["attempt"] == runs[1].attempt
+
+
+def test_a_claim_sent_again_after_its_answer_was_lost_is_answered_alike(registry, redis_prefix):
+    """The client sends a script call again when a connection dropped its answer: the
+    names it moved out the first time are still this process's to call."""
+    runs, at = _started(registry, 2)
+    roll = _roll(registry, redis_prefix, "aaaa0037")
+    roll.name(runs[:1], [], at)
+    client = redis.Redis.from_url(REDIS_URL)
+    claim = client.register_script(orphans.CLAIM_SCRIPT)
+    key = f"{redis_prefix}:orphans:aaaa0037"
+    args = ["aaaa0037", repr(time.time()), 2, str(runs[0].run_id), str(runs[1].run_id)]
+    first = claim(keys=[key, key + ":out", f"{redis_prefix}:orphans"], args=args)
+    again = claim(keys=[key, key + ":out", f"{redis_prefix}:orphans"], args=args)
+    assert first == again == [1, 0]  # (the second run was never named here)
+    _dead(redis_prefix, "aaaa0037")  # taken: its names out are the taker's
+    assert _roll(registry, redis_prefix, "bbbb0038").tick() == 1
+    assert claim(keys=[key, key + ":out", f"{redis_prefix}:orphans"], args=args) == [0, 0]
