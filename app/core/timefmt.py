@@ -110,5 +110,20 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def to_micros(moment: datetime) -> int:
+    """An aware instant as whole microseconds since the Unix epoch: exact, unlike a
+    float timestamp (an instant compared with the registry's, or kept in a text)."""
+    return (moment - _EPOCH) // _MICROSECOND
+
+
+def from_micros(micros: int) -> datetime:
+    """`to_micros`'s inverse, aware UTC."""
+    return _EPOCH + micros * _MICROSECOND
+
+
 def truncate_to_ms(moment: datetime) -> datetime:
     return moment.replace(microsecond=moment.microsecond - moment.microsecond % 1000)

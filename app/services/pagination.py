@@ -19,16 +19,16 @@ import heapq
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 import sqlalchemy as sa
 
 from app.core.errors import ValidationError
+from app.core.timefmt import from_micros, to_micros
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 500
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _CURSOR_MAX = 200
 
 T = TypeVar("T")
@@ -70,8 +70,7 @@ def parse_flag(name: str, raw: str | None) -> bool | None:
 
 
 def encode_cursor(kind: str, created_at: datetime, item_id: uuid.UUID) -> str:
-    micros = (created_at - _EPOCH) // timedelta(microseconds=1)
-    raw = f"{kind}.{micros}.{item_id.hex}".encode("ascii")
+    raw = f"{kind}.{to_micros(created_at)}.{item_id.hex}".encode("ascii")
     return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
 
 
@@ -86,7 +85,7 @@ def decode_cursor(kind: str, text: str | None) -> Cursor | None:
         got_kind, micros, hex_id = raw.split(".")
         if got_kind != kind or not micros.lstrip("-").isdigit():
             raise ValueError
-        created_at = _EPOCH + timedelta(microseconds=int(micros))
+        created_at = from_micros(int(micros))
         return Cursor(created_at, uuid.UUID(hex=hex_id))
     except (ValueError, binascii.Error, OverflowError, UnicodeError):
         raise ValidationError.single("cursor", "is not a cursor returned by this listing") from None

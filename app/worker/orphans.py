@@ -36,13 +36,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
 import redis.asyncio
 
-from app.core.timefmt import utcnow
+from app.core.timefmt import from_micros, to_micros, utcnow
 from app.lifecycle import lease
 from app.lifecycle.message import DispatchRun
 from app.limits.redis_limiter import slots_key
@@ -151,15 +151,7 @@ def entry(run: DispatchRun, started_at: datetime) -> str:
     its start was given (`started_at`, in microseconds: the hold compares it exactly)."""
     _, job_id, token = run.texts
     at = _seconds(run.fire_at or run.scheduled_for)
-    return f"{run.shard} {job_id} {token} {int(run.leased_on_run)} {at} {_micros(started_at)}"
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
-
-
-def _micros(instant: datetime) -> int:
-    return (instant - _EPOCH) // _MICROSECOND
+    return f"{run.shard} {job_id} {token} {int(run.leased_on_run)} {at} {to_micros(started_at)}"
 
 
 @functools.lru_cache(maxsize=4096)  # a burst's runs share a handful of instants
@@ -191,7 +183,7 @@ def taken_runs(names: dict[str, str], now: datetime) -> list[tuple[DispatchRun, 
             payload=None,
             own_lease=on_run == "1",
         )
-        started_at = _EPOCH + int(started_us[0]) * _MICROSECOND if started_us else None
+        started_at = from_micros(int(started_us[0])) if started_us else None
         held.append((run, max(at, now) if run.leased_on_run else at, started_at))
     return held
 

@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.core.timefmt import format_instant, format_local, parse_instant, truncate_to_ms
+from app.core.timefmt import (
+    format_instant,
+    format_local,
+    from_micros,
+    parse_instant,
+    to_micros,
+    truncate_to_ms,
+)
 
 
 @pytest.mark.parametrize(
@@ -110,3 +117,15 @@ def test_truncate_to_ms():
 def test_print_then_parse_is_the_identity(moment):
     assert parse_instant(format_instant(moment)) == moment
     assert parse_instant(format_local(moment.astimezone(timezone(timedelta(hours=-3))))) == moment
+
+
+@given(st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30), timezones=st.just(UTC)))
+def test_an_instant_in_microseconds_comes_back_exactly(moment):
+    assert from_micros(to_micros(moment)) == moment
+    assert to_micros(moment + timedelta(microseconds=1)) == to_micros(moment) + 1
+
+
+def test_microseconds_count_from_the_unix_epoch():
+    assert to_micros(datetime(1970, 1, 1, tzinfo=UTC)) == 0
+    assert to_micros(datetime(2026, 12, 1, 0, 0, 0, 999_999, tzinfo=UTC)) == 1_796_083_200_999_999
+    assert from_micros(-1) == datetime(1969, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC)
