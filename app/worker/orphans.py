@@ -15,11 +15,11 @@ of after their leases (docs/design.md, "Decisions": a dead worker's uncalled run
   it again. `forget(run_ids)`: runs that leave uncalled;
 - the watcher (a thread, every BEAT_S, IDLE_LOOK_S when idle): beats while the
   process holds names or calls, and looks for a process whose beat is older than
-  DEAD_AFTER_S. One script takes its roll (one taker) and gives back its slots (holder
-  names carry the process's word); its names are held back, fenced by token and start
-  instant, due at their instants, no attempt spent (lease.hold); its names out, calls
-  maybe made (most not), have their leases taken back at once, fenced, an attempt
-  spent (app.pollers.janitor.expire_now).
+  DEAD_AFTER_S. One script takes its roll (one taker; sent again, answered alike) and
+  gives back its slots (holder names carry the process's word); its names are held
+  back, fenced by token and start instant, due at their instants, no attempt spent
+  (lease.hold); its names out, calls maybe made (most not), have their leases taken
+  back at once, fenced, an attempt spent (app.pollers.janitor.expire_now).
 
 An idle process sends one command every IDLE_LOOK_S. A taker dying mid-take, or Redis
 or the registry away, leaves the runs to their leases; clocks agree within a second.
@@ -66,14 +66,27 @@ CLAIM_FRESH_S = DEAD_AFTER_S - BEAT_S
 # The names of runs called leave the names out with the next claims, or after this.
 CALLED_WITHIN_S = 0.05
 
+# How long a taken roll is kept for its taker to read again (below).
+TAKEN_KEPT_S = 60
+
 # KEYS: the beats; ARGV: the word, the beat instant below which it is dead, the
-# prefix of rolls, the prefix of cap slot keys. Answers nil (alive, or taken already)
-# or {slots given back, {field, value, ...} of names, the same of names out}.
+# prefix of rolls, the prefix of cap slot keys, the taker's word. Answers nil (alive,
+# or another taker's) or {slots given back, {field, value, ...} of names, the same of
+# names out}. The roll taken is kept aside a while under the taker's word, and the
+# same taker's script sent again answers it alike: the client sends a script call again
+# when a connection dropped its answer, and the roll would be gone (the runs left to
+# their leases).
 TAKE_SCRIPT = r"""
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not score or tonumber(score) >= tonumber(ARGV[2]) then return false end
-redis.call('ZREM', KEYS[1], ARGV[1])
 local roll = ARGV[3] .. ARGV[1]
+local taken = roll .. ':taken'
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score then
+  local by = redis.call('HMGET', taken, 'by', 'freed')
+  if by[1] ~= ARGV[5] then return false end
+  return {tonumber(by[2]), redis.call('HGETALL', taken .. ':names'), redis.call('HGETALL', taken .. ':out')}
+end
+if tonumber(score) >= tonumber(ARGV[2]) then return false end
+redis.call('ZREM', KEYS[1], ARGV[1])
 local names = redis.call('HGETALL', roll)
 local out = redis.call('HGETALL', roll .. ':out')
 local caps = redis.call('SMEMBERS', roll .. ':caps')
@@ -88,7 +101,15 @@ for _, cap in ipairs(caps) do
     end
   end
 end
-redis.call('DEL', roll, roll .. ':caps', roll .. ':out')
+redis.call('DEL', roll .. ':caps', taken .. ':names', taken .. ':out')
+redis.call('HSET', taken, 'by', ARGV[5], 'freed', freed)
+redis.call('EXPIRE', taken, ARGV[6])
+for _, pair in ipairs({{roll, ':names'}, {roll .. ':out', ':out'}}) do
+  if redis.call('EXISTS', pair[1]) == 1 then
+    redis.call('RENAME', pair[1], taken .. pair[2])
+    redis.call('EXPIRE', taken .. pair[2], ARGV[6])
+  end
+end
 return {freed, names, out}
 """
 
@@ -534,7 +555,8 @@ class Roll:
         """Take a dead process's roll (nothing if another taker was first, or it beat
         again), give back its slots, hold its runs back due and take back the leases of
         its names out; how many runs were held or taken back."""
-        answer = self._take(keys=[self._beats], args=[word, repr(dead_before), self._rolls, self._slots])
+        args: list[str | int] = [word, repr(dead_before), self._rolls, self._slots, self.word, TAKEN_KEPT_S]
+        answer = self._take(keys=[self._beats], args=args)
         if answer is None:
             return 0
         freed, flat, flat_out = answer

@@ -662,3 +662,36 @@ def test_a_claim_sent_again_after_its_answer_was_lost_is_answered_alike(registry
     _dead(redis_prefix, "aaaa0037")  # taken: its names out are the taker's
     assert _roll(registry, redis_prefix, "bbbb0038").tick() == 1
     assert claim(keys=[key, key + ":out", f"{redis_prefix}:orphans"], args=args) == [0, 0]
+
+
+def test_a_take_sent_again_after_its_answer_was_lost_is_answered_alike(registry, redis_prefix):
+    """The client sends a script call again when a connection dropped its answer: the
+    roll the first run took is the same taker's to hold back, and no one else's."""
+    runs, at = _started(registry, 2)
+    _roll(registry, redis_prefix, "aaaa0039").name(runs, ["cap:host"], at)
+    client = redis.Redis.from_url(REDIS_URL)
+    key = f"{redis_prefix}:orphans:aaaa0039"
+    client.hdel(key, str(runs[0].run_id))  # what the claim's script does
+    client.hset(key + ":out", str(runs[0].run_id), entry(runs[0], at))
+    slots_key = redis_slots_key(redis_prefix, "cap:host")
+    client.zadd(slots_key, {f"{runs[0].run_id}.aaaa0039-1": time.time() + 60})
+    _dead(redis_prefix, "aaaa0039")
+    take = client.register_script(orphans.TAKE_SCRIPT)
+
+    def taken_by(word: str):
+        args = [
+            "aaaa0039",
+            repr(time.time() - DEAD_AFTER_S),
+            f"{redis_prefix}:orphans:",
+            redis_slots_key(redis_prefix, ""),
+            word,
+            60,
+        ]
+        return take(keys=[f"{redis_prefix}:orphans"], args=args)
+
+    first = taken_by("bbbb0040")
+    assert first[0] == 1 and len(first[1]) == len(first[2]) == 2  # one name each, one slot
+    assert taken_by("bbbb0040") == first
+    assert taken_by("cccc0041") is None
+    assert client.exists(key, key + ":out", key + ":caps") == 0
+    assert 0 < client.ttl(key + ":taken:names") <= 60
