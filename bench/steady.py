@@ -44,6 +44,8 @@ from bench.register import register
 from bench.stack import PunctualStack, parse_overrides
 
 INTERVAL_S = 10
+# How many of the latest first calls the figures list, with their instants.
+WORST_SHOWN = 10
 
 
 def iso(instant: float) -> str:
@@ -102,7 +104,7 @@ def occurrence_figures(
 ) -> dict:
     """First call per occurrence (Idempotency-Key) due in [start, end): lateness by kind,
     missing and duplicate calls."""
-    first: dict[str, tuple[float, str]] = {}
+    first: dict[str, tuple[float, str, float]] = {}
     calls: dict[str, int] = defaultdict(int)
     for arrival in arrivals:
         if not arrival.scheduled_for:
@@ -113,14 +115,17 @@ def occurrence_figures(
         calls[arrival.key] += 1
         kind = kinds[int(arrival.path.rsplit("/", 1)[1])]
         if arrival.key not in first or arrival.at - due < first[arrival.key][0]:
-            first[arrival.key] = (arrival.at - due, kind)
-    by_kind = {kind: [late for late, k in first.values() if k == kind] for kind in expected}
+            first[arrival.key] = (arrival.at - due, kind, due)
+    by_kind = {kind: [late for late, k, _due in first.values() if k == kind] for kind in expected}
+    worst = sorted(first.values(), reverse=True)[:WORST_SHOWN]
     return {
         "occurrences_due": sum(expected.values()),
         "started": len(first),
         "missing": sum(expected.values()) - len(first),
         "duplicate_calls": sum(c - 1 for c in calls.values()),
-        "lateness_s": lateness_figures([late for late, _k in first.values()]),
+        "lateness_s": lateness_figures([late for late, _k, _due in first.values()]),
+        # The latest first calls, with their instants: which moment of the window they fell in.
+        "latest": [{"due": iso(due), "kind": kind, "late_s": round(late, 3)} for late, kind, due in worst],
         "by_kind": {
             kind: {"due": expected[kind], "started": len(values), **lateness_figures(values)}
             for kind, values in by_kind.items()

@@ -44,3 +44,10 @@ def test_occurrence_figures_first_call_lateness_missing_and_duplicates():
     assert figures["lateness_s"]["max"] == 1.0
     assert figures["by_kind"]["interval"]["started"] == 1
     assert figures["by_kind"]["once"]["p50"] == 0.25
+    # The latest first calls, latest first, each with its instant.
+    assert [(late["kind"], late["late_s"]) for late in figures["latest"]] == [
+        ("cron", 1.0),
+        ("interval", 0.5),
+        ("once", 0.25),
+    ]
+    assert figures["latest"][0]["due"] == iso(1060.0)
