@@ -70,12 +70,13 @@ CALLED_WITHIN_S = 0.05
 TAKEN_KEPT_S = 60
 
 # KEYS: the beats; ARGV: the word, the beat instant below which it is dead, the
-# prefix of rolls, the prefix of cap slot keys, the taker's word. Answers nil (alive,
-# or another taker's) or {slots given back, {field, value, ...} of names, the same of
-# names out}. The roll taken is kept aside a while under the taker's word, and the
-# same taker's script sent again answers it alike: the client sends a script call again
-# when a connection dropped its answer, and the roll would be gone (the runs left to
-# their leases).
+# prefix of rolls, the prefix of cap slot keys, the taker's word, TAKEN_KEPT_S. Answers
+# nil (alive, or another taker's) or {slots given back, {field, value, ...} of names,
+# the same of names out}. The roll taken is kept aside that long under the taker's
+# word, and the same taker's script sent again answers it alike: the client sends a
+# script call again when a connection dropped its answer, and the roll would be gone
+# (the runs left to their leases). (An answer read again holds nothing twice: the holds
+# and expiries are fenced by token.)
 TAKE_SCRIPT = r"""
 local roll = ARGV[3] .. ARGV[1]
 local taken = roll .. ':taken'
