@@ -2,6 +2,7 @@
 on the same nginx sink), run by the schedulers a user might pick instead.
 
     python -m bench.peers pgqueuer --jobs 20000
+    python -m bench.peers pgqueuer --steady 200 [--duration-s 120]
     python -m bench.peers celery --jobs 20000
 
 - pgqueuer: PgQueuer (asyncpg) on a fresh Postgres database. The jobs are enqueued
@@ -10,6 +11,8 @@ on the same nginx sink), run by the schedulers a user might pick instead.
   QueueManager.run(max_concurrent_tasks=64, batch_size=32), their entrypoint
   POSTing with one aiohttp session (64 connections) each. --analyze runs ANALYZE on its
   table once the jobs are in, as `bench.burst --analyze` does on Punctual's registry.
+  --steady R: instead of the burst, R jobs a second due for --duration-s (bench.steady's
+  one-offs), each with its own execute_after.
 - celery: plain Celery on a fresh RabbitMQ vhost: `hook.apply_async(eta=T)` per
   job from the bench, one `celery -A bench.celery_peer worker -P threads -c 64`
   calling with requests (bench/celery_peer.py).
@@ -26,12 +29,13 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from bench.burst import add_common_arguments
-from bench.cpu import CpuMeter
+from bench.cpu import CpuMeter, per_run_ms, with_own_total
+from bench.figures import Arrival, lateness_figures
 from bench.harness import (
     OWN_BACKENDS,
     WINDOW_LEAD_S,
@@ -39,6 +43,7 @@ from bench.harness import (
     header,
     measure_burst,
     plot,
+    sleep_until,
     stop_cleanly_on_sigterm,
     summary,
     write_result,
@@ -75,26 +80,30 @@ async def _pgqueuer_install(dsn: str) -> None:
         await conn.close()
 
 
-async def _pgqueuer_enqueue(dsn: str, jobs: int, due: float, batch: int = 1000) -> None:
+async def _pgqueuer_enqueue(dsn: str, dues: Sequence[float], batch: int = 1000) -> None:
+    """Job i, calling /hook/<i>, due at dues[i] (Unix time)."""
     import asyncpg
     from pgqueuer import Queries
 
     conn = await asyncpg.connect(dsn)
     try:
         queries = Queries.from_asyncpg_connection(conn)
-        for start in range(0, jobs, batch):
-            ids = range(start, min(jobs, start + batch))
+        for start in range(0, len(dues), batch):
+            ids = range(start, min(len(dues), start + batch))
             # execute_after is relative to the database's now(): computed per batch.
-            after = timedelta(seconds=due - time.time())
+            now = time.time()
             await queries.enqueue(
-                ["hook"] * len(ids), [str(i).encode() for i in ids], [0] * len(ids), [after] * len(ids)
+                ["hook"] * len(ids),
+                [str(i).encode() for i in ids],
+                [0] * len(ids),
+                [timedelta(seconds=dues[i] - now) for i in ids],
             )
     finally:
         await conn.close()
 
 
 def _pgqueuer_register(dsn: str, jobs: int, due: float, then_analyze: bool) -> None:
-    asyncio.run(_pgqueuer_enqueue(dsn, jobs, due))
+    asyncio.run(_pgqueuer_enqueue(dsn, [due] * jobs))
     if then_analyze:  # as `bench.burst --analyze` does for Punctual's registry
         analyze(dsn, ("pgqueuer",))
 
@@ -125,50 +134,46 @@ async def _pgqueuer_worker(dsn: str, sink: str, concurrency: int, batch_size: in
     await conn.close()
 
 
+def _pgqueuer_workers(args: argparse.Namespace, dsn: str, sink: NginxSink) -> list[Process]:
+    """--processes consumer processes, started and ready."""
+    log_dir = Path(tempfile.mkdtemp(prefix="punctual-bench-pgq-"))
+    argv = [sys.executable, "-m", "bench.peers", "pgqueuer-worker", "--dsn", dsn, "--sink", sink.url("")]
+    argv += ["--concurrency", str(args.concurrency), "--batch-size", str(args.batch_size)]
+    workers = [Process(f"pgqueuer-worker-{n}", argv, _peer_env(), log_dir) for n in range(args.processes)]
+    for worker in workers:
+        worker.wait_for("pgqueuer worker ready")
+    return workers
+
+
+def _pgqueuer_meter(workers: list[Process], sink: NginxSink, dsn: str) -> CpuMeter:
+    return CpuMeter(
+        {"pgqueuer workers": [w.pid for w in workers], "nginx (sink)": [sink.pid]},
+        services=("postgres",),
+        dynamic={OWN_BACKENDS: backend_pids(dsn)},
+    )
+
+
 def run_pgqueuer(args: argparse.Namespace) -> dict:
     result = header("peers")
-    log_dir = Path(tempfile.mkdtemp(prefix="punctual-bench-pgq-"))
     with NginxSink(install=args.install_sink) as sink, fresh_database("bench_pgq") as dsn:
         asyncio.run(_pgqueuer_install(dsn))
-        workers = [
-            Process(
-                f"pgqueuer-worker-{n}",
-                [
-                    sys.executable,
-                    "-m",
-                    "bench.peers",
-                    "pgqueuer-worker",
-                    "--dsn",
-                    dsn,
-                    "--sink",
-                    sink.url(""),
-                    "--concurrency",
-                    str(args.concurrency),
-                    "--batch-size",
-                    str(args.batch_size),
-                ],
-                _peer_env(),
-                log_dir,
-            )
-            for n in range(args.processes)
-        ]
+        workers: list[Process] = []
         try:
-            for worker in workers:
-                worker.wait_for("pgqueuer worker ready")
-            due = due_instant(args.lead_s or args.jobs / PGQUEUER_ENQUEUE_GUESS + WINDOW_LEAD_S + 10)
-            say_due(args.jobs, due)
-            registration, figures = _register_and_measure(
-                args,
-                sink,
-                due,
-                "Queries.enqueue, batches of 1,000",
-                lambda: _pgqueuer_register(dsn, args.jobs, due, args.analyze),
-                lambda: CpuMeter(
-                    {"pgqueuer workers": [w.pid for w in workers], "nginx (sink)": [sink.pid]},
-                    services=("postgres",),
-                    dynamic={OWN_BACKENDS: backend_pids(dsn)},
-                ),
-            )
+            workers = _pgqueuer_workers(args, dsn, sink)
+            if args.steady:
+                figures = _pgqueuer_steady(args, dsn, sink, workers)
+                registration = figures.pop("registration")
+            else:
+                due = due_instant(args.lead_s or args.jobs / PGQUEUER_ENQUEUE_GUESS + WINDOW_LEAD_S + 10)
+                say_due(args.jobs, due)
+                registration, figures = _register_and_measure(
+                    args,
+                    sink,
+                    due,
+                    "Queries.enqueue, batches of 1,000",
+                    lambda: _pgqueuer_register(dsn, args.jobs, due, args.analyze),
+                    lambda: _pgqueuer_meter(workers, sink, dsn),
+                )
         finally:
             for worker in workers:
                 worker.stop()
@@ -190,6 +195,61 @@ def run_pgqueuer(args: argparse.Namespace) -> dict:
         },
     )
     return result
+
+
+def _pgqueuer_steady(args: argparse.Namespace, dsn: str, sink: NginxSink, workers: list[Process]) -> dict:
+    """`--steady R`: R one-off jobs a second due for --duration-s, spread evenly (job i
+    due at the window's start + i/R), as bench.steady's one-offs; start lateness at the
+    sink and CPU per run from the window's start until every job has called (or none
+    has for --stall-s)."""
+    jobs = round(args.steady * args.duration_s)
+    start = due_instant(args.lead_s or jobs / PGQUEUER_ENQUEUE_GUESS + WINDOW_LEAD_S + 10)
+    dues = [start + i / args.steady for i in range(jobs)]
+    say_due(jobs, start)
+    began = time.perf_counter()
+    asyncio.run(_pgqueuer_enqueue(dsn, dues))
+    elapsed = time.perf_counter() - began
+    meter = _pgqueuer_meter(workers, sink, dsn)
+    sleep_until(start)
+    meter.start()
+    sleep_until(start + args.duration_s)
+    last, changed = -1, time.time()
+    while (called := len({a.path for a in sink.arrivals()})) < jobs and time.time() - changed < args.stall_s:
+        if called != last:
+            last, changed = called, time.time()
+        time.sleep(1)
+    cpu_s = meter.stop()
+    time.sleep(args.settle_s)  # late duplicates, and the log's last flush
+    figures = steady_figures(sink.arrivals(), dues)
+    return {
+        "registration": {
+            "way": "Queries.enqueue, batches of 1,000",
+            "jobs": jobs,
+            "elapsed_s": round(elapsed, 2),
+        },
+        "steady": {"rate": args.steady, "duration_s": args.duration_s},
+        **figures,
+        "cpu_s": cpu_s,
+        "cpu_ms_per_run": with_own_total(per_run_ms(cpu_s, figures["started"], not_in_total=(OWN_BACKENDS,))),
+    }
+
+
+def steady_figures(arrivals: Sequence[Arrival], dues: Sequence[float]) -> dict:
+    """Job i (path /hook/<i>) due at dues[i]: how many called, missing and called again,
+    and the lateness of each job's first call (a call before its instant counts as 0)."""
+    first: dict[int, float] = {}
+    calls = 0
+    for arrival in arrivals:
+        job = int(arrival.path.rsplit("/", 1)[1])
+        if 0 <= job < len(dues):
+            calls += 1
+            first[job] = min(first.get(job, arrival.at), arrival.at)
+    return {
+        "started": len(first),
+        "missing": len(dues) - len(first),
+        "duplicate_calls": calls - len(first),
+        "lateness_s": lateness_figures([max(0.0, at - dues[job]) for job, at in first.items()]),
+    }
 
 
 def _register_and_measure(
@@ -290,6 +350,18 @@ def run_celery(args: argparse.Namespace) -> dict:
     return result
 
 
+def _steady_summary(result: dict) -> str:
+    late = result["lateness_s"]
+    cpu = ", ".join(f"{name} {ms}" for name, ms in result["cpu_ms_per_run"].items())
+    return (
+        f"steady {result['steady']['rate']:g}/s for {result['steady']['duration_s']:g} s: "
+        f"{result['started']:,} started, {result['missing']} missing, "
+        f"{result['duplicate_calls']} duplicate calls\n"
+        f"start lateness p50 {late['p50']} s  p90 {late['p90']} s  p99 {late['p99']} s  max {late['max']} s\n"
+        f"CPU-ms per run: {cpu}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.peers", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="peer", required=True)
@@ -307,6 +379,14 @@ def main() -> None:
         default=os.cpu_count() or 1,
         help="consumer processes (default: one per core, as PgQueuer's users run it)",
     )
+    pgq.add_argument(
+        "--steady",
+        type=float,
+        default=0,
+        metavar="RATE",
+        help="instead of the burst: RATE one-off jobs a second due for --duration-s, spread evenly",
+    )
+    pgq.add_argument("--duration-s", type=float, default=120, help="the --steady window")
     pgq.add_argument(
         "--analyze",
         action="store_true",
@@ -327,10 +407,11 @@ def main() -> None:
         return
     stop_cleanly_on_sigterm()
     result = (run_pgqueuer if args.peer == "pgqueuer" else run_celery)(args)
+    size = f"steady-{args.steady:g}" if getattr(args, "steady", 0) else str(args.jobs)
     path = write_result(
-        result, f"peers-{args.peer}", f"{args.jobs}{'-' + args.label if args.label else ''}", args.out
+        result, f"peers-{args.peer}", f"{size}{'-' + args.label if args.label else ''}", args.out
     )
-    print(summary(result))
+    print(_steady_summary(result) if "steady" in result else summary(result))
     print(f"written to {path}")
     if args.plot:
         print(f"plot: {plot(path, result)}")
