@@ -209,6 +209,8 @@ def _pgqueuer_steady(args: argparse.Namespace, dsn: str, sink: NginxSink, worker
     began = time.perf_counter()
     asyncio.run(_pgqueuer_enqueue(dsn, dues))
     elapsed = time.perf_counter() - began
+    if args.analyze:
+        analyze(dsn, ("pgqueuer",))
     meter = _pgqueuer_meter(workers, sink, dsn)
     sleep_until(start)
     meter.start()
