@@ -53,6 +53,25 @@ def medians(runs: list[dict]) -> dict[str, float | None]:
     return found
 
 
+def component_medians(runs: list[dict]) -> dict[str, float]:
+    """Each component's CPU-ms per run, the median over the runs that measured it: where
+    a system's CPU goes, beside where its peer's goes (the totals are FIGURES')."""
+    found: dict[str, list[float]] = {}
+    for run in runs:
+        for component, value in run["cpu_ms_per_run"].items():
+            if not component.startswith("total") and value is not None:
+                found.setdefault(component, []).append(value)
+    return {component: round(median(values), 3) for component, values in found.items()}
+
+
+def component_lines(by_system: dict[str, list[dict]]) -> list[str]:
+    return [
+        f"{system}: "
+        + ", ".join(f"{component} {value}" for component, value in component_medians(runs).items())
+        for system, runs in by_system.items()
+    ]
+
+
 def table(by_system: dict[str, list[dict]]) -> str:
     systems = list(by_system)
     rows = {system: medians(runs) for system, runs in by_system.items()}
@@ -127,6 +146,7 @@ def main() -> None:
         set_by_flag=args.set,
         failed_runs=failures,
         medians={s: medians(runs) for s, runs in by_system.items()},
+        component_medians={s: component_medians(runs) for s, runs in by_system.items()},
         table=text.splitlines(),
         runs=by_system,
     )
@@ -136,6 +156,9 @@ def main() -> None:
         f"(P/peer: Punctual's figure over the peer's)"
     )
     print(text)
+    print("CPU-ms per run by component, medians:")
+    for line in component_lines(by_system):
+        print(f"  {line}")
     if failures:
         print(f"failed runs: {failures}")
     print(f"written to {path}")
